@@ -1,0 +1,133 @@
+/* The 1-bit codec: DESIGN.md section 2 as plain functions over memory.
+ *
+ * Nothing here knows about sockets, threads or libuv. A tensor of `count`
+ * fp32 elements is padded with zeros to `padded` elements
+ * (obd_codec_padded_len) and split among `n` participants into chunks of
+ * `padded / n` elements; every chunk is a whole number of bytes once packed.
+ *
+ * Packed signs: 1 bit per element, most significant bit first within a byte,
+ * bit value 1 meaning "non-negative" (zero and -0.0 count as non-negative).
+ *
+ * Exact arithmetic, which a reference must reproduce:
+ *   worker:  b_i = x_i + e_i (fp32; x_i = 0 for i >= count)
+ *            scale = (float)sqrt(sumsq / padded), sumsq accumulated in
+ *            double (every square is exact in double) in the lane order
+ *            described at obd_codec_sumsq_block
+ *            e_i = b_i - scale (s_i = +1) or b_i + scale (s_i = -1)
+ *   server:  m_i = (sum over k = 0..n-1 in order of +-scale_k) / n
+ *                  + server_error_i (all fp32)
+ *            sscale and the new server error as for the worker, over m.
+ *
+ * Non-finite input: if any b_i (or m_i) is NaN or +-Inf, or a scale handed
+ * to the server step is negative or not finite, the function returns
+ * OBD_CODEC_ENONFINITE and writes nothing at all: the error buffers, the
+ * packed output and the scale are left exactly as they were. The op that
+ * fed such data must fail; error feedback is never poisoned.
+ *
+ * Every function exists in a portable C version and, where the CPU has it,
+ * an AVX2 version chosen at run time. Both produce bit-identical output for
+ * the same input.
+ */
+#ifndef OBD_CODEC_H
+#define OBD_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Non-finite input or scale; see the file comment. */
+#define OBD_CODEC_ENONFINITE (-1)
+
+/* Elements per norm block. Sums of squares are formed per block of this
+ * many elements (the last block of a tensor may be shorter) and blocks are
+ * added in index order, so the result does not depend on how many threads
+ * computed the blocks. A multiple of 16. */
+#define OBD_CODEC_BLOCK 65536
+
+/* Padded length: `count` rounded up to a multiple of n * lcm(n, 8).
+ * n >= 1. Returns 0 for count 0, and 0 (caller must treat as an error) if
+ * the result would not fit in size_t. */
+size_t obd_codec_padded_len(size_t count, int n);
+
+/* Bytes of packed signs for `elems` elements (elems / 8, rounded up). */
+static inline size_t obd_codec_packed_bytes(size_t elems)
+{
+    return (elems + 7) / 8;
+}
+
+/* Function table of one implementation. All pointers borrow their buffers
+ * for the duration of the call only. `x` may be shorter than the padded
+ * range: element i reads as 0.0f for i >= count. Ranges [begin, end) are
+ * element indices into the padded tensor; `begin` is a multiple of 8. */
+struct obd_codec_impl {
+    const char *name; /* "portable" or "avx2" */
+
+    /* Sum of squares of b = x + e over [begin, end), where end - begin <=
+     * OBD_CODEC_BLOCK and begin is a multiple of OBD_CODEC_BLOCK (or the
+     * caller accepts a different rounding). Lane order: element i is added
+     * to accumulator (i - begin) % 16 in increasing i; the 16 accumulators
+     * are then combined as ((a0+a1)+(a2+a3)) + ... (a pairwise tree).
+     * Reads only. */
+    double (*sumsq_block)(const float *x, size_t count, const float *e,
+                          size_t begin, size_t end);
+
+    /* Signs of b = x + e over [begin, end) into bits (bits[0] holds
+     * element begin), and e_i = b_i -+ scale in place. `end - begin` is a
+     * multiple of 8. Cannot fail: the caller checked the norm first. */
+    void (*compress_range)(const float *x, size_t count, float *e,
+                           size_t begin, size_t end, float scale,
+                           uint8_t *bits);
+
+    /* Server step, pass 1: sum of squares of m over [begin, end) of a chunk
+     * of `chunk` elements. in[k] points to participant k's packed bits of
+     * the whole chunk; scales[k] its scale; err is the chunk's server error.
+     * Same block and lane rules as sumsq_block. */
+    double (*server_sumsq_block)(const uint8_t *const *in,
+                                 const float *scales, int n, const float *err,
+                                 size_t begin, size_t end);
+
+    /* Server step, pass 2: signs of m into bits (bits[0] holds element
+     * begin) and err_i = m_i -+ sscale in place. */
+    void (*server_range)(const uint8_t *const *in, const float *scales, int n,
+                         float *err, size_t begin, size_t end, float sscale,
+                         uint8_t *bits);
+
+    /* out[i] = +-scale for i in [0, elems), bit i of bits. */
+    void (*decompress)(const uint8_t *bits, float scale, float *out,
+                       size_t elems);
+
+    /* out[i] += +-scale for i in [0, elems). */
+    void (*decompress_add)(const uint8_t *bits, float scale, float *out,
+                           size_t elems);
+};
+
+/* The implementations. obd_codec_avx2() returns NULL when the CPU (or the
+ * build) lacks AVX2. obd_codec_best() is the fastest available; it honours
+ * OBCOMM_CODEC=portable in the environment (read once). */
+const struct obd_codec_impl *obd_codec_portable(void);
+const struct obd_codec_impl *obd_codec_avx2(void);
+const struct obd_codec_impl *obd_codec_best(void);
+
+/* Combines per-block sums of squares (in block order) into a scale:
+ * (float)sqrt(sum / elems). Returns OBD_CODEC_ENONFINITE if the sum is not
+ * finite; *scale is written only on success. */
+int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
+                    float *scale);
+
+/* Whole-tensor helpers on one thread, built from the table above.
+ *
+ * Worker compress (steps 1-3): x has `count` elements, e and the padded
+ * tensor `padded` elements, bits padded / 8 bytes. On success writes bits,
+ * *scale and updates e. */
+int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
+                       size_t count, float *e, size_t padded, uint8_t *bits,
+                       float *scale);
+
+/* Server step (step 4) for one chunk of `chunk` elements (a multiple of 8):
+ * in[k], scales[k] from each of the n participants, err the chunk's server
+ * error. On success writes bits (chunk / 8 bytes), *sscale and updates
+ * err. */
+int obd_codec_server(const struct obd_codec_impl *impl,
+                     const uint8_t *const *in, const float *scales, int n,
+                     float *err, size_t chunk, uint8_t *bits, float *sscale);
+
+#endif
