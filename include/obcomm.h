@@ -1,0 +1,103 @@
+/* obcomm: collectives and 1-bit Adam for data-parallel training over TCP.
+ *
+ * A trainer links libobcomm and talks to the obcommd daemon of its node over
+ * a Unix socket. Buffers handed to collectives live in shared memory that
+ * the daemon maps (obcomm_alloc), so tensors are never copied through a
+ * socket. All calls are blocking and a handle is used by one thread at a
+ * time. Functions return 0 or a negative error code; obcomm_strerror()
+ * explains every code.
+ */
+#ifndef OBCOMM_H
+#define OBCOMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(OBCOMM_BUILDING) && defined(__GNUC__)
+#define OBCOMM_API __attribute__((visibility("default")))
+#else
+#define OBCOMM_API
+#endif
+
+/* Error codes. System errors pass through as negative errno values (libuv's
+ * codes are negative errno on Unix); obcomm's own codes live in
+ * [-1099, -1000]. */
+#define OBCOMM_E_INVAL      (-1000) /* invalid argument */
+#define OBCOMM_E_MISMATCH   (-1001) /* ranks issued different ops */
+#define OBCOMM_E_TIMEOUT    (-1002) /* deadline passed; names who is missing */
+#define OBCOMM_E_PEER_LOST  (-1003) /* a node or trainer of the job vanished */
+#define OBCOMM_E_PROTO      (-1004) /* malformed or unexpected message */
+#define OBCOMM_E_NOMEM      (-1005) /* out of memory or over a bound */
+#define OBCOMM_E_NOTCONN    (-1006) /* the daemon is not reachable */
+#define OBCOMM_E_VERSION    (-1007) /* protocol versions differ */
+#define OBCOMM_E_NONFINITE  (-1008) /* NaN or Inf in a 1-bit allreduce */
+#define OBCOMM_E_BUSY       (-1009) /* local rank taken, or job full */
+#define OBCOMM_E_NOTREG     (-1010) /* data not inside an obcomm_alloc buffer */
+#define OBCOMM_E_STATE      (-1011) /* per-key state disagrees (count) */
+#define OBCOMM_E_IO         (-1012) /* a file could not be read or written */
+#define OBCOMM_E_CORRUPT    (-1013) /* a file is damaged or of another kind */
+
+typedef enum {
+    OBCOMM_FLOAT32 = 0,
+    OBCOMM_FLOAT64 = 1,
+    OBCOMM_FLOAT16 = 2,  /* IEEE binary16, accumulated in fp32 */
+    OBCOMM_BFLOAT16 = 3, /* bfloat16, accumulated in fp32 */
+    OBCOMM_INT32 = 4,
+    OBCOMM_INT64 = 5,
+} obcomm_dtype_t;
+
+typedef enum {
+    OBCOMM_SUM = 0,
+    OBCOMM_AVG = 1, /* sum / world size; integers divide truncating to 0 */
+    OBCOMM_MAX = 2,
+    OBCOMM_MIN = 3,
+} obcomm_op_t;
+
+typedef struct obcomm obcomm_t;
+
+typedef struct {
+    const char *socket_path; /* NULL: $OBCOMM_SOCKET, else the default path */
+    const char *job;         /* NULL: "default" */
+    int local_rank, local_size;
+    int timeout_ms; /* per-op deadline; 0: daemon default */
+} obcomm_options_t;
+
+/* The daemon's socket when neither the options nor $OBCOMM_SOCKET name one. */
+#define OBCOMM_DEFAULT_SOCKET "/tmp/obcommd.sock"
+
+/* Connects to the node's daemon and joins the job. On success *out is a
+ * handle the caller closes with obcomm_close. */
+OBCOMM_API int obcomm_connect(const obcomm_options_t *opts, obcomm_t **out);
+/* Releases every buffer of the handle and leaves the job. NULL is a no-op. */
+OBCOMM_API void obcomm_close(obcomm_t *c);
+OBCOMM_API int obcomm_rank(const obcomm_t *c); /* node*local_size + local */
+OBCOMM_API int obcomm_size(const obcomm_t *c); /* nodes * local_size */
+
+/* Shared-memory buffer of at least `bytes` bytes, zero-filled, 64-byte
+ * aligned. Caller frees with obcomm_free (or obcomm_close). */
+OBCOMM_API int obcomm_alloc(obcomm_t *c, size_t bytes, void **data);
+OBCOMM_API int obcomm_free(obcomm_t *c, void *data);
+
+/* Collectives. `data` lies inside one buffer from obcomm_alloc; all ranks of
+ * the job issue the same collectives in the same order. */
+OBCOMM_API int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
+                                obcomm_dtype_t dtype, obcomm_op_t op);
+OBCOMM_API int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes,
+                                int root);
+OBCOMM_API int obcomm_barrier(obcomm_t *c);
+
+/* The message of the last failed call on this handle (names ranks and
+ * fields for mismatches and timeouts); "" when there is none. Borrowed:
+ * valid until the next call on the handle. */
+OBCOMM_API const char *obcomm_last_error(const obcomm_t *c);
+OBCOMM_API const char *obcomm_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
