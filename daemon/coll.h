@@ -1,0 +1,41 @@
+/* Collective algorithms as state machines. An algorithm is a row
+ * {kind, name, start, recv_dest, recv_done, progress, free}: the link layer
+ * asks where an arriving payload goes, reports when it is in, and write
+ * completions call progress. None of them blocks or frees the op.
+ */
+#ifndef OBD_COLL_H
+#define OBD_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "job.h"
+
+struct obd_algo {
+    uint32_t kind;
+    const char *name;
+    /* Sets up op->coll (local reduction included) and sends what it can.
+     * Returns 0 or fails the op itself and returns its status. */
+    int (*start)(struct obd_op *op);
+    /* Where the payload of frame f from node `from` goes: a pointer to
+     * exactly f->len bytes, or NULL if the frame is not the one expected
+     * (the caller then fails the op as a protocol error, naming why). */
+    void *(*recv_dest)(struct obd_op *op, int from, const struct obd_frame *f,
+                       const char **why);
+    /* The payload asked for by recv_dest has fully arrived. */
+    void (*recv_done)(struct obd_op *op, int from, const struct obd_frame *f);
+    /* Sends what has become ready; finishes the op when all is done. */
+    void (*progress)(struct obd_op *op);
+    void (*free)(struct obd_op *op);
+    /* Nodes this op still waits on, for timeout messages. */
+    void (*waiting_on)(const struct obd_op *op, char *buf, size_t len);
+};
+
+/* The algorithm for an op kind, or NULL. */
+const struct obd_algo *obd_coll_algo(uint32_t kind);
+
+/* Fingerprint of an op descriptor (op, dtype, count, key, root). */
+uint64_t obd_coll_fingerprint(const struct obd_opdesc *d);
+
+#endif

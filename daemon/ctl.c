@@ -1,0 +1,658 @@
+#include "ctl.h"
+
+#include <obcomm.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "job.h"
+#include "ops.h"
+#include "peers.h"
+#include "reduce.h"
+#include "wire.h"
+
+static void on_client_io(uv_poll_t *h, int status, int events);
+
+/* Refuses to steal the socket of a daemon that is still running, but
+ * removes one left behind by a daemon that died. */
+static int claim_path(struct obd_daemon *d, const struct sockaddr_un *sa)
+{
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0)
+        return -errno;
+    int rc = connect(probe, (const struct sockaddr *)sa, sizeof(*sa));
+    int err = errno;
+    close(probe);
+    if (rc == 0) {
+        obd_log_error(&d->log, "socket %s: another obcommd is serving it",
+                      sa->sun_path);
+        return -EADDRINUSE;
+    }
+    if (err == ECONNREFUSED)
+        unlink(sa->sun_path);
+    return 0;
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+    struct obd_daemon *d = container_of(h, struct obd_daemon, ctl_poll);
+    (void)events;
+    if (status < 0)
+        return;
+
+    for (;;) {
+        int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                obd_log_warn(&d->log, "accept on %s: %s", d->cfg.socket,
+                             strerror(errno));
+            return;
+        }
+        if (d->nclients >= d->cfg.max_clients) {
+            obd_log_warn(&d->log, "refusing a client: max_clients (%lld) "
+                                  "reached",
+                         (long long)d->cfg.max_clients);
+            close(fd);
+            continue;
+        }
+        struct obd_client *c = calloc(1, sizeof(*c));
+        if (c == NULL || uv_poll_init(&d->loop, &c->poll, fd) != 0) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        struct ucred cred;
+        socklen_t credlen = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) == 0) {
+            c->pid = cred.pid;
+            c->uid = cred.uid;
+        }
+        c->d = d;
+        c->fd = fd;
+        c->pending_fd = -1;
+        c->local_rank = -1;
+        c->next = d->clients;
+        d->clients = c;
+        d->nclients++;
+        d->metrics.v[OBD_M_CLIENTS] = (uint64_t)d->nclients;
+        uv_poll_start(&c->poll, UV_READABLE, on_client_io);
+    }
+}
+
+int obd_ctl_start(struct obd_daemon *d)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (strlen(d->cfg.socket) >= sizeof(sa.sun_path))
+        return OBCOMM_E_INVAL;
+    strcpy(sa.sun_path, d->cfg.socket);
+
+    int rc = claim_path(d, &sa);
+    if (rc)
+        return rc;
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        listen(fd, 128) != 0) {
+        rc = -errno;
+        obd_log_error(&d->log, "socket %s: %s", d->cfg.socket, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    /* Trainers of any local user may connect; SO_PEERCRED records who. */
+    chmod(d->cfg.socket, 0666);
+
+    d->ctl_fd = fd;
+    uv_poll_init(&d->loop, &d->ctl_poll, fd);
+    uv_poll_start(&d->ctl_poll, UV_READABLE, on_accept);
+    d->ctl_started = 1;
+    return 0;
+}
+
+static void on_client_closed(uv_handle_t *h)
+{
+    struct obd_client *c = container_of(h, struct obd_client, poll);
+    close(c->fd);
+    free(c);
+}
+
+void obd_ctl_drop(struct obd_client *c, const char *why)
+{
+    struct obd_daemon *d = c->d;
+    if (c->closing)
+        return;
+    c->closing = 1;
+    if (why != NULL) {
+        obd_log_warn(&d->log, "client pid %d: %s; closing it", (int)c->pid,
+                     why);
+        obd_metric_add(&d->metrics, OBD_M_CLIENT_ERRORS, 1);
+    }
+
+    if (c->job != NULL) {
+        struct obd_job *job = c->job;
+        c->job = NULL;
+        obd_job_leave(job, c->local_rank,
+                      why ? why : "disconnected from the daemon");
+    }
+    while (c->bufs != NULL) {
+        struct obd_shm *b = c->bufs;
+        c->bufs = b->next;
+        d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
+        obd_shm_unmap(b);
+    }
+    while (c->outq != NULL) {
+        struct obd_outbuf *o = c->outq;
+        c->outq = o->next;
+        free(o->data);
+        free(o);
+    }
+    free(c->in);
+    c->in = NULL;
+    if (c->pending_fd >= 0)
+        close(c->pending_fd);
+
+    for (struct obd_client **pp = &d->clients; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    d->nclients--;
+    d->metrics.v[OBD_M_CLIENTS] = (uint64_t)d->nclients;
+    uv_close((uv_handle_t *)&c->poll, on_client_closed);
+}
+
+void obd_ctl_close(struct obd_daemon *d)
+{
+    while (d->clients != NULL)
+        obd_ctl_drop(d->clients, NULL);
+    if (d->ctl_started) {
+        d->ctl_started = 0;
+        uv_close((uv_handle_t *)&d->ctl_poll, NULL);
+        close(d->ctl_fd);
+        unlink(d->cfg.socket);
+    }
+}
+
+/* Writes as much of the queue as the socket takes; watches for
+ * writability while anything is left. */
+static void flush(struct obd_client *c)
+{
+    while (c->outq != NULL) {
+        struct obd_outbuf *o = c->outq;
+        ssize_t n = send(c->fd, o->data + o->off, o->len - o->off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                break;
+            obd_ctl_drop(c, NULL);
+            return;
+        }
+        o->off += (size_t)n;
+        c->outq_bytes -= (size_t)n;
+        if (o->off < o->len)
+            break;
+        c->outq = o->next;
+        if (c->outq == NULL)
+            c->outq_tail = NULL;
+        free(o->data);
+        free(o);
+    }
+    uv_poll_start(&c->poll, UV_READABLE | (c->outq ? UV_WRITABLE : 0),
+                  on_client_io);
+}
+
+void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg)
+{
+    if (c->closing)
+        return;
+    size_t len;
+    uint8_t *buf = obcomm_wire_pack(msg, &len);
+    struct obd_outbuf *o = buf ? calloc(1, sizeof(*o)) : NULL;
+    if (o == NULL || c->outq_bytes + len > OBD_CLIENT_OUTQ_MAX) {
+        free(buf);
+        free(o);
+        obd_ctl_drop(c, "does not read its replies");
+        return;
+    }
+    o->data = buf;
+    o->len = len;
+    if (c->outq_tail)
+        c->outq_tail->next = o;
+    else
+        c->outq = o;
+    c->outq_tail = o;
+    c->outq_bytes += len;
+    flush(c);
+}
+
+void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
+                      const char *message)
+{
+    Obcomm__Complete done = OBCOMM__COMPLETE__INIT;
+    Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
+    done.seq = seq;
+    done.status = status;
+    done.message = (char *)(message ? message : "");
+    msg.body_case = OBCOMM__DAEMON_MSG__BODY_COMPLETE;
+    msg.complete = &done;
+    obd_ctl_send(c, &msg.base);
+}
+
+static void reply_join(struct obd_client *c, int status, const char *message)
+{
+    struct obd_daemon *d = c->d;
+    Obcomm__JoinReply r = OBCOMM__JOIN_REPLY__INIT;
+    Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
+    r.status = status;
+    r.message = (char *)message;
+    r.node_rank = (uint32_t)d->cfg.rank;
+    r.nodes = (uint32_t)d->cfg.nodes;
+    r.timeout_ms = c->job ? (uint32_t)c->job->timeout_ms : 0;
+    msg.body_case = OBCOMM__DAEMON_MSG__BODY_JOIN;
+    msg.join = &r;
+    obd_ctl_send(c, &msg.base);
+}
+
+static void handle_join(struct obd_client *c, const Obcomm__Join *j)
+{
+    char why[256] = "";
+    if (c->job != NULL) {
+        reply_join(c, OBCOMM_E_PROTO, "already joined a job");
+        return;
+    }
+    if (j->proto_version != OBCOMM_PROTO_VERSION) {
+        snprintf(why, sizeof(why),
+                 "client speaks protocol %u, this daemon speaks %u",
+                 j->proto_version, OBCOMM_PROTO_VERSION);
+        reply_join(c, OBCOMM_E_VERSION, why);
+        return;
+    }
+    int timeout = j->timeout_ms ? (int)j->timeout_ms : 0;
+    int rc = obd_job_join(c->d, c, j->job, (int)j->local_rank,
+                          (int)j->local_size, timeout, &c->job, why,
+                          sizeof(why));
+    if (rc == 0) {
+        c->local_rank = (int)j->local_rank;
+        obd_log_info(&c->d->log, "job %s: local rank %u of %u joined (pid %d)",
+                     j->job, j->local_rank, j->local_size, (int)c->pid);
+    }
+    reply_join(c, rc, why);
+}
+
+static void reply_register(struct obd_client *c, uint64_t id, int status,
+                           const char *message)
+{
+    Obcomm__RegisterReply r = OBCOMM__REGISTER_REPLY__INIT;
+    Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
+    r.status = status;
+    r.message = (char *)message;
+    r.id = id;
+    msg.body_case = OBCOMM__DAEMON_MSG__BODY_REGISTER;
+    msg.register_ = &r;
+    obd_ctl_send(c, &msg.base);
+}
+
+static struct obd_shm *find_buf(struct obd_client *c, uint64_t id)
+{
+    for (struct obd_shm *b = c->bufs; b; b = b->next)
+        if (b->id == id)
+            return b;
+    return NULL;
+}
+
+static void handle_register(struct obd_client *c, const Obcomm__RegisterBuffer *r)
+{
+    char why[256];
+    int fd = c->pending_fd;
+    c->pending_fd = -1;
+    if (fd < 0) {
+        reply_register(c, r->id, OBCOMM_E_PROTO,
+                       "RegisterBuffer came without a file descriptor");
+        return;
+    }
+    if (r->id == 0 || find_buf(c, r->id) != NULL) {
+        close(fd);
+        reply_register(c, r->id, OBCOMM_E_INVAL, "buffer id 0 or in use");
+        return;
+    }
+    struct obd_shm *b;
+    int rc = obd_shm_map(fd, r->id, r->bytes,
+                         (uint64_t)c->d->cfg.max_buffer_bytes, &b, why,
+                         sizeof(why));
+    if (rc) {
+        reply_register(c, r->id, rc, why);
+        return;
+    }
+    b->next = c->bufs;
+    c->bufs = b;
+    obd_metric_add(&c->d->metrics, OBD_M_SHM_BYTES, b->size);
+    reply_register(c, r->id, 0, "");
+}
+
+static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
+{
+    for (struct obd_shm **pp = &c->bufs; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == r->id) {
+            struct obd_shm *b = *pp;
+            *pp = b->next;
+            c->d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
+            obd_shm_unmap(b);
+            return;
+        }
+}
+
+/* Resolves and checks a submission. Errors fail the op on every rank, so
+ * that the others do not wait for a trainer whose request was refused. */
+static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
+{
+    char why[256] = "";
+    int status = 0;
+    void *data = NULL;
+    struct obd_opdesc desc = {
+        .kind = s->kind,
+        .dtype = s->dtype,
+        .redop = s->redop,
+        .count = s->count,
+        .key = s->key,
+        .root = s->root,
+    };
+
+    if (c->job == NULL) {
+        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join");
+        return;
+    }
+    if (s->seq != c->next_seq) {
+        snprintf(why, sizeof(why), "op sequence %llu, expected %llu",
+                 (unsigned long long)s->seq,
+                 (unsigned long long)c->next_seq);
+        obd_ctl_drop(c, why);
+        return;
+    }
+    c->next_seq++;
+
+    uint64_t bytes = 0;
+    switch (s->kind) {
+    case OBCOMM_KIND_ALLREDUCE:
+        if (!obd_dtype_valid((int)s->dtype) || !obd_op_valid((int)s->redop) ||
+            s->count == 0 ||
+            s->count > UINT64_MAX / obd_dtype_size((obcomm_dtype_t)s->dtype)) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why), "invalid allreduce (dtype %u, op %u, "
+                                       "count %llu)",
+                     s->dtype, s->redop, (unsigned long long)s->count);
+            break;
+        }
+        bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
+        break;
+    case OBCOMM_KIND_BROADCAST:
+        desc.dtype = 0;
+        desc.redop = 0;
+        bytes = s->count;
+        if (s->count == 0) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why), "broadcast of 0 bytes");
+        }
+        break;
+    case OBCOMM_KIND_BARRIER:
+        desc = (struct obd_opdesc){.kind = OBCOMM_KIND_BARRIER};
+        break;
+    default:
+        status = OBCOMM_E_INVAL;
+        snprintf(why, sizeof(why), "unknown op kind %u", s->kind);
+        break;
+    }
+
+    if (status == 0 && s->kind != OBCOMM_KIND_BARRIER) {
+        struct obd_shm *b = find_buf(c, s->buffer_id);
+        data = b ? obd_shm_range(b, s->offset, bytes) : NULL;
+        if (data == NULL) {
+            status = OBCOMM_E_NOTREG;
+            snprintf(why, sizeof(why),
+                     "data (buffer %llu, offset %llu, %llu bytes) is not "
+                     "inside a registered buffer",
+                     (unsigned long long)s->buffer_id,
+                     (unsigned long long)s->offset,
+                     (unsigned long long)bytes);
+        }
+    }
+    if (status != 0) {
+        int rank = obd_job_rank(c->job, (int)c->d->cfg.rank, c->local_rank);
+        char msg[320];
+        snprintf(msg, sizeof(msg), "rank %d: %s", rank, why);
+        snprintf(why, sizeof(why), "%s", msg);
+    }
+    obd_job_submit(c->job, c->local_rank, s->seq, &desc, data, status, why);
+}
+
+static void handle_status(struct obd_client *c);
+
+static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)
+{
+    Obcomm__ClientMsg *m = obcomm__client_msg__unpack(NULL, len, body);
+    if (m == NULL) {
+        obd_ctl_drop(c, "sent a message that is not a ClientMsg");
+        return;
+    }
+    switch (m->body_case) {
+    case OBCOMM__CLIENT_MSG__BODY_JOIN:
+        handle_join(c, m->join);
+        break;
+    case OBCOMM__CLIENT_MSG__BODY_REGISTER:
+        handle_register(c, m->register_);
+        break;
+    case OBCOMM__CLIENT_MSG__BODY_RELEASE:
+        handle_release(c, m->release);
+        break;
+    case OBCOMM__CLIENT_MSG__BODY_SUBMIT:
+        handle_submit(c, m->submit);
+        break;
+    case OBCOMM__CLIENT_MSG__BODY_STATUS:
+        handle_status(c);
+        break;
+    default:
+        obd_ctl_drop(c, "sent an empty ClientMsg");
+        break;
+    }
+    obcomm__client_msg__free_unpacked(m, NULL);
+}
+
+/* Reads what the socket has, one message at a time: the 4-byte prefix is
+ * checked against OBCOMM_WIRE_MAX before the body is allocated. */
+static void read_client(struct obd_client *c)
+{
+    for (int rounds = 0; rounds < 64 && !c->closing; rounds++) {
+        uint8_t *dst;
+        size_t want;
+        if (c->in == NULL) {
+            c->in = malloc(OBCOMM_WIRE_PREFIX);
+            if (c->in == NULL) {
+                obd_ctl_drop(c, "out of memory");
+                return;
+            }
+        }
+        if (c->inlen < OBCOMM_WIRE_PREFIX) {
+            dst = c->in + c->inlen;
+            want = OBCOMM_WIRE_PREFIX - c->inlen;
+        } else {
+            size_t body = obcomm_wire_len(c->in);
+            dst = c->in + c->inlen;
+            want = OBCOMM_WIRE_PREFIX + body - c->inlen;
+        }
+
+        char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = {dst, want};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = cbuf,
+                            .msg_controllen = sizeof(cbuf)};
+        ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            obd_ctl_drop(c, NULL);
+            return;
+        }
+        if (n == 0) {
+            obd_ctl_drop(c, NULL);
+            return;
+        }
+
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm;
+             cm = CMSG_NXTHDR(&mh, cm)) {
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                continue;
+            int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int *fds = (int *)CMSG_DATA(cm);
+            for (int i = 0; i < nfd; i++) {
+                if (c->pending_fd < 0 && i == 0)
+                    c->pending_fd = fds[i];
+                else
+                    close(fds[i]);
+            }
+            if (nfd != 1) {
+                obd_ctl_drop(c, "sent more than one file descriptor");
+                return;
+            }
+        }
+        if (mh.msg_flags & MSG_CTRUNC) {
+            obd_ctl_drop(c, "sent too much ancillary data");
+            return;
+        }
+
+        c->inlen += (size_t)n;
+        if (c->inlen == OBCOMM_WIRE_PREFIX) {
+            size_t body = obcomm_wire_len(c->in);
+            if (body == 0 || body > OBCOMM_WIRE_MAX) {
+                char why[96];
+                snprintf(why, sizeof(why),
+                         "announced a message of %zu bytes (bound %d)", body,
+                         OBCOMM_WIRE_MAX);
+                obd_ctl_drop(c, why);
+                return;
+            }
+            uint8_t *grown = realloc(c->in, OBCOMM_WIRE_PREFIX + body);
+            if (grown == NULL) {
+                obd_ctl_drop(c, "out of memory");
+                return;
+            }
+            c->in = grown;
+        } else if (c->inlen > OBCOMM_WIRE_PREFIX &&
+                   c->inlen == OBCOMM_WIRE_PREFIX + obcomm_wire_len(c->in)) {
+            uint8_t *msg = c->in;
+            size_t len = c->inlen - OBCOMM_WIRE_PREFIX;
+            c->in = NULL;
+            c->inlen = 0;
+            dispatch(c, msg + OBCOMM_WIRE_PREFIX, len);
+            free(msg);
+        }
+    }
+}
+
+static void on_client_io(uv_poll_t *h, int status, int events)
+{
+    struct obd_client *c = container_of(h, struct obd_client, poll);
+    if (status < 0) {
+        obd_ctl_drop(c, NULL);
+        return;
+    }
+    if (events & UV_WRITABLE)
+        flush(c);
+    if (!c->closing && (events & (UV_READABLE | UV_DISCONNECT)))
+        read_client(c);
+}
+
+static void handle_status(struct obd_client *c)
+{
+    struct obd_daemon *d = c->d;
+    Obcomm__StatusReply r = OBCOMM__STATUS_REPLY__INIT;
+    Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
+    int nodes = d->cfg.nodes;
+
+    Obcomm__PeerStatus *ps = calloc((size_t)nodes, sizeof(*ps));
+    Obcomm__PeerStatus **pp = calloc((size_t)nodes, sizeof(*pp));
+    char(*addr)[OBD_HOST_MAX + 8] = calloc((size_t)nodes, sizeof(*addr));
+    Obcomm__JobStatus *js = calloc((size_t)d->njobs + 1, sizeof(*js));
+    Obcomm__JobStatus **jp = calloc((size_t)d->njobs + 1, sizeof(*jp));
+    char(*inflight)[128] = calloc((size_t)d->njobs + 1, sizeof(*inflight));
+    Obcomm__Metric ms[OBD_M_COUNT];
+    Obcomm__Metric *mp[OBD_M_COUNT];
+    if (!ps || !pp || !addr || !js || !jp || !inflight)
+        goto out;
+
+    r.version = (char *)"0.1.0";
+    r.cluster = d->cfg.cluster;
+    r.rank = (uint32_t)d->cfg.rank;
+    r.world_size = (uint32_t)nodes;
+    r.uptime_ms = obd_daemon_now(d) - d->start_ms;
+    r.pid = (uint32_t)getpid();
+    r.socket = d->cfg.socket;
+
+    for (int i = 0; i < nodes; i++) {
+        obcomm__peer_status__init(&ps[i]);
+        ps[i].rank = (uint32_t)i;
+        snprintf(addr[i], sizeof(addr[i]), "%s:%u", d->cfg.world[i].host,
+                 d->cfg.world[i].port);
+        ps[i].address = nodes > 1 ? addr[i] : (char *)"(one-node world)";
+        if (i == d->cfg.rank) {
+            ps[i].state = (char *)"self";
+        } else {
+            ps[i].state = (char *)obd_peer_state_name(d->peers[i].state);
+            ps[i].bytes_sent = d->peers[i].bytes_sent;
+            ps[i].bytes_received = d->peers[i].bytes_received;
+        }
+        pp[i] = &ps[i];
+    }
+    r.n_peers = (size_t)nodes;
+    r.peers = pp;
+
+    size_t nj = 0;
+    for (struct obd_job *j = d->jobs; j; j = j->next, nj++) {
+        obcomm__job_status__init(&js[nj]);
+        js[nj].name = j->name;
+        js[nj].local_size = (uint32_t)j->local_size;
+        js[nj].joined = (uint32_t)j->joined;
+        js[nj].next_seq = j->next_seq;
+        if (j->ops != NULL)
+            snprintf(inflight[nj], sizeof(inflight[nj]),
+                     "seq %llu kind %u: %s (%d of %d local submitted)",
+                     (unsigned long long)j->ops->seq, j->ops->desc.kind,
+                     j->ops->state == OBD_OP_RUN ? "running" : "collecting",
+                     j->ops->nsubmitted, j->local_size);
+        js[nj].op_in_flight = inflight[nj];
+        jp[nj] = &js[nj];
+    }
+    r.n_jobs = nj;
+    r.jobs = jp;
+
+    for (int i = 0; i < OBD_M_COUNT; i++) {
+        obcomm__metric__init(&ms[i]);
+        ms[i].name = (char *)obd_metric_descs[i].name;
+        ms[i].help = (char *)obd_metric_descs[i].help;
+        ms[i].kind = (char *)obd_metric_descs[i].kind;
+        ms[i].value = (double)d->metrics.v[i];
+        mp[i] = &ms[i];
+    }
+    r.n_metrics = OBD_M_COUNT;
+    r.metrics = mp;
+
+    msg.body_case = OBCOMM__DAEMON_MSG__BODY_STATUS;
+    msg.status = &r;
+    obd_ctl_send(c, &msg.base);
+out:
+    free(ps);
+    free(pp);
+    free(addr);
+    free(js);
+    free(jp);
+    free(inflight);
+}

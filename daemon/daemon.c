@@ -1,0 +1,87 @@
+#include "daemon.h"
+
+#include <obcomm.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "job.h"
+#include "peers.h"
+
+uint64_t obd_daemon_now(const struct obd_daemon *d)
+{
+    return uv_now(&d->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct obd_daemon *d = h->data;
+    obd_log_info(&d->log, "signal %d: shutting down", signum);
+    obd_daemon_close(d);
+}
+
+int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
+{
+    memset(d, 0, sizeof(*d));
+    d->cfg = *cfg;
+    d->log.level = cfg->log_level_num;
+    d->log.rank = (int)cfg->rank;
+    d->ctl_fd = -1;
+    int rc = uv_loop_init(&d->loop);
+    if (rc)
+        return rc;
+    d->start_ms = uv_now(&d->loop);
+    uv_signal_init(&d->loop, &d->sigterm);
+    uv_signal_init(&d->loop, &d->sigint);
+    d->sigterm.data = d;
+    d->sigint.data = d;
+    /* A trainer that dies while we write to it must not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+int obd_daemon_start(struct obd_daemon *d)
+{
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    int rc = obd_peers_start(d);
+    if (rc == 0)
+        rc = obd_ctl_start(d);
+    if (rc) {
+        obd_daemon_close(d);
+        return rc;
+    }
+    obd_log_info(&d->log,
+                 "obcommd 0.1.0: cluster %s, node %lld of %d, socket %s",
+                 d->cfg.cluster, (long long)d->cfg.rank, d->cfg.nodes,
+                 d->cfg.socket);
+    return 0;
+}
+
+int obd_daemon_run(struct obd_daemon *d)
+{
+    return uv_run(&d->loop, UV_RUN_DEFAULT);
+}
+
+void obd_daemon_close(struct obd_daemon *d)
+{
+    if (d->closing)
+        return;
+    d->closing = 1;
+    obd_job_close_all(d);
+    obd_ctl_close(d);
+    obd_peers_close(d);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+void obd_daemon_fini(struct obd_daemon *d)
+{
+    /* Close callbacks of handles closed last still need a turn. */
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&d->loop);
+    free(d->peers);
+    d->peers = NULL;
+}

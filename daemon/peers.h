@@ -1,0 +1,56 @@
+/* The TCP mesh between daemons: every node keeps one link to every other
+ * node; rank order defines the ring. A higher rank dials a lower one, with
+ * backoff, until the world is complete. Links start with a Hello exchange
+ * (protocol version, cluster, rank, world size, world fingerprint) and
+ * carry frames (frame.h) afterwards. */
+#ifndef OBD_PEERS_H
+#define OBD_PEERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon.h"
+#include "frame.h"
+
+#include <protobuf-c/protobuf-c.h>
+
+struct obd_op;
+struct obd_link;
+
+enum obd_peer_state { OBD_PEER_DOWN, OBD_PEER_CONNECTING, OBD_PEER_UP };
+
+struct obd_peer {
+    struct obd_daemon *d;
+    int rank;
+    enum obd_peer_state state;
+    struct obd_link *link; /* the link past its Hello, or NULL */
+    uv_timer_t retry;
+    uint64_t backoff_ms;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint32_t epoch; /* bumped on every new link */
+};
+
+int obd_peers_start(struct obd_daemon *d);
+void obd_peers_close(struct obd_daemon *d);
+
+/* 1 when every other node's link is up. */
+int obd_peers_complete(const struct obd_daemon *d);
+
+/* Sends a control message to node `to` (not ourselves). Returns 0 or a
+ * negative code when the link is down. */
+int obd_peers_send_ctrl(struct obd_daemon *d, int to,
+                        const ProtobufCMessage *msg);
+
+/* Sends a data frame whose payload is `len` bytes at `payload`, which must
+ * stay valid until the write completes: the op holds a reference until
+ * then and progress runs after it. */
+int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
+                        uint32_t step, uint32_t segment, const void *payload,
+                        uint32_t len);
+
+/* Names a peer's state. */
+const char *obd_peer_state_name(enum obd_peer_state s);
+
+#endif

@@ -1,0 +1,229 @@
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static int socket_answers(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+int hx_start(struct hx_cluster *c, int nodes, const char *const *extra)
+{
+    const char *bin = getenv("OBCOMMD");
+    char peers[HX_MAX_NODES * 24] = "";
+    memset(c, 0, sizeof(*c));
+    if (bin == NULL || nodes < 1 || nodes > HX_MAX_NODES) {
+        fprintf(stderr, "harness: set OBCOMMD; nodes 1..%d\n", HX_MAX_NODES);
+        return -1;
+    }
+    snprintf(c->dir, sizeof(c->dir), "/tmp/obcomm-test-XXXXXX");
+    if (mkdtemp(c->dir) == NULL)
+        return -1;
+    c->nodes = nodes;
+    for (int i = 0; i < nodes; i++) {
+        c->port[i] = free_port();
+        snprintf(c->sock[i], sizeof(c->sock[i]), "%s/node%d.sock", c->dir, i);
+        size_t off = strlen(peers);
+        snprintf(peers + off, sizeof(peers) - off, "%s127.0.0.1:%d",
+                 i ? "," : "", c->port[i]);
+    }
+
+    for (int i = 0; i < nodes; i++) {
+        const char *argv[64];
+        char rank[16];
+        int n = 0;
+        snprintf(rank, sizeof(rank), "%d", i);
+        argv[n++] = bin;
+        argv[n++] = "--socket";
+        argv[n++] = c->sock[i];
+        argv[n++] = "--log-level";
+        argv[n++] = "warn";
+        if (nodes > 1) {
+            argv[n++] = "--rank";
+            argv[n++] = rank;
+            argv[n++] = "--peers";
+            argv[n++] = peers;
+        }
+        for (int k = 0; extra && extra[k] && n < 62; k++)
+            argv[n++] = extra[k];
+        argv[n] = NULL;
+
+        pid_t pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            execv(bin, (char *const *)argv);
+            _exit(127);
+        }
+        c->daemon[i] = pid;
+    }
+
+    for (int i = 0; i < nodes; i++) {
+        int tries = 0;
+        while (!socket_answers(c->sock[i])) {
+            if (++tries > 500 || !hx_alive(c, i)) {
+                fprintf(stderr, "harness: daemon %d did not come up\n", i);
+                hx_stop(c);
+                return -1;
+            }
+            sleep_ms(20);
+        }
+    }
+    return 0;
+}
+
+int hx_alive(struct hx_cluster *c, int i)
+{
+    if (c->daemon[i] <= 0 || c->exited[i])
+        return 0;
+    if (waitpid(c->daemon[i], &c->status[i], WNOHANG) == c->daemon[i]) {
+        c->exited[i] = 1;
+        return 0;
+    }
+    return 1;
+}
+
+int hx_stop(struct hx_cluster *c)
+{
+    int bad = 0;
+    for (int i = 0; i < c->nodes; i++)
+        if (c->daemon[i] > 0 && !c->exited[i])
+            kill(c->daemon[i], SIGTERM);
+    for (int i = 0; i < c->nodes; i++) {
+        if (c->daemon[i] <= 0)
+            continue;
+        int status = c->status[i];
+        int waited = 0;
+        while (!c->exited[i] &&
+               waitpid(c->daemon[i], &status, WNOHANG) == 0) {
+            if (++waited > 1000) { /* 20 s */
+                kill(c->daemon[i], SIGKILL);
+                waitpid(c->daemon[i], &status, 0);
+                fprintf(stderr, "harness: daemon %d ignored SIGTERM\n", i);
+                bad++;
+                break;
+            }
+            sleep_ms(20);
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "harness: daemon %d exited with status %#x\n", i,
+                    status);
+            bad++;
+        }
+        c->daemon[i] = 0;
+        unlink(c->sock[i]);
+    }
+    if (c->dir[0])
+        rmdir(c->dir);
+    c->nodes = 0;
+    return bad;
+}
+
+int hx_fail(obcomm_t *comm, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "trainer rank %d: %s\n", comm ? obcomm_rank(comm) : -1,
+            msg);
+    return 1;
+}
+
+int hx_run(struct hx_cluster *c, int per_node, const char *job,
+           int timeout_ms, int wait_s, hx_trainer_fn fn, void *arg)
+{
+    int total = c->nodes * per_node;
+    pid_t pids[HX_MAX_NODES * 8];
+    fflush(NULL);
+    for (int node = 0; node < c->nodes; node++)
+        for (int lr = 0; lr < per_node; lr++) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                obcomm_options_t o = {.socket_path = c->sock[node],
+                                      .job = job,
+                                      .local_rank = lr,
+                                      .local_size = per_node,
+                                      .timeout_ms = timeout_ms};
+                obcomm_t *comm;
+                int rc = obcomm_connect(&o, &comm);
+                if (rc) {
+                    fprintf(stderr, "trainer node %d local %d: connect: %s\n",
+                            node, lr, obcomm_strerror(rc));
+                    _exit(1);
+                }
+                rc = fn(comm, arg);
+                obcomm_close(comm);
+                fflush(NULL);
+                _exit(rc ? 1 : 0);
+            }
+            pids[node * per_node + lr] = pid;
+        }
+
+    int failed = 0;
+    int left = total;
+    for (int t = 0; left > 0 && t < wait_s * 50; t++) {
+        for (int i = 0; i < total; i++) {
+            int status;
+            if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                    failed++;
+                pids[i] = 0;
+                left--;
+            }
+        }
+        if (left > 0)
+            sleep_ms(20);
+    }
+    for (int i = 0; i < total; i++)
+        if (pids[i] > 0) {
+            fprintf(stderr, "harness: trainer %d still running after %d s\n",
+                    i, wait_s);
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+            failed++;
+        }
+    return failed;
+}

@@ -1,0 +1,47 @@
+/* Test harness: real obcommd processes on loopback, real trainer processes
+ * linking libobcomm. Every process it starts dies with the test process
+ * (PR_SET_PDEATHSIG) and is reaped by hx_stop, also after a failure. */
+#ifndef HX_HARNESS_H
+#define HX_HARNESS_H
+
+#include <obcomm.h>
+#include <sys/types.h>
+
+#define HX_MAX_NODES 8
+
+struct hx_cluster {
+    int nodes;
+    pid_t daemon[HX_MAX_NODES];
+    int exited[HX_MAX_NODES]; /* reaped early; status below */
+    int status[HX_MAX_NODES];
+    int port[HX_MAX_NODES];
+    char sock[HX_MAX_NODES][108];
+    char dir[128];
+};
+
+/* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with free
+ * ports, each with its own socket, plus `extra` flags (may be NULL), and
+ * waits until every socket answers. Returns 0 or -1 (message on stderr). */
+int hx_start(struct hx_cluster *c, int nodes, const char *const *extra);
+
+/* SIGTERM to every daemon, then waits; returns the number of daemons that
+ * did not exit with status 0 (a sanitizer report makes it non-zero). */
+int hx_stop(struct hx_cluster *c);
+
+/* 1 if daemon i is still running. */
+int hx_alive(struct hx_cluster *c, int i);
+
+/* A trainer's body; returns 0 on success. rank and size are obcomm's. */
+typedef int (*hx_trainer_fn)(obcomm_t *comm, void *arg);
+
+/* Runs fn in per_node trainer processes on every node of job `job`, with
+ * the given op deadline, and waits for all of them (at most wait_s
+ * seconds, then kills them). Returns the number of trainers that failed. */
+int hx_run(struct hx_cluster *c, int per_node, const char *job,
+           int timeout_ms, int wait_s, hx_trainer_fn fn, void *arg);
+
+/* Prints a trainer-side failure with its rank and returns 1. */
+int hx_fail(obcomm_t *comm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif

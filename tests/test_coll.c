@@ -1,0 +1,330 @@
+/* Full-precision collectives through real daemons on loopback and real
+ * trainer processes: every dtype and op against a local computation, world
+ * sizes {1, 2, 3, 4, 8} nodes x {1, 2, 3} trainers, odd counts. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define BIG 1000003
+
+static const size_t counts[] = {1, 3, BIG};
+static const obcomm_dtype_t dtypes[] = {OBCOMM_FLOAT32, OBCOMM_FLOAT64,
+                                        OBCOMM_FLOAT16, OBCOMM_BFLOAT16,
+                                        OBCOMM_INT32,   OBCOMM_INT64};
+static const obcomm_op_t ops[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX,
+                                  OBCOMM_MIN};
+
+static size_t dsize(obcomm_dtype_t t)
+{
+    switch (t) {
+    case OBCOMM_FLOAT32:
+    case OBCOMM_INT32:
+        return 4;
+    case OBCOMM_FLOAT64:
+    case OBCOMM_INT64:
+        return 8;
+    default:
+        return 2;
+    }
+}
+
+/* Small integers, so that every sum is exact in every dtype (|sum| <= 8 *
+ * 24 < 256, exact even in bfloat16) and the expected value is unique. */
+static int value(int rank, size_t i)
+{
+    return (int)((rank * 7 + i * 13) % 17) - 8;
+}
+
+/* The reference conversions are independent of the daemon's: the
+ * compiler's _Float16 and bit arithmetic for bfloat16. */
+static uint16_t ref_f16(float f)
+{
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+static uint16_t ref_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static void put(void *buf, obcomm_dtype_t t, size_t i, double v)
+{
+    switch (t) {
+    case OBCOMM_FLOAT32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case OBCOMM_FLOAT64:
+        ((double *)buf)[i] = v;
+        break;
+    case OBCOMM_FLOAT16:
+        ((uint16_t *)buf)[i] = ref_f16((float)v);
+        break;
+    case OBCOMM_BFLOAT16:
+        ((uint16_t *)buf)[i] = ref_bf16((float)v);
+        break;
+    case OBCOMM_INT32:
+        ((int32_t *)buf)[i] = (int32_t)v;
+        break;
+    case OBCOMM_INT64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    }
+}
+
+/* Expected element for residue class i % 17 (the pattern's period). */
+static void expected(obcomm_dtype_t t, obcomm_op_t op, int size, size_t i,
+                     void *out)
+{
+    long sum = 0, mx = -1000, mn = 1000;
+    for (int k = 0; k < size; k++) {
+        long v = value(k, i);
+        sum += v;
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+    }
+    switch (op) {
+    case OBCOMM_SUM:
+        put(out, t, 0, (double)sum);
+        break;
+    case OBCOMM_MAX:
+        put(out, t, 0, (double)mx);
+        break;
+    case OBCOMM_MIN:
+        put(out, t, 0, (double)mn);
+        break;
+    case OBCOMM_AVG:
+        /* Floats divide in their accumulator type (fp32 for the 16-bit
+         * ones, then one rounding); integers truncate toward zero. */
+        if (t == OBCOMM_FLOAT64)
+            put(out, t, 0, (double)sum / size);
+        else if (t == OBCOMM_INT32 || t == OBCOMM_INT64)
+            put(out, t, 0, (double)(sum / size));
+        else
+            put(out, t, 0, (double)((float)sum / (float)size));
+        break;
+    }
+}
+
+static int trainer_matrix(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    void *buf;
+    int rc = obcomm_alloc(c, BIG * 8, &buf);
+    if (rc)
+        return hx_fail(c, "alloc: %s", obcomm_strerror(rc));
+
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++)
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++)
+            for (size_t n = 0; n < sizeof(counts) / sizeof(counts[0]); n++) {
+                obcomm_dtype_t t = dtypes[d];
+                size_t count = counts[n], es = dsize(t);
+                uint8_t want[17][8];
+                for (size_t i = 0; i < count; i++)
+                    put(buf, t, i, value(rank, i));
+                for (size_t r = 0; r < 17; r++)
+                    expected(t, ops[o], size, r, want[r]);
+
+                rc = obcomm_allreduce(c, buf, count, t, ops[o]);
+                if (rc)
+                    return hx_fail(c, "allreduce dtype %d op %d count %zu: %s",
+                                   t, ops[o], count, obcomm_last_error(c));
+                for (size_t i = 0; i < count; i++)
+                    if (memcmp((uint8_t *)buf + i * es, want[i % 17], es))
+                        return hx_fail(c,
+                                       "dtype %d op %d count %zu: element %zu "
+                                       "differs",
+                                       t, ops[o], count, i);
+            }
+    return 0;
+}
+
+static const int matrix[][2] = {{1, 1}, {1, 2}, {1, 3}, {2, 1}, {2, 2},
+                                {2, 3}, {3, 1}, {3, 2}, {3, 3}, {4, 1},
+                                {4, 2}, {4, 3}, {8, 1}, {8, 2}, {8, 3}};
+
+START_TEST(allreduce_every_dtype_and_op)
+{
+    struct hx_cluster cl;
+    int nodes = matrix[_i][0], per = matrix[_i][1];
+    ck_assert_int_eq(hx_start(&cl, nodes, NULL), 0);
+    int failed = hx_run(&cl, per, "matrix", 60000, 600, trainer_matrix, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_msg(failed == 0, "%d of %d trainers failed (%d nodes x %d)",
+                  failed, nodes * per, nodes, per);
+}
+END_TEST
+
+/* Random fp32 values: the sum is checked against an exact (double) sum
+ * within the documented bound (size-1) * 2^-24 * sum|x| per element, and
+ * every rank must hold bitwise the same result. */
+static float rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int trainer_float_sum(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    const size_t count = BIG;
+    float *x, *mx, *mn;
+    if (obcomm_alloc(c, count * 4, (void **)&x) ||
+        obcomm_alloc(c, count * 4, (void **)&mx) ||
+        obcomm_alloc(c, count * 4, (void **)&mn))
+        return hx_fail(c, "alloc");
+    uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+    for (size_t i = 0; i < count; i++)
+        x[i] = rnd(&seed);
+    if (obcomm_allreduce(c, x, count, OBCOMM_FLOAT32, OBCOMM_SUM))
+        return hx_fail(c, "allreduce: %s", obcomm_last_error(c));
+
+    double *exact = calloc(count, sizeof(double));
+    double *abs_sum = calloc(count, sizeof(double));
+    for (int k = 0; k < size; k++) {
+        uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(k + 1);
+        for (size_t i = 0; i < count; i++) {
+            double v = rnd(&s);
+            exact[i] += v;
+            abs_sum[i] += fabs(v);
+        }
+    }
+    int bad = 0;
+    for (size_t i = 0; i < count && !bad; i++) {
+        double bound = (size - 1) * ldexp(1.0, -24) * abs_sum[i] * 1.0001;
+        if (fabs(x[i] - exact[i]) > bound)
+            bad = hx_fail(c, "element %zu: %.9g vs exact %.9g (bound %.3g)", i,
+                          x[i], exact[i], bound);
+    }
+    free(exact);
+    free(abs_sum);
+    if (bad)
+        return 1;
+
+    memcpy(mx, x, count * 4);
+    memcpy(mn, x, count * 4);
+    if (obcomm_allreduce(c, mx, count, OBCOMM_FLOAT32, OBCOMM_MAX) ||
+        obcomm_allreduce(c, mn, count, OBCOMM_FLOAT32, OBCOMM_MIN))
+        return hx_fail(c, "allreduce max/min: %s", obcomm_last_error(c));
+    if (memcmp(mx, x, count * 4) || memcmp(mn, x, count * 4))
+        return hx_fail(c, "ranks hold different sums");
+    return 0;
+}
+
+START_TEST(float_sum_within_tolerance_and_identical)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
+    int failed = hx_run(&cl, 2, "fsum", 60000, 300, trainer_float_sum, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+static int trainer_hundred(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    int64_t *v;
+    const size_t count = 4099;
+    if (obcomm_alloc(c, count * 8, (void **)&v))
+        return hx_fail(c, "alloc");
+    for (int step = 0; step < 100; step++) {
+        for (size_t i = 0; i < count; i++)
+            v[i] = (int64_t)(rank + 1) * step + (int64_t)i;
+        if (obcomm_allreduce(c, v, count, OBCOMM_INT64, OBCOMM_SUM))
+            return hx_fail(c, "step %d: %s", step, obcomm_last_error(c));
+        int64_t ranksum = (int64_t)size * (size + 1) / 2;
+        for (size_t i = 0; i < count; i++)
+            if (v[i] != ranksum * step + (int64_t)size * (int64_t)i)
+                return hx_fail(c, "step %d element %zu: %lld", step, i,
+                               (long long)v[i]);
+    }
+    return 0;
+}
+
+START_TEST(hundred_ops_in_a_row)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
+    int failed = hx_run(&cl, 2, "hundred", 60000, 300, trainer_hundred, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+static int trainer_broadcast(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    static const size_t sizes[] = {1, 3, 3000001};
+    uint8_t *b;
+    if (obcomm_alloc(c, 3000001, (void **)&b))
+        return hx_fail(c, "alloc");
+    for (int root = 0; root < size; root++)
+        for (size_t s = 0; s < 3; s++) {
+            size_t n = sizes[s];
+            for (size_t i = 0; i < n; i++)
+                b[i] = rank == root ? (uint8_t)(i * 31 + (size_t)root * 7)
+                                    : 0xee;
+            if (obcomm_broadcast(c, b, n, root))
+                return hx_fail(c, "broadcast root %d bytes %zu: %s", root, n,
+                               obcomm_last_error(c));
+            for (size_t i = 0; i < n; i++)
+                if (b[i] != (uint8_t)(i * 31 + (size_t)root * 7))
+                    return hx_fail(c, "root %d bytes %zu: byte %zu differs",
+                                   root, n, i);
+        }
+    for (int i = 0; i < 5; i++)
+        if (obcomm_barrier(c))
+            return hx_fail(c, "barrier: %s", obcomm_last_error(c));
+    return 0;
+}
+
+START_TEST(broadcast_from_every_root_and_barrier)
+{
+    static const int nodes[] = {1, 2, 3, 4};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, nodes[_i], NULL), 0);
+    int failed = hx_run(&cl, 2, "bcast", 60000, 300, trainer_broadcast, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+Suite *coll_suite(void)
+{
+    Suite *s = suite_create("coll");
+    TCase *tc = tcase_create("allreduce");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, allreduce_every_dtype_and_op, 0,
+                        (int)(sizeof(matrix) / sizeof(matrix[0])));
+    tcase_add_test(tc, float_sum_within_tolerance_and_identical);
+    tcase_add_test(tc, hundred_ops_in_a_row);
+    tcase_add_loop_test(tc, broadcast_from_every_root_and_barrier, 0, 4);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(coll_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
