@@ -61,8 +61,8 @@ int obc_sock_connect(const char *path, char *err, size_t errlen)
             return obc_seterr(err, errlen, OBCOMM_E_NOTCONN,
                               "cannot reach obcommd at %s: %s", path,
                               strerror(e));
-        return obc_seterr(err, errlen, -e, "cannot connect to %s: %s", path,
-                          strerror(e));
+        return obc_seterr(err, errlen, -e, "cannot reach obcommd at %s: %s",
+                          path, strerror(e));
     }
 
     /* From here on every wait goes through poll() with a deadline. */
