@@ -135,8 +135,9 @@ int obcomm_connect(const obcomm_options_t *opts, obcomm_t **out)
     obcomm_options_t o = {.local_rank = 0, .local_size = 1};
     if (opts != NULL)
         o = *opts;
+    /* An empty path anywhere means "not set", as in obcommctl. */
     const char *path = o.socket_path;
-    if (path == NULL)
+    if (path == NULL || path[0] == '\0')
         path = getenv("OBCOMM_SOCKET");
     if (path == NULL || path[0] == '\0')
         path = OBCOMM_DEFAULT_SOCKET;

@@ -423,7 +423,7 @@ int main(int argc, char **argv)
         }
         cmd = (enum cmd)k;
     }
-    if (path == NULL)
+    if (path == NULL || path[0] == '\0')
         path = getenv("OBCOMM_SOCKET");
     if (path == NULL || path[0] == '\0')
         path = OBCOMM_DEFAULT_SOCKET;
