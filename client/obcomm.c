@@ -151,8 +151,7 @@ int obcomm_connect(const obcomm_options_t *opts, obcomm_t **out)
                             o.local_rank, o.local_size);
     if (o.timeout_ms < 0 || o.timeout_ms > INT_MAX - OBC_GRACE_MS)
         return connect_fail(OBCOMM_E_INVAL,
-                            "timeout_ms %d is negative or too "
-                            "large",
+                            "timeout_ms %d is negative or too large",
                             o.timeout_ms);
 
     obcomm_t *c = calloc(1, sizeof(*c));
