@@ -1,0 +1,140 @@
+/* Collectives: each call is one Submit naming a registered buffer by id and
+ * offset, answered by one Complete carrying the same sequence number. The
+ * daemon does the work on the shared pages. */
+#include <stdint.h>
+
+#include "client.h"
+#include "ops.h"
+
+static size_t dtype_size(obcomm_dtype_t t)
+{
+    switch (t) {
+    case OBCOMM_FLOAT16:
+    case OBCOMM_BFLOAT16:
+        return 2;
+    case OBCOMM_FLOAT32:
+    case OBCOMM_INT32:
+        return 4;
+    case OBCOMM_FLOAT64:
+    case OBCOMM_INT64:
+        return 8;
+    }
+    return 0;
+}
+
+/* Locates [data, data+bytes) in a registered buffer and fills in the
+ * Submit's buffer_id and offset. */
+static int place(obcomm_t *c, Obcomm__Submit *s, const void *data, size_t bytes)
+{
+    uint64_t offset;
+    const struct obc_buffer *b = obc_buffer_find(c, data, bytes, &offset);
+    if (b == NULL)
+        return obc_fail(c, OBCOMM_E_NOTREG,
+                        "[%p, +%zu bytes) is not inside one buffer from "
+                        "obcomm_alloc",
+                        data, bytes);
+    s->buffer_id = b->id;
+    s->offset = offset;
+    return 0;
+}
+
+/* Submits one op and waits for its Complete. Sequence numbers count every
+ * op sent, so they stay equal across the ranks of a job; an op refused
+ * locally before sending does not take one. */
+static int submit(obcomm_t *c, Obcomm__Submit *s)
+{
+    s->seq = c->next_seq++;
+    Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
+    msg.body_case = OBCOMM__CLIENT_MSG__BODY_SUBMIT;
+    msg.submit = s;
+
+    Obcomm__DaemonMsg *reply;
+    int rc =
+        obc_roundtrip(c, &msg, -1, OBCOMM__DAEMON_MSG__BODY_COMPLETE, &reply);
+    if (rc < 0)
+        return rc;
+    const Obcomm__Complete *done = reply->complete;
+    if (done->seq != s->seq) {
+        obc_fail(c, OBCOMM_E_PROTO,
+                 "expected the completion of op %llu, obcommd completed op "
+                 "%llu",
+                 (unsigned long long)s->seq, (unsigned long long)done->seq);
+        rc = obc_kill(c, OBCOMM_E_PROTO);
+    } else if (done->status > 0) {
+        rc = obc_fail(c, OBCOMM_E_PROTO,
+                      "obcommd completed op %llu with status %d",
+                      (unsigned long long)s->seq, (int)done->status);
+    } else if (done->status < 0) {
+        rc = obc_fail(c, done->status, "%s",
+                      done->message[0] ? done->message
+                                       : obcomm_strerror(done->status));
+    }
+    obcomm__daemon_msg__free_unpacked(reply, NULL);
+    return rc;
+}
+
+int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
+                     obcomm_dtype_t dtype, obcomm_op_t op)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    size_t esize = dtype_size(dtype);
+    if (esize == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "unknown dtype %d", (int)dtype);
+    if (op != OBCOMM_SUM && op != OBCOMM_AVG && op != OBCOMM_MAX &&
+        op != OBCOMM_MIN)
+        return obc_fail(c, OBCOMM_E_INVAL, "unknown reduction %d", (int)op);
+    if (count == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "allreduce of 0 elements");
+    if (count > SIZE_MAX / esize)
+        return obc_fail(c, OBCOMM_E_INVAL,
+                        "allreduce of %zu elements overflows", count);
+
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_ALLREDUCE;
+    s.dtype = (uint32_t)dtype;
+    s.redop = (uint32_t)op;
+    s.count = count;
+    rc = place(c, &s, data, count * esize);
+    if (rc < 0)
+        return rc;
+    return submit(c, &s);
+}
+
+int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    if (bytes == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "broadcast of 0 bytes");
+    if (root < 0 || root >= obcomm_size(c))
+        return obc_fail(c, OBCOMM_E_INVAL, "broadcast root %d not in [0, %d)",
+                        root, obcomm_size(c));
+
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_BROADCAST;
+    s.count = bytes;
+    s.root = root;
+    rc = place(c, &s, data, bytes);
+    if (rc < 0)
+        return rc;
+    return submit(c, &s);
+}
+
+int obcomm_barrier(obcomm_t *c)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_BARRIER;
+    return submit(c, &s);
+}

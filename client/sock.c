@@ -1,0 +1,235 @@
+#include "sock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "obcomm.h"
+
+int64_t obc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int obc_seterr(char *err, size_t errlen, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int obc_sock_connect(const char *path, char *err, size_t errlen)
+{
+    struct sockaddr_un sa;
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof(sa.sun_path))
+        return obc_seterr(err, errlen, OBCOMM_E_INVAL,
+                          "socket path '%s' is empty or longer than %zu bytes",
+                          path, sizeof(sa.sun_path) - 1);
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, len + 1);
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return obc_seterr(err, errlen, -errno, "socket: %s", strerror(errno));
+
+    /* Connecting a Unix stream socket only blocks while the listener's
+     * backlog is full, and a retry after EINTR is safe: the kernel changes
+     * the socket's state only when the connection is made. */
+    int rc;
+    do
+        rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
+        int e = errno;
+        close(fd);
+        if (e == ENOENT || e == ECONNREFUSED)
+            return obc_seterr(err, errlen, OBCOMM_E_NOTCONN,
+                              "cannot reach obcommd at %s: %s", path,
+                              strerror(e));
+        return obc_seterr(err, errlen, -e, "cannot reach obcommd at %s: %s",
+                          path, strerror(e));
+    }
+
+    /* From here on every wait goes through poll() with a deadline. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return obc_seterr(err, errlen, -e, "fcntl: %s", strerror(e));
+    }
+    return fd;
+}
+
+/* Waits until fd is ready for `events` or the deadline passes. Returns 0
+ * when ready (or hung up: the following read or write tells which),
+ * OBCOMM_E_TIMEOUT, or -errno. */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - obc_now_ms();
+        if (left <= 0)
+            return OBCOMM_E_TIMEOUT;
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (n > 0)
+            return (p.revents & POLLNVAL) ? -EBADF : 0;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+static int lost(int e)
+{
+    return e == EPIPE || e == ECONNRESET || e == ENOTCONN;
+}
+
+int obc_sock_send(int fd, const Obcomm__ClientMsg *msg, int pass_fd,
+                  int64_t deadline, int64_t budget_ms, char *err, size_t errlen)
+{
+    size_t len;
+    uint8_t *buf = obcomm_wire_pack(&msg->base, &len);
+    if (buf == NULL)
+        return obc_seterr(err, errlen, OBCOMM_E_NOMEM,
+                          "cannot frame a message (out of memory or over "
+                          "%d bytes)",
+                          OBCOMM_WIRE_MAX);
+
+    union {
+        struct cmsghdr align;
+        char bytes[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    size_t off = 0;
+    int rc = 0;
+    while (off < len) {
+        struct iovec iov = {.iov_base = buf + off, .iov_len = len - off};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        /* The descriptor rides on the sendmsg that carries the frame's
+         * first byte; a sendmsg that sent nothing is retried with it. */
+        if (off == 0 && pass_fd >= 0) {
+            memset(&ctl, 0, sizeof(ctl));
+            mh.msg_control = ctl.bytes;
+            mh.msg_controllen = sizeof(ctl.bytes);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+        }
+        ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            rc = wait_fd(fd, POLLOUT, deadline);
+            if (rc == OBCOMM_E_TIMEOUT) {
+                obc_seterr(err, errlen, rc,
+                           "daemon did not take a message within %lld ms",
+                           (long long)budget_ms);
+                break;
+            }
+            if (rc < 0) {
+                obc_seterr(err, errlen, rc, "poll: %s", strerror(-rc));
+                break;
+            }
+            continue;
+        }
+        int e = n < 0 ? errno : EPIPE;
+        if (lost(e))
+            rc = obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
+                            "daemon closed the connection");
+        else
+            rc = obc_seterr(err, errlen, -e, "send to daemon: %s", strerror(e));
+        break;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Reads exactly `len` bytes. */
+static int read_full(int fd, uint8_t *buf, size_t len, int64_t deadline,
+                     int64_t budget_ms, char *err, size_t errlen)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = recv(fd, buf + off, len - off, 0);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n == 0 || lost(errno))
+            return obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
+                              "daemon closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return obc_seterr(err, errlen, -errno, "read from daemon: %s",
+                              strerror(errno));
+        int rc = wait_fd(fd, POLLIN, deadline);
+        if (rc == OBCOMM_E_TIMEOUT)
+            return obc_seterr(err, errlen, rc,
+                              "daemon did not answer within %lld ms",
+                              (long long)budget_ms);
+        if (rc < 0)
+            return obc_seterr(err, errlen, rc, "poll: %s", strerror(-rc));
+    }
+    return 0;
+}
+
+int obc_sock_recv(int fd, int64_t deadline, int64_t budget_ms,
+                  Obcomm__DaemonMsg **out, char *err, size_t errlen)
+{
+    uint8_t prefix[OBCOMM_WIRE_PREFIX];
+    int rc =
+        read_full(fd, prefix, sizeof(prefix), deadline, budget_ms, err, errlen);
+    if (rc < 0)
+        return rc;
+    uint32_t len = obcomm_wire_len(prefix);
+    if (len > OBCOMM_WIRE_MAX)
+        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                          "daemon sent a %u-byte message (bound %d)", len,
+                          OBCOMM_WIRE_MAX);
+
+    /* malloc(0) may return NULL; an empty body is read as a 1-byte buffer
+     * of which nothing is used. */
+    uint8_t *body = malloc(len ? len : 1);
+    if (body == NULL)
+        return obc_seterr(err, errlen, OBCOMM_E_NOMEM,
+                          "out of memory for a %u-byte message", len);
+    rc = read_full(fd, body, len, deadline, budget_ms, err, errlen);
+    if (rc < 0) {
+        free(body);
+        return rc;
+    }
+    Obcomm__DaemonMsg *m = obcomm__daemon_msg__unpack(NULL, len, body);
+    free(body);
+    if (m == NULL)
+        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                          "daemon sent a malformed %u-byte message", len);
+    /* The oneof's pointers are all the same union member, so checking one
+     * checks the message that is set. */
+    if (m->body_case == OBCOMM__DAEMON_MSG__BODY__NOT_SET || m->join == NULL) {
+        obcomm__daemon_msg__free_unpacked(m, NULL);
+        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                          "daemon sent a message with no body");
+    }
+    *out = m;
+    return 0;
+}

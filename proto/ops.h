@@ -1,0 +1,13 @@
+/* Kinds of collective carried in Submit.kind and OpAnnounce.kind. libobcomm
+ * and obcommd both include this file, so the numbers cannot drift apart. */
+#ifndef OBCOMM_OPS_H
+#define OBCOMM_OPS_H
+
+enum obcomm_op_kind {
+    OBCOMM_KIND_ALLREDUCE = 1, /* count = elements of dtype, redop used */
+    OBCOMM_KIND_BROADCAST = 2, /* dtype 0, count = bytes, root = rank */
+    OBCOMM_KIND_BARRIER = 3,   /* no buffer: buffer_id 0, offset 0, count 0 */
+    OBCOMM_KIND_ALLREDUCE_1BIT = 4, /* reserved: fp32, key names the state */
+};
+
+#endif

@@ -1,0 +1,153 @@
+/* libobcomm without a daemon: argument checks, the unreachable-daemon path,
+ * and error strings. Everything here must hold before a single byte is
+ * exchanged with obcommd. */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "obcomm.h"
+
+static obcomm_t *const SENTINEL = (obcomm_t *)0x1;
+
+static int try_connect(const char *path, int local_rank, int local_size,
+                       int timeout_ms, obcomm_t **out)
+{
+    obcomm_options_t o = {.socket_path = path,
+                          .local_rank = local_rank,
+                          .local_size = local_size,
+                          .timeout_ms = timeout_ms};
+    return obcomm_connect(&o, out);
+}
+
+START_TEST(test_connect_rejects_bad_options)
+{
+    static const int bad[][3] = {
+        {0, 0, 0}, {0, 65, 0}, {-1, 2, 0}, {2, 2, 0}, {0, 1, -1},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        obcomm_t *c = SENTINEL;
+        ck_assert_int_eq(try_connect("/nonexistent/obcommd.sock", bad[i][0],
+                                     bad[i][1], bad[i][2], &c),
+                         OBCOMM_E_INVAL);
+        ck_assert_ptr_eq(c, SENTINEL); /* written only on success */
+        ck_assert_str_ne(obcomm_last_error(NULL), "");
+    }
+    ck_assert_int_eq(obcomm_connect(NULL, NULL), OBCOMM_E_INVAL);
+}
+END_TEST
+
+START_TEST(test_connect_missing_socket)
+{
+    obcomm_t *c = SENTINEL;
+    ck_assert_int_eq(try_connect("/nonexistent/obcommd.sock", 0, 1, 0, &c),
+                     OBCOMM_E_NOTCONN);
+    ck_assert_ptr_eq(c, SENTINEL);
+    ck_assert_ptr_nonnull(
+        strstr(obcomm_last_error(NULL), "/nonexistent/obcommd.sock"));
+
+    /* Without a path in the options, $OBCOMM_SOCKET names the socket. */
+    setenv("OBCOMM_SOCKET", "/nonexistent/from-env.sock", 1);
+    ck_assert_int_eq(obcomm_connect(NULL, &c), OBCOMM_E_NOTCONN);
+    ck_assert_ptr_nonnull(
+        strstr(obcomm_last_error(NULL), "/nonexistent/from-env.sock"));
+    unsetenv("OBCOMM_SOCKET");
+}
+END_TEST
+
+START_TEST(test_connect_refused)
+{
+    /* A socket file nobody listens on: what a crashed daemon leaves. */
+    char path[] = "/tmp/obcomm-test-XXXXXX";
+    int tmp = mkstemp(path);
+    ck_assert_int_ge(tmp, 0);
+    close(tmp);
+    unlink(path);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+
+    obcomm_t *c = SENTINEL;
+    ck_assert_int_eq(try_connect(path, 0, 1, 0, &c), OBCOMM_E_NOTCONN);
+    ck_assert_ptr_eq(c, SENTINEL);
+    ck_assert_ptr_nonnull(strstr(obcomm_last_error(NULL), path));
+    close(s);
+    unlink(path);
+}
+END_TEST
+
+static void *other_thread(void *arg)
+{
+    (void)arg;
+    return (void *)obcomm_last_error(NULL);
+}
+
+START_TEST(test_connect_error_is_per_thread)
+{
+    obcomm_t *c;
+    ck_assert_int_eq(try_connect("/nonexistent/x.sock", 0, 1, 0, &c),
+                     OBCOMM_E_NOTCONN);
+    pthread_t t;
+    void *msg;
+    ck_assert_int_eq(pthread_create(&t, NULL, other_thread, NULL), 0);
+    ck_assert_int_eq(pthread_join(t, &msg), 0);
+    ck_assert_str_eq((const char *)msg, "");
+    ck_assert_str_ne(obcomm_last_error(NULL), "");
+}
+END_TEST
+
+START_TEST(test_null_handle)
+{
+    void *p = SENTINEL;
+    obcomm_close(NULL);
+    ck_assert_int_eq(obcomm_rank(NULL), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_size(NULL), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_alloc(NULL, 64, &p), OBCOMM_E_INVAL);
+    ck_assert_ptr_eq(p, SENTINEL);
+    ck_assert_int_eq(obcomm_free(NULL, p), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_allreduce(NULL, p, 1, OBCOMM_FLOAT32, OBCOMM_SUM),
+                     OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_broadcast(NULL, p, 1, 0), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_barrier(NULL), OBCOMM_E_INVAL);
+}
+END_TEST
+
+START_TEST(test_strerror)
+{
+    ck_assert_str_eq(obcomm_strerror(0), "success");
+    ck_assert_str_eq(obcomm_strerror(-ENOENT), strerror(ENOENT));
+    ck_assert_str_eq(obcomm_strerror(1), "unknown error");
+    ck_assert_str_eq(obcomm_strerror(-1099), "unknown error");
+    ck_assert_str_eq(obcomm_strerror(-5000), "unknown error");
+    /* Every obcomm code has its own message. */
+    for (int e = OBCOMM_E_CORRUPT; e <= OBCOMM_E_INVAL; e++) {
+        ck_assert_str_ne(obcomm_strerror(e), "unknown error");
+        for (int f = e + 1; f <= OBCOMM_E_INVAL; f++)
+            ck_assert_str_ne(obcomm_strerror(e), obcomm_strerror(f));
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("client_offline");
+    TCase *tc = tcase_create("offline");
+    tcase_add_test(tc, test_connect_rejects_bad_options);
+    tcase_add_test(tc, test_connect_missing_socket);
+    tcase_add_test(tc, test_connect_refused);
+    tcase_add_test(tc, test_connect_error_is_per_thread);
+    tcase_add_test(tc, test_null_handle);
+    tcase_add_test(tc, test_strerror);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
