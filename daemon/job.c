@@ -14,6 +14,7 @@
 #include "wire.h"
 
 static void job_kick(struct obd_job *job);
+static void job_start_next(struct obd_job *job);
 static void job_maybe_free(struct obd_job *job);
 static void op_check_ready(struct obd_op *op);
 
@@ -203,7 +204,8 @@ void obd_op_finish(struct obd_op *op)
     op_complete(op);
 }
 
-static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
+static void announce_to(struct obd_op *op, const struct obd_announce *a,
+                        int only)
 {
     struct obd_daemon *d = op->job->d;
     Obcomm__OpAnnounce an = OBCOMM__OP_ANNOUNCE__INIT;
@@ -223,8 +225,23 @@ static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
-        if (i != d->cfg.rank)
+        if (i != d->cfg.rank && (only < 0 || i == only))
             (void)obd_peers_send_ctrl(d, i, &msg.base);
+}
+
+/* Announces to every node whose link is up; a link that comes up later
+ * gets the announces of open ops then (obd_job_on_peer_up). */
+static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
+{
+    announce_to(op, a, -1);
+}
+
+void obd_job_on_peer_up(struct obd_daemon *d, int node)
+{
+    for (struct obd_job *job = d->jobs; job; job = job->next)
+        for (struct obd_op *op = job->ops; op; op = op->next)
+            if (op->state == OBD_OP_COLLECT && op->local_done)
+                announce_to(op, &op->ann[d->cfg.rank], node);
 }
 
 void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
@@ -301,6 +318,16 @@ static void on_deadline(uv_timer_t *t)
                     (int)job->d->cfg.rank, who);
         return;
     }
+    if (op->local_done && !op->grace) {
+        /* Every local trainer is here: the missing ranks are on other
+         * nodes, and the node that misses a trainer can name it. Give its
+         * report a moment to arrive before failing with a coarser one. */
+        uint64_t grace = (uint64_t)job->timeout_ms / 4;
+        grace = grace < 50 ? 50 : grace > 2000 ? 2000 : grace;
+        op->grace = 1;
+        uv_timer_start(&op->deadline, on_deadline, grace, 0);
+        return;
+    }
     describe_missing(op, who, sizeof(who));
     obd_op_fail(op, OBCOMM_E_TIMEOUT, 1,
                 "op %llu of job %s timed out after %d ms; never arrived: %s",
@@ -370,6 +397,12 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
         pp = &(*pp)->next;
     op->next = *pp;
     *pp = op;
+
+    /* Once a trainer has left, the job cannot complete a collective
+     * again: every later op fails at once instead of on its deadline. */
+    if (job->gone[0] != '\0')
+        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                    (unsigned long long)seq, job->name, job->gone);
     return op;
 }
 
@@ -536,6 +569,12 @@ static void op_check_ready(struct obd_op *op)
  * a job's ops run one after another, in sequence order, on every node. */
 static void job_kick(struct obd_job *job)
 {
+    job_start_next(job);
+    obd_peers_resume(job->d);
+}
+
+static void job_start_next(struct obd_job *job)
+{
     for (struct obd_op *o = job->ops; o; o = o->next) {
         if (o->state == OBD_OP_DONE)
             continue;
@@ -634,6 +673,10 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
     job->joined--;
     obd_log_info(&d->log, "job %s: rank %d (local %d) left: %s", job->name,
                  rank, local_rank, reason);
+    if (job->joined > 0 && job->gone[0] == '\0')
+        snprintf(job->gone, sizeof(job->gone),
+                 "rank %d (node %d local %d) left the job: %s", rank,
+                 (int)d->cfg.rank, local_rank, reason);
 
     job->busy++;
     struct obd_op *op;
@@ -664,14 +707,11 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
     }
 }
 
-struct obd_op *obd_job_running_op(struct obd_daemon *d, uint32_t job_id,
-                                  uint64_t seq)
+struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id,
+                          uint64_t seq)
 {
     struct obd_job *job = obd_job_find_id(d, job_id);
-    if (job == NULL)
-        return NULL;
-    struct obd_op *op = op_find(job, seq);
-    return op && op->state == OBD_OP_RUN ? op : NULL;
+    return job ? op_find(job, seq) : NULL;
 }
 
 /* A job without trainers and without ops is forgotten. */

@@ -73,6 +73,7 @@ struct obd_op {
 
     uv_timer_t deadline;
     int timer_live;
+    int grace; /* the deadline was extended once; see on_deadline */
     int status;
     char message[512];
 
@@ -92,6 +93,7 @@ struct obd_job {
     uint64_t next_seq; /* ops below it have completed */
     struct obd_op *ops; /* ascending seq */
     int busy;           /* > 0 while a loop walks ops: do not free */
+    char gone[256];     /* set when a trainer left while others stay */
     struct obd_job *next;
 };
 
@@ -119,12 +121,15 @@ void obd_job_on_announce(struct obd_daemon *d, int from,
                          const struct obd_announce *a, const char *job,
                          uint64_t seq);
 
+/* A node's link came up: it gets our announces of ops still collecting. */
+void obd_job_on_peer_up(struct obd_daemon *d, int node);
+
 /* A node's link went down: fails the ops that needed it. */
 void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why);
 
-/* The op (job id, seq) if it is running, else NULL. */
-struct obd_op *obd_job_running_op(struct obd_daemon *d, uint32_t job_id,
-                                  uint64_t seq);
+/* The op (job id, seq) this node knows, in any state, or NULL. */
+struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id,
+                          uint64_t seq);
 
 /* Fails op with status and message, announces the failure to every node
  * (unless it came from one) and completes the trainers. */

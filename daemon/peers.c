@@ -35,6 +35,7 @@ struct obd_link {
     uint8_t *ctrl;
     uint8_t *dst;
     struct obd_op *rop; /* op the payload goes to; holds a reference */
+    int parked;         /* reading paused until the frame's op starts */
     uint8_t discard[DISCARD_BYTES];
 
     struct obd_link *next; /* in d->unbound */
@@ -272,8 +273,8 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
         return;
     }
 
+    unbind_unbound(l);
     if (!l->dialed) {
-        unbind_unbound(l);
         l->peer = r;
         send_hello(l);
     }
@@ -293,6 +294,7 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     obd_log_info(&d->log, "link to node %d (%s:%u) is up%s", r,
                  d->cfg.world[r].host, d->cfg.world[r].port,
                  obd_peers_complete(d) ? "; the world is complete" : "");
+    obd_job_on_peer_up(d, r);
 }
 
 static void handle_announce(struct obd_link *l, const Obcomm__OpAnnounce *m)
@@ -374,8 +376,17 @@ static void start_payload(struct obd_link *l)
         return;
     }
 
-    struct obd_op *op = obd_job_running_op(d, l->f.job, l->f.seq);
-    if (op != NULL && op->fingerprint == l->f.fingerprint) {
+    struct obd_op *op = obd_job_op(d, l->f.job, l->f.seq);
+    if (op != NULL && op->state == OBD_OP_COLLECT) {
+        /* The sender has every announce, this node not yet: the op starts
+         * here soon (or fails on its deadline). Until then the link stops
+         * reading, which pushes back on the sender through TCP. */
+        l->parked = 1;
+        uv_read_stop((uv_stream_t *)&l->tcp);
+        return;
+    }
+    if (op != NULL && op->state == OBD_OP_RUN &&
+        op->fingerprint == l->f.fingerprint) {
         const char *why = "unexpected frame";
         void *dst =
             obd_coll_algo(op->desc.kind)->recv_dest(op, l->peer, &l->f, &why);
@@ -476,14 +487,28 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         start_payload(l);
-        if (l->state == L_CLOSING)
-            return;
-        if (l->f.len > 0)
+        if (l->state == L_CLOSING || l->parked || l->f.len > 0)
             return;
     } else if (l->got < l->f.len) {
         return;
     }
     finish_payload(l);
+}
+
+void obd_peers_resume(struct obd_daemon *d)
+{
+    for (int i = 0; i < d->cfg.nodes; i++) {
+        struct obd_link *l = d->peers[i].link;
+        if (l == NULL || !l->parked || l->state != L_UP)
+            continue;
+        l->parked = 0;
+        start_payload(l);
+        if (l->parked || l->state == L_CLOSING)
+            continue;
+        uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
+        if (l->f.len == 0)
+            finish_payload(l);
+    }
 }
 
 /* ---- link lifetime ---- */
@@ -514,8 +539,7 @@ static void link_close(struct obd_link *l, const char *why)
         l->rop = NULL;
         obd_op_unref(op);
     }
-    if (l->peer < 0 || !was_up)
-        unbind_unbound(l);
+    unbind_unbound(l);
 
     uv_read_stop((uv_stream_t *)&l->tcp);
     uv_close((uv_handle_t *)&l->hello_timer, on_hello_timer_closed);

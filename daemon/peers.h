@@ -50,6 +50,10 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
                         uint32_t step, uint32_t segment, const void *payload,
                         uint32_t len);
 
+/* Links that paused on a frame of an op that had not started yet look at
+ * it again; called whenever an op starts or ends. */
+void obd_peers_resume(struct obd_daemon *d);
+
 /* Names a peer's state. */
 const char *obd_peer_state_name(enum obd_peer_state s);
 

@@ -1,0 +1,286 @@
+/* Failure paths through real daemons: mismatched ops, deadlines, trainers
+ * that vanish, garbage on the TCP port and the Unix socket. Every failure
+ * must reach every rank with the documented code and a message naming who
+ * differs or who is missing, and the daemons must serve the next op. */
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include "harness.h"
+
+/* One correct allreduce: the daemons still work. */
+static int check_next_op(obcomm_t *c, float *x)
+{
+    int size = obcomm_size(c);
+    for (int i = 0; i < 5; i++)
+        x[i] = 1.0f;
+    int rc = obcomm_allreduce(c, x, 5, OBCOMM_FLOAT32, OBCOMM_SUM);
+    if (rc)
+        return hx_fail(c, "next op: %s", obcomm_last_error(c));
+    for (int i = 0; i < 5; i++)
+        if (x[i] != (float)size)
+            return hx_fail(c, "next op: %g, want %d", x[i], size);
+    return 0;
+}
+
+static int expect(obcomm_t *c, int rc, int want, const char *const *needles)
+{
+    if (rc != want)
+        return hx_fail(c, "got %d (%s), want %d; message: %s", rc,
+                       obcomm_strerror(rc), want, obcomm_last_error(c));
+    for (int i = 0; needles[i]; i++)
+        if (strstr(obcomm_last_error(c), needles[i]) == NULL)
+            return hx_fail(c, "message '%s' lacks '%s'", obcomm_last_error(c),
+                           needles[i]);
+    return 0;
+}
+
+/* Rank 0 passes count 10, every other rank 11. */
+static int trainer_count_mismatch(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    int rank = obcomm_rank(c);
+    int rc = obcomm_allreduce(c, x, rank == 0 ? 10 : 11, OBCOMM_FLOAT32,
+                              OBCOMM_SUM);
+    const char *needles[] = {"count differs", "rank 0", "has 10", "has 11",
+                             NULL};
+    if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
+        return 1;
+    return check_next_op(c, x);
+}
+
+START_TEST(count_mismatch_fails_everywhere)
+{
+    /* Loop 0: two trainers on one node; 1: three nodes, one trainer. */
+    static const int shape[][2] = {{1, 2}, {3, 1}};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, shape[_i][0], NULL), 0);
+    int failed = hx_run(&cl, shape[_i][1], "mismatch", 20000, 60,
+                        trainer_count_mismatch, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+/* The last node's trainers use another dtype. */
+static int trainer_dtype_mismatch(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    int last = obcomm_rank(c) >= obcomm_size(c) - 2;
+    int rc = obcomm_allreduce(c, x, 4, last ? OBCOMM_INT32 : OBCOMM_FLOAT32,
+                              OBCOMM_MAX);
+    const char *needles[] = {"dtype differs", "ranks 4-5 (node 2) has 4",
+                             NULL};
+    if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
+        return 1;
+    return check_next_op(c, x);
+}
+
+START_TEST(dtype_mismatch_names_the_node)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
+    int failed = hx_run(&cl, 2, "dtype", 20000, 60, trainer_dtype_mismatch,
+                        NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+/* The last rank never submits: everybody else gets a timeout that names it
+ * (the daemon's deadline, not the client's safety net, which would say
+ * "did not answer"). */
+static int trainer_never_submits(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    if (obcomm_rank(c) == obcomm_size(c) - 1) {
+        sleep(3); /* the deadline is 500 ms */
+        return 0;
+    }
+    int rc = obcomm_allreduce(c, x, 16, OBCOMM_FLOAT32, OBCOMM_SUM);
+    const char *needles[] = {"timed out", "never arrived", "rank 3", NULL};
+    return expect(c, rc, OBCOMM_E_TIMEOUT, needles);
+}
+
+START_TEST(missing_rank_times_out_with_its_name)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    int failed =
+        hx_run(&cl, 2, "late", 500, 60, trainer_never_submits, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+/* Rank 1 dies in the middle of the job; everybody else's next op fails with
+ * PEER_LOST naming it, well before the (long) deadline. */
+static int trainer_one_dies(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 1 << 20, (void **)&x))
+        return hx_fail(c, "alloc");
+    if (check_next_op(c, x))
+        return 1;
+    if (obcomm_rank(c) == 1)
+        _exit(0); /* no goodbye: the socket just closes */
+    int rc = obcomm_allreduce(c, x, 1 << 18, OBCOMM_FLOAT32, OBCOMM_SUM);
+    const char *needles[] = {"rank 1 (node 0 local 1)", NULL};
+    return expect(c, rc, OBCOMM_E_PEER_LOST, needles);
+}
+
+START_TEST(vanished_trainer_fails_the_job)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    int failed =
+        hx_run(&cl, 2, "dies", 600000, 60, trainer_one_dies, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+static int send_all(int fd, const void *buf, size_t len)
+{
+    return send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
+}
+
+/* 1 if the peer closes the connection within a few seconds. */
+static int closed_by_peer(int fd)
+{
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char b[256];
+    for (;;) {
+        ssize_t n = recv(fd, b, sizeof(b), 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return 1;
+        if (n < 0)
+            return 0;
+    }
+}
+
+static int tcp_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static int unix_to(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static int trainer_plain(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    return check_next_op(c, x);
+}
+
+START_TEST(garbage_is_rejected_and_the_daemon_serves_on)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    ck_assert_int_eq(hx_run(&cl, 1, "before", 20000, 60, trainer_plain, NULL),
+                     0);
+
+    /* TCP: random bytes; then a well-formed header announcing a payload
+     * far over the bound; then a control frame that is not a PeerMsg. */
+    uint8_t junk[1000];
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(i * 131 + 7);
+    int fd = tcp_to(cl.port[0]);
+    ck_assert_int_eq(send_all(fd, junk, sizeof(junk)), 0);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+
+    uint8_t hdr[48] = {'O', 'B', 'C', 'M', 1, 2};
+    hdr[43] = 0x40; /* len = 1 GiB */
+    fd = tcp_to(cl.port[1]);
+    ck_assert_int_eq(send_all(fd, hdr, sizeof(hdr)), 0);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+
+    uint8_t ctrl[48 + 4] = {'O', 'B', 'C', 'M', 1, 1};
+    ctrl[40] = 4;
+    memset(ctrl + 48, 0xff, 4);
+    fd = tcp_to(cl.port[0]);
+    ck_assert_int_eq(send_all(fd, ctrl, sizeof(ctrl)), 0);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+
+    /* Unix socket: a length prefix over the bound; then a body that is not
+     * a ClientMsg. */
+    uint8_t big[4] = {0xff, 0xff, 0xff, 0x7f};
+    fd = unix_to(cl.sock[0]);
+    ck_assert_int_eq(send_all(fd, big, sizeof(big)), 0);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+
+    uint8_t bad[4 + 6] = {6, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    fd = unix_to(cl.sock[1]);
+    ck_assert_int_eq(send_all(fd, bad, sizeof(bad)), 0);
+    ck_assert(closed_by_peer(fd));
+    close(fd);
+
+    ck_assert(hx_alive(&cl, 0));
+    ck_assert(hx_alive(&cl, 1));
+    ck_assert_int_eq(hx_run(&cl, 2, "after", 20000, 60, trainer_plain, NULL),
+                     0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+Suite *faults_suite(void)
+{
+    Suite *s = suite_create("faults");
+    TCase *tc = tcase_create("faults");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, count_mismatch_fails_everywhere, 0, 2);
+    tcase_add_test(tc, dtype_mismatch_names_the_node);
+    tcase_add_test(tc, missing_rank_times_out_with_its_name);
+    tcase_add_test(tc, vanished_trainer_fails_the_job);
+    tcase_add_test(tc, garbage_is_rejected_and_the_daemon_serves_on);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(faults_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
