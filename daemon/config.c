@@ -226,6 +226,10 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
             *help = 1;
             continue;
         }
+        if (strcmp(a, "--example-config") == 0) {
+            *help = 2;
+            continue;
+        }
         if (strncmp(a, "--", 2) != 0) {
             fail(err, errlen, "unexpected argument '%s' (see --help)", a);
             return -1;

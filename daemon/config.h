@@ -55,8 +55,9 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
                     size_t errlen);
 
 /* Parses argv: -c FILE (loaded first, wherever it stands), then
- * --NAME VALUE / --NAME=VALUE for every option, --check-config, --help.
- * Flags override the file. *check and *help are set when given. */
+ * --NAME VALUE / --NAME=VALUE for every option, --check-config, --help
+ * and --example-config. Flags override the file. *check is set by
+ * --check-config; *help is 1 for --help, 2 for --example-config. */
 int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
                           int *check, int *help, char *err, size_t errlen);
 

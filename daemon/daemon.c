@@ -3,8 +3,12 @@
 #include <obcomm.h>
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "ctl.h"
 #include "job.h"
@@ -42,6 +46,28 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     return 0;
 }
 
+/* Tells systemd (Type=notify) that the daemon is serving, or stopping.
+ * The protocol is one datagram to $NOTIFY_SOCKET; a leading '@' names an
+ * abstract socket. Without systemd this does nothing. */
+static void sd_notify_state(const char *state)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    if (path == NULL || path[0] == '\0' || strlen(path) >= 108)
+        return;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, path, strlen(path));
+    if (sa.sun_path[0] == '@')
+        sa.sun_path[0] = '\0';
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    socklen_t len =
+        (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
+    (void)sendto(fd, state, strlen(state), MSG_NOSIGNAL,
+                 (struct sockaddr *)&sa, len);
+    close(fd);
+}
+
 int obd_daemon_start(struct obd_daemon *d)
 {
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
@@ -57,6 +83,10 @@ int obd_daemon_start(struct obd_daemon *d)
                  "obcommd 0.1.0: cluster %s, node %lld of %d, socket %s",
                  d->cfg.cluster, (long long)d->cfg.rank, d->cfg.nodes,
                  d->cfg.socket);
+    char ready[160];
+    snprintf(ready, sizeof(ready), "READY=1\nSTATUS=node %lld of %d",
+             (long long)d->cfg.rank, d->cfg.nodes);
+    sd_notify_state(ready);
     return 0;
 }
 
@@ -70,6 +100,7 @@ void obd_daemon_close(struct obd_daemon *d)
     if (d->closing)
         return;
     d->closing = 1;
+    sd_notify_state("STOPPING=1");
     obd_job_close_all(d);
     obd_ctl_close(d);
     obd_peers_close(d);

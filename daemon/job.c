@@ -614,6 +614,13 @@ void obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
     }
     op->submitted[local_rank] = 1;
     op->nsubmitted++;
+    if (op->nsubmitted == 1 && op->state == OBD_OP_COLLECT) {
+        /* The deadline counts from this node's first trainer: the op may
+         * have been created earlier by another node's announce, before the
+         * job's trainers (and their timeout) were known here. */
+        uv_timer_start(&op->deadline, on_deadline, (uint64_t)job->timeout_ms,
+                       0);
+    }
     op->sub[local_rank] = *desc;
     op->data[local_rank] = data;
 

@@ -10,7 +10,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: obcommd [-c FILE] [--rank R] [--peers H:P,H:P,...] "
                  "[--listen H:P]\n"
                  "               [--socket PATH] [--check-config] "
-                 "[--OPTION VALUE ...]\n\n"
+                 "[--OPTION VALUE ...] [--example-config]\n\n"
                  "options (also valid as 'name = value' lines in FILE):\n");
     obd_config_print_help(out, 0);
 }
@@ -26,6 +26,13 @@ int main(int argc, char **argv)
                               sizeof(err))) {
         fprintf(stderr, "obcommd: %s\n", err);
         return 2;
+    }
+    if (help == 2) {
+        printf("# obcommd configuration: 'name = value' lines. Every option "
+               "is shown with\n# its default; flags (--name value) override "
+               "the file.\n\n");
+        obd_config_print_help(stdout, 1);
+        return 0;
     }
     if (help) {
         usage(stdout);

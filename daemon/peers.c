@@ -215,6 +215,7 @@ static void refuse(struct obd_link *l, const char *reason)
     msg.refuse = &r;
     (void)link_send_ctrl(l, &msg.base);
     obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
+    obd_log_error(&l->d->log, "refusing a peer: %s", reason);
     link_close(l, reason);
 }
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -50,6 +51,44 @@ static void sleep_ms(int ms)
 
 int hx_start(struct hx_cluster *c, int nodes, const char *const *extra)
 {
+    const char *const *each[HX_MAX_NODES];
+    for (int i = 0; i < HX_MAX_NODES; i++)
+        each[i] = extra;
+    return hx_start_each(c, nodes, each);
+}
+
+static void log_path(const struct hx_cluster *c, int i, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/node%d.log", c->dir, i);
+}
+
+int hx_log_contains(const struct hx_cluster *c, int i, const char *s)
+{
+    char path[160], line[2048];
+    log_path(c, i, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof(line), f))
+        found = strstr(line, s) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static void dump_log(const struct hx_cluster *c, int i)
+{
+    char path[160], line[2048];
+    log_path(c, i, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof(line), f))
+        fprintf(stderr, "  node %d| %s", i, line);
+    if (f)
+        fclose(f);
+}
+
+int hx_start_each(struct hx_cluster *c, int nodes,
+                  const char *const *const *each)
+{
     const char *bin = getenv("OBCOMMD");
     char peers[HX_MAX_NODES * 24] = "";
     memset(c, 0, sizeof(*c));
@@ -85,13 +124,18 @@ int hx_start(struct hx_cluster *c, int nodes, const char *const *extra)
             argv[n++] = "--peers";
             argv[n++] = peers;
         }
-        for (int k = 0; extra && extra[k] && n < 62; k++)
-            argv[n++] = extra[k];
+        for (int k = 0; each[i] && each[i][k] && n < 62; k++)
+            argv[n++] = each[i][k];
         argv[n] = NULL;
 
+        char logf[160];
+        log_path(c, i, logf, sizeof(logf));
         pid_t pid = fork();
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
+            int fd = open(logf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0)
+                dup2(fd, 2);
             execv(bin, (char *const *)argv);
             _exit(127);
         }
@@ -148,10 +192,14 @@ int hx_stop(struct hx_cluster *c)
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             fprintf(stderr, "harness: daemon %d exited with status %#x\n", i,
                     status);
+            dump_log(c, i);
             bad++;
         }
         c->daemon[i] = 0;
         unlink(c->sock[i]);
+        char logf[160];
+        log_path(c, i, logf, sizeof(logf));
+        unlink(logf);
     }
     if (c->dir[0])
         rmdir(c->dir);

@@ -24,6 +24,13 @@ struct hx_cluster {
  * waits until every socket answers. Returns 0 or -1 (message on stderr). */
 int hx_start(struct hx_cluster *c, int nodes, const char *const *extra);
 
+/* As hx_start, with flags per node: each[i] is NULL or NULL-terminated. */
+int hx_start_each(struct hx_cluster *c, int nodes,
+                  const char *const *const *each);
+
+/* 1 if daemon i's stderr (kept in the cluster's directory) contains s. */
+int hx_log_contains(const struct hx_cluster *c, int i, const char *s);
+
 /* SIGTERM to every daemon, then waits; returns the number of daemons that
  * did not exit with status 0 (a sanitizer report makes it non-zero). */
 int hx_stop(struct hx_cluster *c);

@@ -262,6 +262,35 @@ START_TEST(garbage_is_rejected_and_the_daemon_serves_on)
 }
 END_TEST
 
+static int trainer_alone(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    int rc = obcomm_allreduce(c, x, 4, OBCOMM_FLOAT32, OBCOMM_SUM);
+    const char *needles[] = {"never arrived: node", NULL};
+    return expect(c, rc, OBCOMM_E_TIMEOUT, needles);
+}
+
+/* Daemons of different clusters refuse each other, each logging both
+ * sides' values; ops then time out naming the node that never came. */
+START_TEST(handshake_mismatch_is_refused_with_both_values)
+{
+    const char *a[] = {"--cluster", "alpha", NULL};
+    const char *b[] = {"--cluster", "beta", NULL};
+    const char *const *each[] = {a, b};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+    int failed = hx_run(&cl, 1, "split", 500, 60, trainer_alone, NULL);
+    ck_assert(hx_log_contains(&cl, 0, "cluster 'alpha' here (rank 0), "
+                                      "'beta' at the peer (rank 1)"));
+    ck_assert(hx_log_contains(&cl, 1, "refused by the peer"));
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
 Suite *faults_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -272,6 +301,7 @@ Suite *faults_suite(void)
     tcase_add_test(tc, missing_rank_times_out_with_its_name);
     tcase_add_test(tc, vanished_trainer_fails_the_job);
     tcase_add_test(tc, garbage_is_rejected_and_the_daemon_serves_on);
+    tcase_add_test(tc, handshake_mismatch_is_refused_with_both_values);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, runs every test, then
+# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs
+# every test there too. Prints "N passed, N failed" last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/build.sh
+
+passed=0
+failed=0
+run_suite() { # build dir
+    local dir=$1 rc=0
+    meson test -C "$dir" --print-errorlogs --num-processes 1 || rc=$?
+    local p f
+    p=$(grep -c '"result": "OK"' "$dir/meson-logs/testlog.json" || true)
+    f=$(grep -vc '"result": "OK"' "$dir/meson-logs/testlog.json" || true)
+    passed=$((passed + p))
+    failed=$((failed + f))
+    return 0
+}
+
+run_suite build
+
+[ -f build-asan/build.ninja ] ||
+    meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+        >/dev/null
+meson compile -C build-asan >/dev/null
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+run_suite build-asan
+
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
