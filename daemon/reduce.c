@@ -186,15 +186,48 @@ INT_OPS(i64, int64_t, uint64_t)
 
 /* ---- Loops ------------------------------------------------------------- */
 
-/* acc = acc op in, for one accumulator type and op. */
+/* Two things make gcc 12 vectorise these loops at -O2 (checked with
+ * -fopt-info-vec):
+ *
+ *   - Each loop is a function of its own whose pointers are restrict
+ *     *parameters*, and it is never inlined. gcc ignores restrict on local
+ *     variables, and when such a function is inlined into the block loop of
+ *     a load it loses the guarantee; without it, -O2 will not add run-time
+ *     alias checks and leaves the loop scalar.
+ *   - EACH runs the body up to the largest multiple of 16 and then over the
+ *     tail. -O2's "very cheap" cost model vectorises only loops whose trip
+ *     count is a known multiple of the vector width (no scalar epilogue).
+ *
+ * With that, the fp32, bf16 and int32 loops vectorise at -O2 for baseline
+ * x86-64 (SSE2); gcc's cost model declines the 2-lane fp64 / int64 loops
+ * there (they vectorise with -march=x86-64-v3). The fp16 loops stay
+ * scalar: their conversions branch, and -ftrapping-math keeps gcc from
+ * if-converting the int-to-float step.
+ */
+#define KERNEL static __attribute__((noinline)) void
+
+#define EACH(i, n, STMT)                                         \
+    do {                                                         \
+        size_t i = 0;                                            \
+        for (size_t main_ = (n) & ~(size_t)15; i < main_; i++) { \
+            STMT;                                                \
+        }                                                        \
+        for (; i < (n); i++) {                                   \
+            STMT;                                                \
+        }                                                        \
+    } while (0)
+
+/* acc = acc op in, for one accumulator type and op; acc_AN_OPN is the
+ * untyped entry of the dtype table. */
 #define ACC_LOOP(AN, A, OPN)                                            \
-    static void acc_##AN##_##OPN(void *accp, const void *inp, size_t n) \
+    KERNEL acc_loop_##AN##_##OPN(A *restrict acc, const A *restrict in, \
+                                 size_t n)                              \
     {                                                                   \
-        A *restrict acc = accp;                                         \
-        const A *restrict in = inp;                                     \
-        for (size_t i = 0; i < n; i++) {                                \
-            acc[i] = OPN##_##AN(acc[i], in[i]);                         \
-        }                                                               \
+        EACH(i, n, acc[i] = OPN##_##AN(acc[i], in[i]));                 \
+    }                                                                   \
+    static void acc_##AN##_##OPN(void *acc, const void *in, size_t n)   \
+    {                                                                   \
+        acc_loop_##AN##_##OPN(acc, in, n);                              \
     }
 
 #define ACC_LOOPS(AN, A) \
@@ -213,28 +246,21 @@ ACC_LOOPS(i64, int64_t)
  *   fold:  a = a op s     (every further source)
  * and the blocked driver load_DT_OPN. A single source only converts
  * (first_DT, from LOAD_FIRST), whatever the op. */
-#define LOAD_FIRST(DT, T, A, TO_ACC)                                     \
-    static void first_##DT(A *restrict a, const T *restrict s, size_t n) \
-    {                                                                    \
-        for (size_t i = 0; i < n; i++) {                                 \
-            a[i] = TO_ACC(s[i]);                                         \
-        }                                                                \
+#define LOAD_FIRST(DT, T, A, TO_ACC)                                \
+    KERNEL first_##DT(A *restrict a, const T *restrict s, size_t n) \
+    {                                                               \
+        EACH(i, n, a[i] = TO_ACC(s[i]));                            \
     }
 
 #define LOAD_LOOPS(DT, T, AN, A, TO_ACC, OPN)                               \
-    static void pair_##DT##_##OPN(A *restrict a, const T *restrict s0,      \
-                                  const T *restrict s1, size_t n)           \
+    KERNEL pair_##DT##_##OPN(A *restrict a, const T *restrict s0,           \
+                             const T *restrict s1, size_t n)                \
     {                                                                       \
-        for (size_t i = 0; i < n; i++) {                                    \
-            a[i] = OPN##_##AN(TO_ACC(s0[i]), TO_ACC(s1[i]));                \
-        }                                                                   \
+        EACH(i, n, a[i] = OPN##_##AN(TO_ACC(s0[i]), TO_ACC(s1[i])));        \
     }                                                                       \
-    static void fold_##DT##_##OPN(A *restrict a, const T *restrict s,       \
-                                  size_t n)                                 \
+    KERNEL fold_##DT##_##OPN(A *restrict a, const T *restrict s, size_t n)  \
     {                                                                       \
-        for (size_t i = 0; i < n; i++) {                                    \
-            a[i] = OPN##_##AN(a[i], TO_ACC(s[i]));                          \
-        }                                                                   \
+        EACH(i, n, a[i] = OPN##_##AN(a[i], TO_ACC(s[i])));                  \
     }                                                                       \
     static void load_##DT##_##OPN(void *accp, const void *const *src,       \
                                   int nsrc, size_t count)                   \
@@ -258,24 +284,24 @@ ACC_LOOPS(i64, int64_t)
 /* dst = acc converted (store_DT), or acc / divisor converted
  * (store_avg_DT). For integers A is the integer type, so the division is
  * C's, truncating toward zero. */
-#define STORE_LOOPS(DT, T, A, FROM_ACC)                                \
-    static void store_##DT(void *dstp, const void *accp, size_t n)     \
-    {                                                                  \
-        T *restrict dst = dstp;                                        \
-        const A *restrict acc = accp;                                  \
-        for (size_t i = 0; i < n; i++) {                               \
-            dst[i] = FROM_ACC(acc[i]);                                 \
-        }                                                              \
-    }                                                                  \
-    static void store_avg_##DT(void *dstp, const void *accp, size_t n, \
-                               int divisor)                            \
-    {                                                                  \
-        T *restrict dst = dstp;                                        \
-        const A *restrict acc = accp;                                  \
-        const A d = (A)divisor;                                        \
-        for (size_t i = 0; i < n; i++) {                               \
-            dst[i] = FROM_ACC(acc[i] / d);                             \
-        }                                                              \
+#define STORE_LOOPS(DT, T, A, FROM_ACC)                                      \
+    KERNEL store_loop_##DT(T *restrict dst, const A *restrict acc, size_t n) \
+    {                                                                        \
+        EACH(i, n, dst[i] = FROM_ACC(acc[i]));                               \
+    }                                                                        \
+    KERNEL store_avg_loop_##DT(T *restrict dst, const A *restrict acc,       \
+                               size_t n, A d)                                \
+    {                                                                        \
+        EACH(i, n, dst[i] = FROM_ACC(acc[i] / d));                           \
+    }                                                                        \
+    static void store_##DT(void *dst, const void *acc, size_t n)             \
+    {                                                                        \
+        store_loop_##DT(dst, acc, n);                                        \
+    }                                                                        \
+    static void store_avg_##DT(void *dst, const void *acc, size_t n,         \
+                               int divisor)                                  \
+    {                                                                        \
+        store_avg_loop_##DT(dst, acc, n, (A)divisor);                        \
     }
 
 #define DTYPE_LOOPS(DT, T, AN, A, TO_ACC, FROM_ACC) \
