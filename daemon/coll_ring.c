@@ -156,13 +156,11 @@ static void ring_progress(struct obd_op *op)
                         send_error(rc));
             return;
         }
-        obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_BYTES_SENT,
-                       len * c->esz);
+        obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_BYTES_SENT, len * c->esz);
         c->send_seg++;
         settle(c, &c->send_step, &c->send_seg, 1);
     }
-    if (c->send_step == c->nsteps && c->recv_step == c->nsteps &&
-        op->refs == 0)
+    if (c->send_step == c->nsteps && c->recv_step == c->nsteps && op->refs == 0)
         ring_finish(op);
 }
 

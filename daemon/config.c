@@ -22,17 +22,15 @@ struct row {
     const char *help;
 };
 
-#define INT_ROW(field, lo, hi, d, h)                                           \
-    {#field, T_INT, offsetof(struct obd_config, field), 0, lo, hi, d, h}
-#define STR_ROW(field, d, h)                                                   \
-    {#field,                                                                   \
-     T_STR,                                                                    \
-     offsetof(struct obd_config, field),                                       \
-     sizeof(((struct obd_config *)0)->field),                                  \
-     0,                                                                        \
-     0,                                                                        \
-     d,                                                                        \
-     h}
+#define INT_ROW(field, lo, hi, d, h)                                       \
+    {                                                                      \
+#field, T_INT, offsetof(struct obd_config, field), 0, lo, hi, d, h \
+    }
+#define STR_ROW(field, d, h)                                    \
+    {                                                           \
+#field, T_STR, offsetof(struct obd_config, field),      \
+            sizeof(((struct obd_config *)0)->field), 0, 0, d, h \
+    }
 
 /* Every option of obcommd. Names are the config file keys and, prefixed
  * with "--", the flags. */
@@ -168,8 +166,8 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
     while (fgets(line, sizeof(line), f) != NULL) {
         lineno++;
         if (strchr(line, '\n') == NULL && !feof(f)) {
-            fail(err, errlen, "%s:%d: line longer than %zu bytes", path,
-                 lineno, sizeof(line) - 2);
+            fail(err, errlen, "%s:%d: line longer than %zu bytes", path, lineno,
+                 sizeof(line) - 2);
             rc = -1;
             break;
         }
@@ -299,8 +297,9 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
 {
     cfg->log_level_num = obd_log_level_parse(cfg->log_level);
     if (cfg->log_level_num < 0) {
-        fail(err, errlen, "log_level: '%s' is not one of error, warn, info, "
-                          "debug",
+        fail(err, errlen,
+             "log_level: '%s' is not one of error, warn, info, "
+             "debug",
              cfg->log_level);
         return -1;
     }
@@ -359,8 +358,7 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
                 }
         if (cfg->listen[0] != '\0') {
             if (obd_config_parse_addr(cfg->listen, &cfg->listen_addr)) {
-                fail(err, errlen, "listen: '%s' is not host:port",
-                     cfg->listen);
+                fail(err, errlen, "listen: '%s' is not host:port", cfg->listen);
                 return -1;
             }
         } else {

@@ -56,8 +56,9 @@ static void on_accept(uv_poll_t *h, int status, int events)
             return;
         }
         if (d->nclients >= d->cfg.max_clients) {
-            obd_log_warn(&d->log, "refusing a client: max_clients (%lld) "
-                                  "reached",
+            obd_log_warn(&d->log,
+                         "refusing a client: max_clients (%lld) "
+                         "reached",
                          (long long)d->cfg.max_clients);
             close(fd);
             continue;
@@ -278,9 +279,9 @@ static void handle_join(struct obd_client *c, const Obcomm__Join *j)
         return;
     }
     int timeout = j->timeout_ms ? (int)j->timeout_ms : 0;
-    int rc = obd_job_join(c->d, c, j->job, (int)j->local_rank,
-                          (int)j->local_size, timeout, &c->job, why,
-                          sizeof(why));
+    int rc =
+        obd_job_join(c->d, c, j->job, (int)j->local_rank, (int)j->local_size,
+                     timeout, &c->job, why, sizeof(why));
     if (rc == 0) {
         c->local_rank = (int)j->local_rank;
         obd_log_info(&c->d->log, "job %s: local rank %u of %u joined (pid %d)",
@@ -310,7 +311,8 @@ static struct obd_shm *find_buf(struct obd_client *c, uint64_t id)
     return NULL;
 }
 
-static void handle_register(struct obd_client *c, const Obcomm__RegisterBuffer *r)
+static void handle_register(struct obd_client *c,
+                            const Obcomm__RegisterBuffer *r)
 {
     char why[256];
     int fd = c->pending_fd;
@@ -326,9 +328,9 @@ static void handle_register(struct obd_client *c, const Obcomm__RegisterBuffer *
         return;
     }
     struct obd_shm *b;
-    int rc = obd_shm_map(fd, r->id, r->bytes,
-                         (uint64_t)c->d->cfg.max_buffer_bytes, &b, why,
-                         sizeof(why));
+    int rc =
+        obd_shm_map(fd, r->id, r->bytes, (uint64_t)c->d->cfg.max_buffer_bytes,
+                    &b, why, sizeof(why));
     if (rc) {
         reply_register(c, r->id, rc, why);
         return;
@@ -373,8 +375,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     }
     if (s->seq != c->next_seq) {
         snprintf(why, sizeof(why), "op sequence %llu, expected %llu",
-                 (unsigned long long)s->seq,
-                 (unsigned long long)c->next_seq);
+                 (unsigned long long)s->seq, (unsigned long long)c->next_seq);
         obd_ctl_drop(c, why);
         return;
     }
@@ -387,8 +388,9 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
             s->count == 0 ||
             s->count > UINT64_MAX / obd_dtype_size((obcomm_dtype_t)s->dtype)) {
             status = OBCOMM_E_INVAL;
-            snprintf(why, sizeof(why), "invalid allreduce (dtype %u, op %u, "
-                                       "count %llu)",
+            snprintf(why, sizeof(why),
+                     "invalid allreduce (dtype %u, op %u, "
+                     "count %llu)",
                      s->dtype, s->redop, (unsigned long long)s->count);
             break;
         }
@@ -421,8 +423,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
                      "data (buffer %llu, offset %llu, %llu bytes) is not "
                      "inside a registered buffer",
                      (unsigned long long)s->buffer_id,
-                     (unsigned long long)s->offset,
-                     (unsigned long long)bytes);
+                     (unsigned long long)s->offset, (unsigned long long)bytes);
         }
     }
     if (status != 0) {

@@ -63,8 +63,8 @@ static void sd_notify_state(const char *state)
         return;
     socklen_t len =
         (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
-    (void)sendto(fd, state, strlen(state), MSG_NOSIGNAL,
-                 (struct sockaddr *)&sa, len);
+    (void)sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+                 len);
     close(fd);
 }
 
@@ -79,10 +79,9 @@ int obd_daemon_start(struct obd_daemon *d)
         obd_daemon_close(d);
         return rc;
     }
-    obd_log_info(&d->log,
-                 "obcommd 0.1.0: cluster %s, node %lld of %d, socket %s",
-                 d->cfg.cluster, (long long)d->cfg.rank, d->cfg.nodes,
-                 d->cfg.socket);
+    obd_log_info(
+        &d->log, "obcommd 0.1.0: cluster %s, node %lld of %d, socket %s",
+        d->cfg.cluster, (long long)d->cfg.rank, d->cfg.nodes, d->cfg.socket);
     char ready[160];
     snprintf(ready, sizeof(ready), "READY=1\nSTATUS=node %lld of %d",
              (long long)d->cfg.rank, d->cfg.nodes);

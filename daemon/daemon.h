@@ -12,8 +12,8 @@
 #include "log.h"
 #include "metrics.h"
 
-#define container_of(ptr, type, member)                                        \
-    ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) \
+    ((type *)((char *)(ptr)-offsetof(type, member)))
 
 struct obd_client;
 struct obd_job;

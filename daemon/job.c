@@ -188,8 +188,7 @@ static void op_complete(struct obd_op *op)
 
     for (int i = 0; i < job->local_size; i++)
         if (op->submitted[i] && job->trainer[i] != NULL)
-            obd_ctl_complete(job->trainer[i], op->seq, op->status,
-                             op->message);
+            obd_ctl_complete(job->trainer[i], op->seq, op->status, op->message);
 
     job_advance_seq(job);
     op_retire(op);
@@ -290,10 +289,9 @@ static void describe_missing(const struct obd_op *op, char *buf, size_t len)
         } else if (!op->ann[n].have && off < len) {
             int ls = job->local_size;
             if (ls > 0)
-                off += (size_t)snprintf(buf + off, len - off,
-                                        "%snode %d (ranks %d-%d)",
-                                        off ? ", " : "", n, n * ls,
-                                        n * ls + ls - 1);
+                off += (size_t)snprintf(
+                    buf + off, len - off, "%snode %d (ranks %d-%d)",
+                    off ? ", " : "", n, n * ls, n * ls + ls - 1);
             else
                 off += (size_t)snprintf(buf + off, len - off, "%snode %d",
                                         off ? ", " : "", n);
@@ -439,8 +437,8 @@ static uint64_t f_root(const struct obd_opdesc *o)
 }
 
 static const struct field fields[] = {
-    {"op", f_kind},      {"dtype", f_dtype}, {"reduction", f_redop},
-    {"count", f_count},  {"key", f_key},     {"root", f_root},
+    {"op", f_kind},     {"dtype", f_dtype}, {"reduction", f_redop},
+    {"count", f_count}, {"key", f_key},     {"root", f_root},
 };
 
 /* Writes "count: rank 0 has 10, rank 1 has 9; ..." for every field in which
@@ -461,8 +459,9 @@ static int describe_mismatch(const struct obd_opdesc *const *descs,
             continue;
         differ++;
         if (off < len)
-            off += (size_t)snprintf(buf + off, len - off, "%s%s differs:",
-                                    differ > 1 ? "; " : "", fields[f].name);
+            off += (size_t)snprintf(buf + off, len - off,
+                                    "%s%s differs:", differ > 1 ? "; " : "",
+                                    fields[f].name);
         for (int i = 0; i < n && off < len; i++) {
             uint64_t v = fields[f].get(descs[i]);
             if (fields[f].get == f_root)
@@ -651,8 +650,8 @@ void obd_job_on_announce(struct obd_daemon *d, int from,
             return; /* a failure of an op nobody here waits for */
         job = job_create(d, name, why, sizeof(why));
         if (job == NULL) {
-            obd_log_warn(&d->log, "announce from node %d for job %s: %s",
-                         from, name, why);
+            obd_log_warn(&d->log, "announce from node %d for job %s: %s", from,
+                         name, why);
             return;
         }
     }
@@ -714,8 +713,7 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
     }
 }
 
-struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id,
-                          uint64_t seq)
+struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq)
 {
     struct obd_job *job = obd_job_find_id(d, job_id);
     return job ? op_find(job, seq) : NULL;

@@ -90,7 +90,7 @@ struct obd_job {
     int timeout_ms;
     struct obd_client *trainer[OBD_MAX_LOCAL];
     int joined;
-    uint64_t next_seq; /* ops below it have completed */
+    uint64_t next_seq;  /* ops below it have completed */
     struct obd_op *ops; /* ascending seq */
     int busy;           /* > 0 while a loop walks ops: do not free */
     char gone[256];     /* set when a trainer left while others stay */
@@ -128,8 +128,7 @@ void obd_job_on_peer_up(struct obd_daemon *d, int node);
 void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why);
 
 /* The op (job id, seq) this node knows, in any state, or NULL. */
-struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id,
-                          uint64_t seq);
+struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 
 /* Fails op with status and message, announces the failure to every node
  * (unless it came from one) and completes the trainers. */

@@ -15,8 +15,7 @@ int obd_log_level_parse(const char *name)
     return -1;
 }
 
-void obd_log_printf(const struct obd_log *log, int level, const char *fmt,
-                    ...)
+void obd_log_printf(const struct obd_log *log, int level, const char *fmt, ...)
 {
     if (level > log->level)
         return;
@@ -35,6 +34,6 @@ void obd_log_printf(const struct obd_log *log, int level, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s.%03ld obcommd[%d] %s: %s\n", when,
-            ts.tv_nsec / 1000000, log->rank, level_names[level], line);
+    fprintf(stderr, "%s.%03ld obcommd[%d] %s: %s\n", when, ts.tv_nsec / 1000000,
+            log->rank, level_names[level], line);
 }

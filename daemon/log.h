@@ -12,8 +12,8 @@ struct obd_log {
 /* Returns the level for "error", "warn", "info" or "debug"; -1 otherwise. */
 int obd_log_level_parse(const char *name);
 
-void obd_log_printf(const struct obd_log *log, int level, const char *fmt,
-                    ...) __attribute__((format(printf, 3, 4)));
+void obd_log_printf(const struct obd_log *log, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #define obd_log_error(l, ...) obd_log_printf((l), OBD_LOG_ERROR, __VA_ARGS__)
 #define obd_log_warn(l, ...)  obd_log_printf((l), OBD_LOG_WARN, __VA_ARGS__)

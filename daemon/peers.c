@@ -99,8 +99,7 @@ static void on_ctrl_written(uv_write_t *req, int status)
     if (status == 0) {
         w->peer->bytes_sent += w->bytes;
         obd_metric_add(&w->peer->d->metrics, OBD_M_BYTES_SENT, w->bytes);
-        obd_metric_add(&w->peer->d->metrics, OBD_M_CTRL_BYTES_SENT,
-                       w->bytes);
+        obd_metric_add(&w->peer->d->metrics, OBD_M_CTRL_BYTES_SENT, w->bytes);
     }
     free(w);
 }
@@ -124,8 +123,8 @@ static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
     w->bytes = OBD_FRAME_HDR + body;
 
     uv_buf_t buf = uv_buf_init((char *)w->buf, (unsigned)w->bytes);
-    int rc = uv_write(&w->req, (uv_stream_t *)&l->tcp, &buf, 1,
-                      on_ctrl_written);
+    int rc =
+        uv_write(&w->req, (uv_stream_t *)&l->tcp, &buf, 1, on_ctrl_written);
     if (rc) {
         free(w);
         return rc;
@@ -179,8 +178,8 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
 
     uv_buf_t bufs[2] = {uv_buf_init((char *)w->hdr, OBD_FRAME_HDR),
                         uv_buf_init((char *)payload, len)};
-    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs,
-                      len ? 2 : 1, on_data_written);
+    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs, len ? 2 : 1,
+                      on_data_written);
     if (rc) {
         free(w);
         return rc;
@@ -444,14 +443,14 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
                            (unsigned)(l->f.len - l->got));
         break;
     case R_DATA:
-        *buf = uv_buf_init((char *)l->dst + l->got,
-                           (unsigned)(l->f.len - l->got));
+        *buf =
+            uv_buf_init((char *)l->dst + l->got, (unsigned)(l->f.len - l->got));
         break;
     case R_DISCARD: {
         size_t left = l->f.len - l->got;
-        *buf = uv_buf_init((char *)l->discard,
-                           (unsigned)(left < DISCARD_BYTES ? left
-                                                           : DISCARD_BYTES));
+        *buf = uv_buf_init(
+            (char *)l->discard,
+            (unsigned)(left < DISCARD_BYTES ? left : DISCARD_BYTES));
         break;
     }
     }
@@ -558,8 +557,8 @@ static void link_close(struct obd_link *l, const char *why)
                 obd_job_on_peer_lost(d, p->rank, why);
             }
         } else if (!was_up && !d->closing) {
-            obd_log_debug(&d->log, "connection to node %d closed: %s",
-                          l->peer, why);
+            obd_log_debug(&d->log, "connection to node %d closed: %s", l->peer,
+                          why);
         }
         if (l->dialed && p->link == NULL && !d->closing)
             dial(p);

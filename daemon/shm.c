@@ -26,8 +26,9 @@ int obd_shm_map(int fd, uint64_t id, uint64_t bytes, uint64_t max_bytes,
     }
     int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        snprintf(why, whylen, "buffer fd is not a memfd sealed against "
-                              "shrinking");
+        snprintf(why, whylen,
+                 "buffer fd is not a memfd sealed against "
+                 "shrinking");
         goto out;
     }
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != bytes) {

@@ -26,20 +26,20 @@ extern "C" {
 /* Error codes. System errors pass through as negative errno values (libuv's
  * codes are negative errno on Unix); obcomm's own codes live in
  * [-1099, -1000]. */
-#define OBCOMM_E_INVAL      (-1000) /* invalid argument */
-#define OBCOMM_E_MISMATCH   (-1001) /* ranks issued different ops */
-#define OBCOMM_E_TIMEOUT    (-1002) /* deadline passed; names who is missing */
-#define OBCOMM_E_PEER_LOST  (-1003) /* a node or trainer of the job vanished */
-#define OBCOMM_E_PROTO      (-1004) /* malformed or unexpected message */
-#define OBCOMM_E_NOMEM      (-1005) /* out of memory or over a bound */
-#define OBCOMM_E_NOTCONN    (-1006) /* the daemon is not reachable */
-#define OBCOMM_E_VERSION    (-1007) /* protocol versions differ */
-#define OBCOMM_E_NONFINITE  (-1008) /* NaN or Inf in a 1-bit allreduce */
-#define OBCOMM_E_BUSY       (-1009) /* local rank taken, or job full */
-#define OBCOMM_E_NOTREG     (-1010) /* data not inside an obcomm_alloc buffer */
-#define OBCOMM_E_STATE      (-1011) /* per-key state disagrees (count) */
-#define OBCOMM_E_IO         (-1012) /* a file could not be read or written */
-#define OBCOMM_E_CORRUPT    (-1013) /* a file is damaged or of another kind */
+#define OBCOMM_E_INVAL     (-1000) /* invalid argument */
+#define OBCOMM_E_MISMATCH  (-1001) /* ranks issued different ops */
+#define OBCOMM_E_TIMEOUT   (-1002) /* deadline passed; names who is missing */
+#define OBCOMM_E_PEER_LOST (-1003) /* a node or trainer of the job vanished */
+#define OBCOMM_E_PROTO     (-1004) /* malformed or unexpected message */
+#define OBCOMM_E_NOMEM     (-1005) /* out of memory or over a bound */
+#define OBCOMM_E_NOTCONN   (-1006) /* the daemon is not reachable */
+#define OBCOMM_E_VERSION   (-1007) /* protocol versions differ */
+#define OBCOMM_E_NONFINITE (-1008) /* NaN or Inf in a 1-bit allreduce */
+#define OBCOMM_E_BUSY      (-1009) /* local rank taken, or job full */
+#define OBCOMM_E_NOTREG    (-1010) /* data not inside an obcomm_alloc buffer */
+#define OBCOMM_E_STATE     (-1011) /* per-key state disagrees (count) */
+#define OBCOMM_E_IO        (-1012) /* a file could not be read or written */
+#define OBCOMM_E_CORRUPT   (-1013) /* a file is damaged or of another kind */
 
 typedef enum {
     OBCOMM_FLOAT32 = 0,

@@ -178,8 +178,7 @@ int hx_stop(struct hx_cluster *c)
             continue;
         int status = c->status[i];
         int waited = 0;
-        while (!c->exited[i] &&
-               waitpid(c->daemon[i], &status, WNOHANG) == 0) {
+        while (!c->exited[i] && waitpid(c->daemon[i], &status, WNOHANG) == 0) {
             if (++waited > 1000) { /* 20 s */
                 kill(c->daemon[i], SIGKILL);
                 waitpid(c->daemon[i], &status, 0);
@@ -219,8 +218,8 @@ int hx_fail(obcomm_t *comm, const char *fmt, ...)
     return 1;
 }
 
-int hx_run(struct hx_cluster *c, int per_node, const char *job,
-           int timeout_ms, int wait_s, hx_trainer_fn fn, void *arg)
+int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
+           int wait_s, hx_trainer_fn fn, void *arg)
 {
     int total = c->nodes * per_node;
     pid_t pids[HX_MAX_NODES * 8];
@@ -267,8 +266,8 @@ int hx_run(struct hx_cluster *c, int per_node, const char *job,
     }
     for (int i = 0; i < total; i++)
         if (pids[i] > 0) {
-            fprintf(stderr, "harness: trainer %d still running after %d s\n",
-                    i, wait_s);
+            fprintf(stderr, "harness: trainer %d still running after %d s\n", i,
+                    wait_s);
             kill(pids[i], SIGKILL);
             waitpid(pids[i], NULL, 0);
             failed++;

@@ -44,8 +44,8 @@ typedef int (*hx_trainer_fn)(obcomm_t *comm, void *arg);
 /* Runs fn in per_node trainer processes on every node of job `job`, with
  * the given op deadline, and waits for all of them (at most wait_s
  * seconds, then kills them). Returns the number of trainers that failed. */
-int hx_run(struct hx_cluster *c, int per_node, const char *job,
-           int timeout_ms, int wait_s, hx_trainer_fn fn, void *arg);
+int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
+           int wait_s, hx_trainer_fn fn, void *arg);
 
 /* Prints a trainer-side failure with its rank and returns 1. */
 int hx_fail(obcomm_t *comm, const char *fmt, ...)

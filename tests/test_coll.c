@@ -279,8 +279,8 @@ static int trainer_broadcast(obcomm_t *c, void *arg)
         for (size_t s = 0; s < 3; s++) {
             size_t n = sizes[s];
             for (size_t i = 0; i < n; i++)
-                b[i] = rank == root ? (uint8_t)(i * 31 + (size_t)root * 7)
-                                    : 0xee;
+                b[i] =
+                    rank == root ? (uint8_t)(i * 31 + (size_t)root * 7) : 0xee;
             if (obcomm_broadcast(c, b, n, root))
                 return hx_fail(c, "broadcast root %d bytes %zu: %s", root, n,
                                obcomm_last_error(c));

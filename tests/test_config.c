@@ -36,9 +36,8 @@ START_TEST(bounds_and_types_are_enforced)
     ck_assert_ptr_nonnull(strstr(err, "not an integer"));
     ck_assert_int_eq(obd_config_set(&c, "nonsense", "1", err, sizeof(err)), -1);
     ck_assert_ptr_nonnull(strstr(err, "unknown option 'nonsense'"));
-    ck_assert_int_eq(obd_config_set(&c, "segment_bytes", "0x10000", err,
-                                    sizeof(err)),
-                     0);
+    ck_assert_int_eq(
+        obd_config_set(&c, "segment_bytes", "0x10000", err, sizeof(err)), 0);
     ck_assert_int_eq(c.segment_bytes, 65536);
     char longname[200];
     memset(longname, 'a', sizeof(longname) - 1);
@@ -67,7 +66,7 @@ START_TEST(file_then_flags_override)
 
     struct obd_config c;
     int check = 0, help = 0;
-    char *argv[] = {"obcommd", "--timeout-ms", "999", "-c", path,
+    char *argv[] = {"obcommd",  "--timeout-ms",   "999", "-c", path,
                     "--rank=1", "--check-config", NULL};
     obd_config_defaults(&c);
     ck_assert_int_eq(

@@ -53,8 +53,8 @@ static int trainer_count_mismatch(obcomm_t *c, void *arg)
     if (obcomm_alloc(c, 64, (void **)&x))
         return hx_fail(c, "alloc");
     int rank = obcomm_rank(c);
-    int rc = obcomm_allreduce(c, x, rank == 0 ? 10 : 11, OBCOMM_FLOAT32,
-                              OBCOMM_SUM);
+    int rc =
+        obcomm_allreduce(c, x, rank == 0 ? 10 : 11, OBCOMM_FLOAT32, OBCOMM_SUM);
     const char *needles[] = {"count differs", "rank 0", "has 10", "has 11",
                              NULL};
     if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
@@ -85,8 +85,7 @@ static int trainer_dtype_mismatch(obcomm_t *c, void *arg)
     int last = obcomm_rank(c) >= obcomm_size(c) - 2;
     int rc = obcomm_allreduce(c, x, 4, last ? OBCOMM_INT32 : OBCOMM_FLOAT32,
                               OBCOMM_MAX);
-    const char *needles[] = {"dtype differs", "ranks 4-5 (node 2) has 4",
-                             NULL};
+    const char *needles[] = {"dtype differs", "ranks 4-5 (node 2) has 4", NULL};
     if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
         return 1;
     return check_next_op(c, x);
@@ -96,8 +95,8 @@ START_TEST(dtype_mismatch_names_the_node)
 {
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
-    int failed = hx_run(&cl, 2, "dtype", 20000, 60, trainer_dtype_mismatch,
-                        NULL);
+    int failed =
+        hx_run(&cl, 2, "dtype", 20000, 60, trainer_dtype_mismatch, NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }
@@ -125,8 +124,7 @@ START_TEST(missing_rank_times_out_with_its_name)
 {
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
-    int failed =
-        hx_run(&cl, 2, "late", 500, 60, trainer_never_submits, NULL);
+    int failed = hx_run(&cl, 2, "late", 500, 60, trainer_never_submits, NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }
@@ -153,8 +151,7 @@ START_TEST(vanished_trainer_fails_the_job)
 {
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
-    int failed =
-        hx_run(&cl, 2, "dies", 600000, 60, trainer_one_dies, NULL);
+    int failed = hx_run(&cl, 2, "dies", 600000, 60, trainer_one_dies, NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }
@@ -283,8 +280,9 @@ START_TEST(handshake_mismatch_is_refused_with_both_values)
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
     int failed = hx_run(&cl, 1, "split", 500, 60, trainer_alone, NULL);
-    ck_assert(hx_log_contains(&cl, 0, "cluster 'alpha' here (rank 0), "
-                                      "'beta' at the peer (rank 1)"));
+    ck_assert(hx_log_contains(&cl, 0,
+                              "cluster 'alpha' here (rank 0), "
+                              "'beta' at the peer (rank 1)"));
     ck_assert(hx_log_contains(&cl, 1, "refused by the peer"));
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);

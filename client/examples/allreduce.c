@@ -49,8 +49,9 @@ int main(int argc, char **argv)
             o.timeout_ms = atoi(optarg);
             break;
         default:
-            fprintf(stderr, "usage: %s [-s SOCKET] [-j JOB] -r LOCAL_RANK -n "
-                            "LOCAL_SIZE [-c COUNT] [-i ITERS] [-t MS]\n",
+            fprintf(stderr,
+                    "usage: %s [-s SOCKET] [-j JOB] -r LOCAL_RANK -n "
+                    "LOCAL_SIZE [-c COUNT] [-i ITERS] [-t MS]\n",
                     argv[0]);
             return 2;
         }
