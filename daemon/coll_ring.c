@@ -22,11 +22,13 @@
 #include "ring.h"
 
 struct obd_coll {
+    struct obd_daemon *d;
     int n, r;
     size_t count; /* elements (bytes for broadcast) */
     size_t esz;   /* bytes per element on the wire */
     size_t seg;   /* elements per segment */
     uint8_t *acc;
+    size_t acc_bytes;
     uint8_t *tmp; /* one segment, for reduce-scatter steps */
     int nsteps;
     int send_step, recv_step;
@@ -62,6 +64,7 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
     struct obd_coll *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
+    c->d = d;
     c->n = d->cfg.nodes;
     c->r = (int)d->cfg.rank;
     c->count = count;
@@ -73,10 +76,37 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
     return c;
 }
 
+/* One accumulation buffer is kept between ops: a fresh allocation of a
+ * large tensor costs a page fault per 4 KiB on every op. */
+static uint8_t *scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap)
+{
+    if (d->scratch != NULL && d->scratch_bytes >= bytes) {
+        uint8_t *p = d->scratch;
+        *cap = d->scratch_bytes;
+        d->scratch = NULL;
+        return p;
+    }
+    *cap = bytes ? bytes : 1;
+    return malloc(*cap);
+}
+
+static void scratch_put(struct obd_daemon *d, uint8_t *p, size_t bytes)
+{
+    if (p == NULL)
+        return;
+    if (d->scratch == NULL || d->scratch_bytes < bytes) {
+        free(d->scratch);
+        d->scratch = p;
+        d->scratch_bytes = bytes;
+    } else {
+        free(p);
+    }
+}
+
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    free(c->acc);
+    scratch_put(c->d, c->acc, c->acc_bytes);
     free(c->tmp);
     free(c);
     op->coll = NULL;
@@ -171,7 +201,8 @@ static int ring_start(struct obd_op *op)
     obcomm_dtype_t dt = (obcomm_dtype_t)op->desc.dtype;
     size_t esz = obd_dtype_acc_size(dt);
     struct obd_coll *c = coll_new(op, op->desc.count, esz);
-    if (c == NULL || (c->acc = malloc(c->count * esz)) == NULL ||
+    if (c == NULL ||
+        (c->acc = scratch_get(d, c->count * esz, &c->acc_bytes)) == NULL ||
         (c->n > 1 && (c->tmp = malloc(c->seg * esz)) == NULL)) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
@@ -310,19 +341,18 @@ static int bcast_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
     int root_node = root / ls;
     c->pos = obd_ring_mod(c->r - root_node, c->n);
-    if (c->pos == 0) {
-        /* The root sends straight from its trainer's shared memory. */
-        c->src = op->data[root % ls];
-    } else {
-        c->acc = malloc(c->count);
-        if (c->acc == NULL) {
-            obd_op_fail(op, OBCOMM_E_NOMEM, 1,
-                        "op %llu of job %s: no memory for %zu bytes",
-                        (unsigned long long)op->seq, job->name, c->count);
-            return OBCOMM_E_NOMEM;
-        }
-        c->src = c->acc;
+    c->acc = scratch_get(d, c->count, &c->acc_bytes);
+    if (c->acc == NULL) {
+        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+                    "op %llu of job %s: no memory for %zu bytes",
+                    (unsigned long long)op->seq, job->name, c->count);
+        return OBCOMM_E_NOMEM;
     }
+    /* The root copies its trainer's tensor once: writes in flight then
+     * never read memory that a vanishing trainer could unmap. */
+    if (c->pos == 0)
+        memcpy(c->acc, op->data[root % ls], c->count);
+    c->src = c->acc;
     bcast_progress(op);
     return 0;
 }

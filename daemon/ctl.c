@@ -514,14 +514,15 @@ static void read_client(struct obd_client *c)
                 continue;
             int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
             int *fds = (int *)CMSG_DATA(cm);
+            int had = c->pending_fd >= 0;
             for (int i = 0; i < nfd; i++) {
-                if (c->pending_fd < 0 && i == 0)
+                if (!had && i == 0)
                     c->pending_fd = fds[i];
                 else
                     close(fds[i]);
             }
-            if (nfd != 1) {
-                obd_ctl_drop(c, "sent more than one file descriptor");
+            if (nfd != 1 || had) {
+                obd_ctl_drop(c, "sent more file descriptors than buffers");
                 return;
             }
         }

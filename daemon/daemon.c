@@ -114,4 +114,6 @@ void obd_daemon_fini(struct obd_daemon *d)
     uv_loop_close(&d->loop);
     free(d->peers);
     d->peers = NULL;
+    free(d->scratch);
+    d->scratch = NULL;
 }

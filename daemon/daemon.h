@@ -46,6 +46,10 @@ struct obd_daemon {
     int listening;
     struct obd_link *unbound; /* accepted links before their Hello */
 
+    /* An accumulation buffer kept between ops (coll_ring.c). */
+    uint8_t *scratch;
+    size_t scratch_bytes;
+
     struct obd_metrics metrics;
 };
 
