@@ -69,7 +69,31 @@ int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
     return 0;
 }
 
-/* Portable implementation. */
+/* Portable implementation.
+ *
+ * Signs here are random by nature, so a branch on a sign bit mispredicts
+ * half the time and costs more than the arithmetic. The code selects
+ * +scale or -scale by flipping the sign bit instead, which is exactly what
+ * negation does in IEEE 754, and uses b - (+-scale), which IEEE defines as
+ * b + (-+scale): the results are the ones codec.h specifies. */
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* +scale if bit is 1, -scale if bit is 0; scale given as its bits. */
+static float plus_minus(uint32_t scale_bits, unsigned bit)
+{
+    uint32_t u = scale_bits ^ ((uint32_t)(bit ^ 1u) << 31);
+    float f;
+
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
 
 static double p_sumsq_block(const float *x, size_t count, const float *e,
                             size_t begin, size_t end)
@@ -97,13 +121,27 @@ static void p_compress_range(const float *x, size_t count, float *e,
                              size_t begin, size_t end, float scale,
                              uint8_t *bits)
 {
-    for (size_t i = begin; i < end; i += 8) {
+    uint32_t sb = float_bits(scale);
+    size_t i = begin;
+
+    for (; i + 8 <= end && i + 8 <= count; i += 8) {
+        unsigned byte = 0;
+
+        for (int j = 0; j < 8; j++) {
+            float b = x[i + j] + e[i + j];
+            unsigned s = b >= 0.0f;
+            e[i + j] = b - plus_minus(sb, s);
+            byte |= s << (7 - j);
+        }
+        bits[(i - begin) / 8] = (uint8_t)byte;
+    }
+    for (; i < end; i += 8) {
         unsigned byte = 0;
 
         for (int j = 0; j < 8; j++) {
             float b = padded_x(x, count, i + j) + e[i + j];
             unsigned s = b >= 0.0f;
-            e[i + j] = s ? b - scale : b + scale;
+            e[i + j] = b - plus_minus(sb, s);
             byte |= s << (7 - j);
         }
         bits[(i - begin) / 8] = (uint8_t)byte;
@@ -118,10 +156,10 @@ static float server_m(const uint8_t *const *in, const float *scales, int n,
 {
     size_t q = i / 8;
     unsigned sh = 7 - (unsigned)(i % 8);
-    float acc = (in[0][q] >> sh) & 1 ? scales[0] : -scales[0];
+    float acc = plus_minus(float_bits(scales[0]), (in[0][q] >> sh) & 1);
 
     for (int k = 1; k < n; k++)
-        acc += (in[k][q] >> sh) & 1 ? scales[k] : -scales[k];
+        acc += plus_minus(float_bits(scales[k]), (in[k][q] >> sh) & 1);
     return acc / (float)n + err[i];
 }
 
@@ -132,14 +170,16 @@ static void server_m8(const uint8_t *const *in, const float *scales, int n,
 {
     size_t q = i / 8;
     float fn = (float)n;
+    uint32_t sb = float_bits(scales[0]);
+    unsigned byte = in[0][q];
 
     for (int j = 0; j < 8; j++)
-        m[j] = (in[0][q] >> (7 - j)) & 1 ? scales[0] : -scales[0];
+        m[j] = plus_minus(sb, (byte >> (7 - j)) & 1);
     for (int k = 1; k < n; k++) {
-        unsigned byte = in[k][q];
-        float pos = scales[k], neg = -scales[k];
+        sb = float_bits(scales[k]);
+        byte = in[k][q];
         for (int j = 0; j < 8; j++)
-            m[j] += (byte >> (7 - j)) & 1 ? pos : neg;
+            m[j] += plus_minus(sb, (byte >> (7 - j)) & 1);
     }
     for (int j = 0; j < 8; j++)
         m[j] = m[j] / fn + err[i + j];
@@ -173,6 +213,8 @@ static void p_server_range(const uint8_t *const *in, const float *scales, int n,
                            float *err, size_t begin, size_t end, float sscale,
                            uint8_t *bits)
 {
+    uint32_t sb = float_bits(sscale);
+
     for (size_t i = begin; i < end; i += 8) {
         float m[8];
         unsigned byte = 0;
@@ -180,7 +222,7 @@ static void p_server_range(const uint8_t *const *in, const float *scales, int n,
         server_m8(in, scales, n, err, i, m);
         for (int j = 0; j < 8; j++) {
             unsigned s = m[j] >= 0.0f;
-            err[i + j] = s ? m[j] - sscale : m[j] + sscale;
+            err[i + j] = m[j] - plus_minus(sb, s);
             byte |= s << (7 - j);
         }
         bits[(i - begin) / 8] = (uint8_t)byte;
@@ -190,31 +232,31 @@ static void p_server_range(const uint8_t *const *in, const float *scales, int n,
 static void p_decompress(const uint8_t *bits, float scale, float *out,
                          size_t elems)
 {
-    float neg = -scale;
+    uint32_t sb = float_bits(scale);
     size_t i = 0;
 
     for (; i + 8 <= elems; i += 8) {
         unsigned byte = bits[i / 8];
         for (int j = 0; j < 8; j++)
-            out[i + j] = (byte >> (7 - j)) & 1 ? scale : neg;
+            out[i + j] = plus_minus(sb, (byte >> (7 - j)) & 1);
     }
     for (; i < elems; i++)
-        out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : neg;
+        out[i] = plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
 }
 
 static void p_decompress_add(const uint8_t *bits, float scale, float *out,
                              size_t elems)
 {
-    float neg = -scale;
+    uint32_t sb = float_bits(scale);
     size_t i = 0;
 
     for (; i + 8 <= elems; i += 8) {
         unsigned byte = bits[i / 8];
         for (int j = 0; j < 8; j++)
-            out[i + j] += (byte >> (7 - j)) & 1 ? scale : neg;
+            out[i + j] += plus_minus(sb, (byte >> (7 - j)) & 1);
     }
     for (; i < elems; i++)
-        out[i] += (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : neg;
+        out[i] += plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
 }
 
 static const struct obd_codec_impl portable = {
