@@ -7,8 +7,7 @@
  *   same lanes the portable code uses, so the sums are bit-identical.
  * - A packed byte holds 8 elements, the first in the most significant bit.
  *   movemask puts lane 0 in bit 0, so the compare mask is reversed across
- *   lanes first. Unpacking compares a broadcast byte against per-lane bit
- *   masks 128, 64, ..., 1. */
+ *   lanes first. Unpacking loads the byte's 8 lane masks from a table. */
 #include "codec.h"
 #include "codec_impl.h"
 
@@ -30,11 +29,6 @@ static inline __m256 load_x8(const float *x, size_t count, size_t i)
 static inline __m256i rev_lanes(void)
 {
     return _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-}
-
-static inline __m256i bit_lanes(void)
-{
-    return _mm256_setr_epi32(128, 64, 32, 16, 8, 4, 2, 1);
 }
 
 /* The packed byte of eight "non-negative" compare results. */
@@ -63,9 +57,8 @@ static const int32_t lane_masks[256][8] __attribute__((aligned(32))) = {
     MASKS64(0), MASKS64(64), MASKS64(128), MASKS64(192)};
 
 /* All-ones in lane j where bit 7 - j of byte is set. */
-static inline __m256 unpack8(unsigned byte, __m256i bl)
+static inline __m256 unpack8(unsigned byte)
 {
-    (void)bl;
     return _mm256_load_ps((const float *)lane_masks[byte & 0xff]);
 }
 
@@ -161,16 +154,14 @@ static void v_compress_range(const float *x, size_t count, float *e,
 static inline __m256 server_m8(const uint8_t *const *in, const float *scales,
                                int n, const float *err, size_t i)
 {
-    const __m256i bl = bit_lanes();
     size_t q = i / 8;
-    __m256 acc =
-        _mm256_blendv_ps(_mm256_set1_ps(-scales[0]), _mm256_set1_ps(scales[0]),
-                         unpack8(in[0][q], bl));
+    __m256 acc = _mm256_blendv_ps(_mm256_set1_ps(-scales[0]),
+                                  _mm256_set1_ps(scales[0]), unpack8(in[0][q]));
 
     for (int k = 1; k < n; k++) {
         __m256 t =
             _mm256_blendv_ps(_mm256_set1_ps(-scales[k]),
-                             _mm256_set1_ps(scales[k]), unpack8(in[k][q], bl));
+                             _mm256_set1_ps(scales[k]), unpack8(in[k][q]));
         acc = _mm256_add_ps(acc, t);
     }
     /* Division is the slowest step here. When n is a power of two, 1/n is
@@ -236,14 +227,13 @@ static void v_server_range(const uint8_t *const *in, const float *scales, int n,
 static void v_decompress(const uint8_t *bits, float scale, float *out,
                          size_t elems)
 {
-    const __m256i bl = bit_lanes();
     const __m256 pos = _mm256_set1_ps(scale);
     const __m256 neg = _mm256_set1_ps(-scale);
     size_t i = 0;
 
     for (; i + 8 <= elems; i += 8)
         _mm256_storeu_ps(out + i,
-                         _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8], bl)));
+                         _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8])));
     for (; i < elems; i++)
         out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
 }
@@ -251,13 +241,12 @@ static void v_decompress(const uint8_t *bits, float scale, float *out,
 static void v_decompress_add(const uint8_t *bits, float scale, float *out,
                              size_t elems)
 {
-    const __m256i bl = bit_lanes();
     const __m256 pos = _mm256_set1_ps(scale);
     const __m256 neg = _mm256_set1_ps(-scale);
     size_t i = 0;
 
     for (; i + 8 <= elems; i += 8) {
-        __m256 t = _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8], bl));
+        __m256 t = _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8]));
         _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), t));
     }
     for (; i < elems; i++)
