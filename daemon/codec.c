@@ -181,8 +181,17 @@ static void server_m8(const uint8_t *const *in, const float *scales, int n,
         for (int j = 0; j < 8; j++)
             m[j] += plus_minus(sb, (byte >> (7 - j)) & 1);
     }
-    for (int j = 0; j < 8; j++)
-        m[j] = m[j] / fn + err[i + j];
+    /* For a power-of-two n, multiplying by the exact 1/n rounds the same
+     * real number as dividing by n, so the result is identical and avoids
+     * eight divisions. */
+    if ((n & (n - 1)) == 0) {
+        float inv = 1.0f / fn;
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] * inv + err[i + j];
+    } else {
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] / fn + err[i + j];
+    }
 }
 
 static double p_server_sumsq_block(const uint8_t *const *in,
