@@ -11,11 +11,11 @@
  * Exact arithmetic, which a reference must reproduce:
  *   worker:  b_i = x_i + e_i (fp32; x_i = 0 for i >= count)
  *            scale = (float)sqrt(sumsq / padded), sumsq accumulated in
- *            double (every square is exact in double) in the lane order
- *            described at obd_codec_sumsq_block
+ *            double (every square is exact in double) in the block and
+ *            lane order described at struct obd_codec_impl's sumsq_block
  *            e_i = b_i - scale (s_i = +1) or b_i + scale (s_i = -1)
- *   server:  m_i = (sum over k = 0..n-1 in order of +-scale_k) / n
- *                  + server_error_i (all fp32)
+ *   server:  a = +-scale_0, then a += +-scale_k for k = 1..n-1 in order,
+ *            m_i = a / (float)n + server_error_i (all fp32)
  *            sscale and the new server error as for the worker, over m.
  *
  * Non-finite input: if any b_i (or m_i) is NaN or +-Inf, or a scale handed
@@ -36,6 +36,9 @@
 
 /* Non-finite input or scale; see the file comment. */
 #define OBD_CODEC_ENONFINITE (-1)
+/* Invalid sizes: a padded length or chunk of 0 or not a multiple of 8,
+ * count > padded, or n < 1. Nothing is written. */
+#define OBD_CODEC_EINVAL (-2)
 
 /* Elements per norm block. Sums of squares are formed per block of this
  * many elements (the last block of a tensor may be shorter) and blocks are
@@ -64,29 +67,32 @@ struct obd_codec_impl {
     /* Sum of squares of b = x + e over [begin, end), where end - begin <=
      * OBD_CODEC_BLOCK and begin is a multiple of OBD_CODEC_BLOCK (or the
      * caller accepts a different rounding). Lane order: element i is added
-     * to accumulator (i - begin) % 16 in increasing i; the 16 accumulators
-     * are then combined as ((a0+a1)+(a2+a3)) + ... (a pairwise tree).
-     * Reads only. */
+     * to accumulator (i - begin) % 16 in increasing i, each accumulator
+     * starting at 0.0 and adding (double)b_i * (double)b_i; the 16
+     * accumulators are then combined as a pairwise tree:
+     * p_j = a_2j + a_2j+1, q_j = p_2j + p_2j+1, (q0 + q1) + (q2 + q3).
+     * Reads only; `end` need not be a multiple of 8. */
     double (*sumsq_block)(const float *x, size_t count, const float *e,
                           size_t begin, size_t end);
 
     /* Signs of b = x + e over [begin, end) into bits (bits[0] holds
      * element begin), and e_i = b_i -+ scale in place. `end - begin` is a
      * multiple of 8. Cannot fail: the caller checked the norm first. */
-    void (*compress_range)(const float *x, size_t count, float *e,
-                           size_t begin, size_t end, float scale,
-                           uint8_t *bits);
+    void (*compress_range)(const float *x, size_t count, float *e, size_t begin,
+                           size_t end, float scale, uint8_t *bits);
 
     /* Server step, pass 1: sum of squares of m over [begin, end) of a chunk
      * of `chunk` elements. in[k] points to participant k's packed bits of
      * the whole chunk; scales[k] its scale; err is the chunk's server error.
      * Same block and lane rules as sumsq_block. */
-    double (*server_sumsq_block)(const uint8_t *const *in,
-                                 const float *scales, int n, const float *err,
-                                 size_t begin, size_t end);
+    double (*server_sumsq_block)(const uint8_t *const *in, const float *scales,
+                                 int n, const float *err, size_t begin,
+                                 size_t end);
 
     /* Server step, pass 2: signs of m into bits (bits[0] holds element
-     * begin) and err_i = m_i -+ sscale in place. */
+     * begin) and err_i = m_i -+ sscale in place. `end - begin` is a
+     * multiple of 8. Cannot fail: the caller checked the scales and the
+     * norm first. */
     void (*server_range)(const uint8_t *const *in, const float *scales, int n,
                          float *err, size_t begin, size_t end, float sscale,
                          uint8_t *bits);
@@ -107,9 +113,13 @@ const struct obd_codec_impl *obd_codec_portable(void);
 const struct obd_codec_impl *obd_codec_avx2(void);
 const struct obd_codec_impl *obd_codec_best(void);
 
-/* Combines per-block sums of squares (in block order) into a scale:
- * (float)sqrt(sum / elems). Returns OBD_CODEC_ENONFINITE if the sum is not
- * finite; *scale is written only on success. */
+/* Combines per-block sums of squares into a scale: sum = 0.0, then
+ * sum += block_sums[j] for j = 0..nblocks-1 in order (double), and
+ * *scale = (float)sqrt(sum / elems). Returns OBD_CODEC_ENONFINITE if the sum
+ * is not finite and OBD_CODEC_EINVAL if elems is 0; *scale is written only
+ * on success. A caller that splits a tensor over threads collects the block
+ * sums of blocks [j * OBD_CODEC_BLOCK, (j + 1) * OBD_CODEC_BLOCK) and gets
+ * the same scale as obd_codec_compress. */
 int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
                     float *scale);
 

@@ -1,0 +1,376 @@
+/* The 1-bit codec: the portable implementation, the run-time dispatch and
+ * the whole-tensor helpers. See codec.h for the contract and DESIGN.md
+ * section 2 for the algorithm.
+ *
+ * The portable functions are written in the same lane structure as the
+ * AVX2 ones (16 double accumulators for a norm, 8 elements per packed
+ * byte), not because C needs it but because the sum of squares must be
+ * formed in exactly the same order for both to produce identical bits.
+ * Every other operation is element-wise IEEE fp32 arithmetic, which is
+ * identical in any order once -ffp-contract=off forbids fused
+ * multiply-adds. */
+#include "codec.h"
+#include "codec_impl.h"
+
+#include <math.h>
+#include <float.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t obd_codec_padded_len(size_t count, int n)
+{
+    size_t a, b, g, lcm, unit;
+
+    if (n < 1 || count == 0)
+        return 0;
+    /* lcm(n, 8) = n * 8 / gcd(n, 8); n / gcd is exact. */
+    a = (size_t)n;
+    b = 8;
+    while (b != 0) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    g = a;
+    lcm = (size_t)n / g * 8;
+    if (lcm > SIZE_MAX / (size_t)n)
+        return 0;
+    unit = (size_t)n * lcm;
+    if (count > SIZE_MAX - (unit - 1))
+        return 0;
+    return (count + unit - 1) / unit * unit;
+}
+
+/* A scale is acceptable from a peer if it is a finite number >= 0; -0.0
+ * compares equal to 0 and is accepted, since +-(-0.0) only flips the sign
+ * of a zero term. */
+static int scale_ok(float s)
+{
+    return s >= 0.0f && s <= FLT_MAX;
+}
+
+int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
+                    float *scale)
+{
+    double sum = 0.0;
+
+    if (elems == 0)
+        return OBD_CODEC_EINVAL;
+    /* Left to right from 0.0, the order every caller relies on. */
+    for (size_t j = 0; j < nblocks; j++)
+        sum += block_sums[j];
+    if (!isfinite(sum))
+        return OBD_CODEC_ENONFINITE;
+    /* A sum of finite fp32 squares is finite and its root mean square is
+     * at most the largest |b_i|, so the conversion to float cannot
+     * overflow. */
+    *scale = (float)sqrt(sum / (double)elems);
+    return 0;
+}
+
+/* Portable implementation.
+ *
+ * Signs here are random by nature, so a branch on a sign bit mispredicts
+ * half the time and costs more than the arithmetic. The code selects
+ * +scale or -scale by flipping the sign bit instead, which is exactly what
+ * negation does in IEEE 754, and uses b - (+-scale), which IEEE defines as
+ * b + (-+scale): the results are the ones codec.h specifies. */
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* +scale if bit is 1, -scale if bit is 0; scale given as its bits. */
+static float plus_minus(uint32_t scale_bits, unsigned bit)
+{
+    uint32_t u = scale_bits ^ ((uint32_t)(bit ^ 1u) << 31);
+    float f;
+
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static double p_sumsq_block(const float *x, size_t count, const float *e,
+                            size_t begin, size_t end)
+{
+    double acc[16] = {0};
+    size_t i = begin;
+
+    /* Groups of 16 that lie wholly inside x: no bounds test per element. */
+    for (; i + 16 <= end && i + 16 <= count; i += 16) {
+        for (int j = 0; j < 16; j++) {
+            float b = x[i + j] + e[i + j];
+            double d = b;
+            acc[j] += d * d;
+        }
+    }
+    for (; i < end; i++) {
+        float b = padded_x(x, count, i) + e[i];
+        double d = b;
+        acc[(i - begin) % 16] += d * d;
+    }
+    return combine16(acc);
+}
+
+static void p_compress_range(const float *x, size_t count, float *e,
+                             size_t begin, size_t end, float scale,
+                             uint8_t *bits)
+{
+    uint32_t sb = float_bits(scale);
+    size_t i = begin;
+
+    for (; i + 8 <= end && i + 8 <= count; i += 8) {
+        unsigned byte = 0;
+
+        for (int j = 0; j < 8; j++) {
+            float b = x[i + j] + e[i + j];
+            unsigned s = b >= 0.0f;
+            e[i + j] = b - plus_minus(sb, s);
+            byte |= s << (7 - j);
+        }
+        bits[(i - begin) / 8] = (uint8_t)byte;
+    }
+    for (; i < end; i += 8) {
+        unsigned byte = 0;
+
+        for (int j = 0; j < 8; j++) {
+            float b = padded_x(x, count, i + j) + e[i + j];
+            unsigned s = b >= 0.0f;
+            e[i + j] = b - plus_minus(sb, s);
+            byte |= s << (7 - j);
+        }
+        bits[(i - begin) / 8] = (uint8_t)byte;
+    }
+}
+
+/* m_i of the server step: the sum of the participants' +-scale_k in
+ * participant order starting from the first term, divided by n, plus the
+ * server error. */
+static float server_m(const uint8_t *const *in, const float *scales, int n,
+                      const float *err, size_t i)
+{
+    size_t q = i / 8;
+    unsigned sh = 7 - (unsigned)(i % 8);
+    float acc = plus_minus(float_bits(scales[0]), (in[0][q] >> sh) & 1);
+
+    for (int k = 1; k < n; k++)
+        acc += plus_minus(float_bits(scales[k]), (in[k][q] >> sh) & 1);
+    return acc / (float)n + err[i];
+}
+
+/* Eight consecutive m values starting at i (a multiple of 8), one packed
+ * byte per participant, in a form the compiler can keep in registers. */
+static void server_m8(const uint8_t *const *in, const float *scales, int n,
+                      const float *err, size_t i, float m[8])
+{
+    size_t q = i / 8;
+    float fn = (float)n;
+    uint32_t sb = float_bits(scales[0]);
+    unsigned byte = in[0][q];
+
+    for (int j = 0; j < 8; j++)
+        m[j] = plus_minus(sb, (byte >> (7 - j)) & 1);
+    for (int k = 1; k < n; k++) {
+        sb = float_bits(scales[k]);
+        byte = in[k][q];
+        for (int j = 0; j < 8; j++)
+            m[j] += plus_minus(sb, (byte >> (7 - j)) & 1);
+    }
+    /* For a power-of-two n, multiplying by the exact 1/n rounds the same
+     * real number as dividing by n, so the result is identical and avoids
+     * eight divisions. */
+    if ((n & (n - 1)) == 0) {
+        float inv = 1.0f / fn;
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] * inv + err[i + j];
+    } else {
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] / fn + err[i + j];
+    }
+}
+
+static double p_server_sumsq_block(const uint8_t *const *in,
+                                   const float *scales, int n, const float *err,
+                                   size_t begin, size_t end)
+{
+    double acc[16] = {0};
+    size_t i = begin;
+
+    for (; i + 8 <= end; i += 8) {
+        float m[8];
+        size_t lane = (i - begin) % 16;
+
+        server_m8(in, scales, n, err, i, m);
+        for (int j = 0; j < 8; j++) {
+            double d = m[j];
+            acc[lane + j] += d * d;
+        }
+    }
+    for (; i < end; i++) {
+        double d = server_m(in, scales, n, err, i);
+        acc[(i - begin) % 16] += d * d;
+    }
+    return combine16(acc);
+}
+
+static void p_server_range(const uint8_t *const *in, const float *scales, int n,
+                           float *err, size_t begin, size_t end, float sscale,
+                           uint8_t *bits)
+{
+    uint32_t sb = float_bits(sscale);
+
+    for (size_t i = begin; i < end; i += 8) {
+        float m[8];
+        unsigned byte = 0;
+
+        server_m8(in, scales, n, err, i, m);
+        for (int j = 0; j < 8; j++) {
+            unsigned s = m[j] >= 0.0f;
+            err[i + j] = m[j] - plus_minus(sb, s);
+            byte |= s << (7 - j);
+        }
+        bits[(i - begin) / 8] = (uint8_t)byte;
+    }
+}
+
+static void p_decompress(const uint8_t *bits, float scale, float *out,
+                         size_t elems)
+{
+    uint32_t sb = float_bits(scale);
+    size_t i = 0;
+
+    for (; i + 8 <= elems; i += 8) {
+        unsigned byte = bits[i / 8];
+        for (int j = 0; j < 8; j++)
+            out[i + j] = plus_minus(sb, (byte >> (7 - j)) & 1);
+    }
+    for (; i < elems; i++)
+        out[i] = plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
+}
+
+static void p_decompress_add(const uint8_t *bits, float scale, float *out,
+                             size_t elems)
+{
+    uint32_t sb = float_bits(scale);
+    size_t i = 0;
+
+    for (; i + 8 <= elems; i += 8) {
+        unsigned byte = bits[i / 8];
+        for (int j = 0; j < 8; j++)
+            out[i + j] += plus_minus(sb, (byte >> (7 - j)) & 1);
+    }
+    for (; i < elems; i++)
+        out[i] += plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
+}
+
+static const struct obd_codec_impl portable = {
+    .name = "portable",
+    .sumsq_block = p_sumsq_block,
+    .compress_range = p_compress_range,
+    .server_sumsq_block = p_server_sumsq_block,
+    .server_range = p_server_range,
+    .decompress = p_decompress,
+    .decompress_add = p_decompress_add,
+};
+
+const struct obd_codec_impl *obd_codec_portable(void)
+{
+    return &portable;
+}
+
+const struct obd_codec_impl *obd_codec_avx2(void)
+{
+#ifdef OBD_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        return obd_codec_avx2_table();
+#endif
+    return NULL;
+}
+
+/* The only mutable global of the codec: the chosen implementation, set once.
+ * Threads that race on the first call compute the same answer; the
+ * compare-and-swap keeps the first one so the pointer never changes after
+ * it was handed out. */
+static _Atomic(const struct obd_codec_impl *) best_impl;
+
+const struct obd_codec_impl *obd_codec_best(void)
+{
+    const struct obd_codec_impl *p, *expected = NULL;
+    const char *env;
+
+    p = atomic_load_explicit(&best_impl, memory_order_acquire);
+    if (p != NULL)
+        return p;
+    env = getenv("OBCOMM_CODEC");
+    p = NULL;
+    if (env == NULL || strcmp(env, "portable") != 0)
+        p = obd_codec_avx2();
+    if (p == NULL)
+        p = &portable;
+    if (!atomic_compare_exchange_strong_explicit(&best_impl, &expected, p,
+                                                 memory_order_acq_rel,
+                                                 memory_order_acquire))
+        p = expected;
+    return p;
+}
+
+int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
+                       size_t count, float *e, size_t padded, uint8_t *bits,
+                       float *scale)
+{
+    double sum = 0.0;
+    float s;
+    int rc;
+
+    if (padded == 0 || padded % 8 != 0 || count > padded)
+        return OBD_CODEC_EINVAL;
+    /* Pass 1 reads only. The running sum adds the block sums left to right
+     * from 0.0 exactly as obd_codec_scale does over an array, so a
+     * multi-threaded caller that collects the block sums gets the same
+     * scale. */
+    for (size_t b = 0; b < padded; b += OBD_CODEC_BLOCK) {
+        size_t end =
+            padded - b < OBD_CODEC_BLOCK ? padded : b + OBD_CODEC_BLOCK;
+        sum += impl->sumsq_block(x, count, e, b, end);
+    }
+    rc = obd_codec_scale(&sum, 1, padded, &s);
+    if (rc != 0)
+        return rc;
+    impl->compress_range(x, count, e, 0, padded, s, bits);
+    *scale = s;
+    return 0;
+}
+
+int obd_codec_server(const struct obd_codec_impl *impl,
+                     const uint8_t *const *in, const float *scales, int n,
+                     float *err, size_t chunk, uint8_t *bits, float *sscale)
+{
+    double sum = 0.0;
+    float s;
+    int rc;
+
+    if (n < 1 || chunk == 0 || chunk % 8 != 0)
+        return OBD_CODEC_EINVAL;
+    /* A peer's scale is checked before it touches anything: a negative
+     * scale would invert its signs and a non-finite one would poison the
+     * server error. */
+    for (int k = 0; k < n; k++)
+        if (!scale_ok(scales[k]))
+            return OBD_CODEC_ENONFINITE;
+    for (size_t b = 0; b < chunk; b += OBD_CODEC_BLOCK) {
+        size_t end = chunk - b < OBD_CODEC_BLOCK ? chunk : b + OBD_CODEC_BLOCK;
+        sum += impl->server_sumsq_block(in, scales, n, err, b, end);
+    }
+    rc = obd_codec_scale(&sum, 1, chunk, &s);
+    if (rc != 0)
+        return rc;
+    impl->server_range(in, scales, n, err, 0, chunk, s, bits);
+    *sscale = s;
+    return 0;
+}

@@ -1,0 +1,269 @@
+/* The 1-bit codec in AVX2 (compiled with -mavx2 and without FMA, so every
+ * operation is the same IEEE fp32/fp64 operation the portable code does).
+ *
+ * Layout conventions shared by all functions:
+ * - A norm uses four 4-lane double accumulators; element i of a block goes
+ *   to lane (i - begin) % 16, i.e. accumulator ((i - begin) % 16) / 4, the
+ *   same lanes the portable code uses, so the sums are bit-identical.
+ * - A packed byte holds 8 elements, the first in the most significant bit.
+ *   movemask puts lane 0 in bit 0, so the compare mask is reversed across
+ *   lanes first. Unpacking loads the byte's 8 lane masks from a table. */
+#include "codec.h"
+#include "codec_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* Eight elements of the zero-padded input starting at i. */
+static inline __m256 load_x8(const float *x, size_t count, size_t i)
+{
+    float t[8] = {0};
+
+    if (i + 8 <= count)
+        return _mm256_loadu_ps(x + i);
+    if (i < count)
+        memcpy(t, x + i, (count - i) * sizeof(float));
+    return _mm256_loadu_ps(t);
+}
+
+static inline __m256i rev_lanes(void)
+{
+    return _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+}
+
+/* The packed byte of eight "non-negative" compare results. */
+static inline unsigned pack8(__m256 ge)
+{
+    return (unsigned)_mm256_movemask_ps(
+        _mm256_permutevar8x32_ps(ge, rev_lanes()));
+}
+
+/* Lane masks of every byte value: all-ones in lane j where bit 7 - j is
+ * set. One 32-byte load from this 8 KiB table (it stays in L1) replaces a
+ * broadcast, an AND and a compare per byte, which matters in the server
+ * step where every element unpacks n bytes. */
+#define LANE(b, j) (-(int32_t)(((b) >> (7 - (j))) & 1))
+#define MASK8(b)                                                    \
+    {                                                               \
+        LANE(b, 0), LANE(b, 1), LANE(b, 2), LANE(b, 3), LANE(b, 4), \
+            LANE(b, 5), LANE(b, 6), LANE(b, 7)                      \
+    }
+#define MASKS4(b)  MASK8(b), MASK8((b) + 1), MASK8((b) + 2), MASK8((b) + 3)
+#define MASKS16(b) MASKS4(b), MASKS4((b) + 4), MASKS4((b) + 8), MASKS4((b) + 12)
+#define MASKS64(b) \
+    MASKS16(b), MASKS16((b) + 16), MASKS16((b) + 32), MASKS16((b) + 48)
+
+static const int32_t lane_masks[256][8] __attribute__((aligned(32))) = {
+    MASKS64(0), MASKS64(64), MASKS64(128), MASKS64(192)};
+
+/* All-ones in lane j where bit 7 - j of byte is set. */
+static inline __m256 unpack8(unsigned byte)
+{
+    return _mm256_load_ps((const float *)lane_masks[byte & 0xff]);
+}
+
+/* acc[0..3] += squares of 16 floats given as two vectors. */
+static inline void acc16(__m256d acc[4], __m256 lo, __m256 hi)
+{
+    __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(lo));
+    __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1));
+    __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(hi));
+    __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1));
+
+    acc[0] = _mm256_add_pd(acc[0], _mm256_mul_pd(d0, d0));
+    acc[1] = _mm256_add_pd(acc[1], _mm256_mul_pd(d1, d1));
+    acc[2] = _mm256_add_pd(acc[2], _mm256_mul_pd(d2, d2));
+    acc[3] = _mm256_add_pd(acc[3], _mm256_mul_pd(d3, d3));
+}
+
+static inline double finish16(const __m256d acc[4])
+{
+    double a[16];
+
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_pd(a + 4 * k, acc[k]);
+    return combine16(a);
+}
+
+static double v_sumsq_block(const float *x, size_t count, const float *e,
+                            size_t begin, size_t end)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd(), _mm256_setzero_pd()};
+    size_t i = begin;
+
+    for (; i + 16 <= end && i + 16 <= count; i += 16) {
+        __m256 lo =
+            _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(e + i));
+        __m256 hi = _mm256_add_ps(_mm256_loadu_ps(x + i + 8),
+                                  _mm256_loadu_ps(e + i + 8));
+        acc16(acc, lo, hi);
+    }
+    for (; i + 16 <= end; i += 16) {
+        __m256 lo = _mm256_add_ps(load_x8(x, count, i), _mm256_loadu_ps(e + i));
+        __m256 hi =
+            _mm256_add_ps(load_x8(x, count, i + 8), _mm256_loadu_ps(e + i + 8));
+        acc16(acc, lo, hi);
+    }
+    if (i < end) {
+        /* A last partial group: lanes past `end` add +0.0, which leaves an
+         * accumulator (never -0.0, it starts at +0.0 and only grows)
+         * unchanged, so this matches the portable code that skips them. */
+        float t[16] = {0};
+
+        for (size_t j = 0; i + j < end; j++)
+            t[j] = padded_x(x, count, i + j) + e[i + j];
+        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
+    }
+    return finish16(acc);
+}
+
+static void v_compress_range(const float *x, size_t count, float *e,
+                             size_t begin, size_t end, float scale,
+                             uint8_t *bits)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256 zero = _mm256_setzero_ps();
+    size_t i = begin;
+
+    for (; i + 32 <= end && i + 32 <= count; i += 32) {
+        uint32_t word = 0;
+
+        for (int k = 0; k < 4; k++) {
+            size_t o = i + 8 * (size_t)k;
+            __m256 b =
+                _mm256_add_ps(_mm256_loadu_ps(x + o), _mm256_loadu_ps(e + o));
+            __m256 ge = _mm256_cmp_ps(b, zero, _CMP_GE_OQ);
+            _mm256_storeu_ps(e + o, _mm256_blendv_ps(_mm256_add_ps(b, vs),
+                                                     _mm256_sub_ps(b, vs), ge));
+            word |= (uint32_t)pack8(ge) << (8 * k);
+        }
+        memcpy(bits + (i - begin) / 8, &word, 4);
+    }
+    for (; i < end; i += 8) {
+        __m256 b = _mm256_add_ps(load_x8(x, count, i), _mm256_loadu_ps(e + i));
+        __m256 ge = _mm256_cmp_ps(b, zero, _CMP_GE_OQ);
+        _mm256_storeu_ps(e + i, _mm256_blendv_ps(_mm256_add_ps(b, vs),
+                                                 _mm256_sub_ps(b, vs), ge));
+        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
+    }
+}
+
+/* Eight m values from element i (a multiple of 8); see server_m8 in
+ * codec.c for the order of operations, which this follows lane by lane. */
+static inline __m256 server_m8(const uint8_t *const *in, const float *scales,
+                               int n, const float *err, size_t i)
+{
+    size_t q = i / 8;
+    __m256 acc = _mm256_blendv_ps(_mm256_set1_ps(-scales[0]),
+                                  _mm256_set1_ps(scales[0]), unpack8(in[0][q]));
+
+    for (int k = 1; k < n; k++) {
+        __m256 t =
+            _mm256_blendv_ps(_mm256_set1_ps(-scales[k]),
+                             _mm256_set1_ps(scales[k]), unpack8(in[k][q]));
+        acc = _mm256_add_ps(acc, t);
+    }
+    /* Division is the slowest step here. When n is a power of two, 1/n is
+     * exact and a * (1/n) and a / n are the correct rounding of the same
+     * real number (also when it is subnormal), so the multiply gives the
+     * identical result. */
+    if ((n & (n - 1)) == 0)
+        acc = _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / (float)n));
+    else
+        acc = _mm256_div_ps(acc, _mm256_set1_ps((float)n));
+    return _mm256_add_ps(acc, _mm256_loadu_ps(err + i));
+}
+
+static double v_server_sumsq_block(const uint8_t *const *in,
+                                   const float *scales, int n, const float *err,
+                                   size_t begin, size_t end)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd(), _mm256_setzero_pd()};
+    size_t i = begin;
+
+    for (; i + 16 <= end; i += 16)
+        acc16(acc, server_m8(in, scales, n, err, i),
+              server_m8(in, scales, n, err, i + 8));
+    if (i < end) {
+        /* Same zero-filled partial group as v_sumsq_block. The m values
+         * are formed by whole bytes where they fit and one by one after,
+         * both in the portable order. */
+        float t[16] = {0};
+        size_t j = 0;
+
+        for (; i + j + 8 <= end; j += 8)
+            _mm256_storeu_ps(t + j, server_m8(in, scales, n, err, i + j));
+        for (; i + j < end; j++) {
+            size_t p = i + j, q = p / 8;
+            unsigned sh = 7 - (unsigned)(p % 8);
+            float a = (in[0][q] >> sh) & 1 ? scales[0] : -scales[0];
+            for (int k = 1; k < n; k++)
+                a += (in[k][q] >> sh) & 1 ? scales[k] : -scales[k];
+            t[j] = a / (float)n + err[p];
+        }
+        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
+    }
+    return finish16(acc);
+}
+
+static void v_server_range(const uint8_t *const *in, const float *scales, int n,
+                           float *err, size_t begin, size_t end, float sscale,
+                           uint8_t *bits)
+{
+    const __m256 vs = _mm256_set1_ps(sscale);
+    const __m256 zero = _mm256_setzero_ps();
+
+    for (size_t i = begin; i < end; i += 8) {
+        __m256 m = server_m8(in, scales, n, err, i);
+        __m256 ge = _mm256_cmp_ps(m, zero, _CMP_GE_OQ);
+        _mm256_storeu_ps(err + i, _mm256_blendv_ps(_mm256_add_ps(m, vs),
+                                                   _mm256_sub_ps(m, vs), ge));
+        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
+    }
+}
+
+static void v_decompress(const uint8_t *bits, float scale, float *out,
+                         size_t elems)
+{
+    const __m256 pos = _mm256_set1_ps(scale);
+    const __m256 neg = _mm256_set1_ps(-scale);
+    size_t i = 0;
+
+    for (; i + 8 <= elems; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8])));
+    for (; i < elems; i++)
+        out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
+}
+
+static void v_decompress_add(const uint8_t *bits, float scale, float *out,
+                             size_t elems)
+{
+    const __m256 pos = _mm256_set1_ps(scale);
+    const __m256 neg = _mm256_set1_ps(-scale);
+    size_t i = 0;
+
+    for (; i + 8 <= elems; i += 8) {
+        __m256 t = _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8]));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), t));
+    }
+    for (; i < elems; i++)
+        out[i] += (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
+}
+
+static const struct obd_codec_impl avx2 = {
+    .name = "avx2",
+    .sumsq_block = v_sumsq_block,
+    .compress_range = v_compress_range,
+    .server_sumsq_block = v_server_sumsq_block,
+    .server_range = v_server_range,
+    .decompress = v_decompress,
+    .decompress_add = v_decompress_add,
+};
+
+const struct obd_codec_impl *obd_codec_avx2_table(void)
+{
+    return &avx2;
+}

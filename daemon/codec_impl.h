@@ -1,0 +1,36 @@
+/* Internals shared by the codec's implementations (codec.c and
+ * codec_avx2.c). Not part of the codec's interface: only those two files
+ * include it. */
+#ifndef OBD_CODEC_IMPL_H
+#define OBD_CODEC_IMPL_H
+
+#include <stddef.h>
+
+#include "codec.h"
+
+/* The AVX2 table. Defined in codec_avx2.c, which is compiled with -mavx2;
+ * calling any of its functions on a CPU without AVX2 faults, so only
+ * obd_codec_avx2() calls this, after checking the CPU. */
+const struct obd_codec_impl *obd_codec_avx2_table(void);
+
+/* Element i of the zero-padded input. */
+static inline float padded_x(const float *x, size_t count, size_t i)
+{
+    return i < count ? x[i] : 0.0f;
+}
+
+/* The fixed pairwise combine of the 16 lane accumulators of a norm block.
+ * Both implementations call this one function, so the combine cannot
+ * drift apart between them. */
+static inline double combine16(const double a[16])
+{
+    double p[8], q[4];
+
+    for (int j = 0; j < 8; j++)
+        p[j] = a[2 * j] + a[2 * j + 1];
+    for (int j = 0; j < 4; j++)
+        q[j] = p[2 * j] + p[2 * j + 1];
+    return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+#endif
