@@ -148,6 +148,90 @@ static void p_compress_range(const float *x, size_t count, float *e,
     }
 }
 
+/* The average of the local buffers, eight elements from i, all inside
+ * every source (i + 8 <= count): the fp32 sum in source order starting
+ * from the first term, then the division by nsrc (as a multiply by the
+ * exact 1/nsrc when nsrc is a power of two; see server_m8). */
+static void avg8(const float *const *src, int nsrc, size_t i, float a[8])
+{
+    for (int j = 0; j < 8; j++)
+        a[j] = src[0][i + j];
+    for (int k = 1; k < nsrc; k++)
+        for (int j = 0; j < 8; j++)
+            a[j] += src[k][i + j];
+    if (nsrc == 1)
+        return;
+    if ((nsrc & (nsrc - 1)) == 0) {
+        float inv = 1.0f / (float)nsrc;
+        for (int j = 0; j < 8; j++)
+            a[j] *= inv;
+    } else {
+        for (int j = 0; j < 8; j++)
+            a[j] /= (float)nsrc;
+    }
+}
+
+/* One element of the average, zero past count; the same operations as
+ * avg8 (0.0f divided by nsrc is 0.0f). */
+static float avg1(const float *const *src, int nsrc, size_t count, size_t i)
+{
+    float a;
+
+    if (i >= count)
+        return 0.0f;
+    a = src[0][i];
+    for (int k = 1; k < nsrc; k++)
+        a += src[k][i];
+    if ((nsrc & (nsrc - 1)) == 0)
+        return a * (1.0f / (float)nsrc);
+    return a / (float)nsrc;
+}
+
+static double p_avg_sumsq_block(const float *const *src, int nsrc, size_t count,
+                                const float *e, size_t begin, size_t end,
+                                float *b)
+{
+    double acc[16] = {0};
+    size_t i = begin;
+
+    for (; i + 8 <= end && i + 8 <= count; i += 8) {
+        float a[8];
+        size_t lane = (i - begin) % 16;
+
+        avg8(src, nsrc, i, a);
+        for (int j = 0; j < 8; j++) {
+            float bj = a[j] + e[i + j];
+            double d = bj;
+            b[i + j] = bj;
+            acc[lane + j] += d * d;
+        }
+    }
+    for (; i < end; i++) {
+        float bi = avg1(src, nsrc, count, i) + e[i];
+        double d = bi;
+        b[i] = bi;
+        acc[(i - begin) % 16] += d * d;
+    }
+    return combine16(acc);
+}
+
+static void p_sign_range(const float *b, float *e, size_t begin, size_t end,
+                         float scale, uint8_t *bits)
+{
+    uint32_t sb = float_bits(scale);
+
+    for (size_t i = begin; i < end; i += 8) {
+        unsigned byte = 0;
+
+        for (int j = 0; j < 8; j++) {
+            unsigned s = b[i + j] >= 0.0f;
+            e[i + j] = b[i + j] - plus_minus(sb, s);
+            byte |= s << (7 - j);
+        }
+        bits[(i - begin) / 8] = (uint8_t)byte;
+    }
+}
+
 /* m_i of the server step: the sum of the participants' +-scale_k in
  * participant order starting from the first term, divided by n, plus the
  * server error. */
@@ -272,6 +356,8 @@ static const struct obd_codec_impl portable = {
     .name = "portable",
     .sumsq_block = p_sumsq_block,
     .compress_range = p_compress_range,
+    .avg_sumsq_block = p_avg_sumsq_block,
+    .sign_range = p_sign_range,
     .server_sumsq_block = p_server_sumsq_block,
     .server_range = p_server_range,
     .decompress = p_decompress,
@@ -343,6 +429,33 @@ int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
     if (rc != 0)
         return rc;
     impl->compress_range(x, count, e, 0, padded, s, bits);
+    *scale = s;
+    return 0;
+}
+
+int obd_codec_compress_avg(const struct obd_codec_impl *impl,
+                           const float *const *src, int nsrc, size_t count,
+                           float *e, float *b, size_t padded, uint8_t *bits,
+                           float *scale)
+{
+    double sum = 0.0;
+    float s;
+    int rc;
+
+    if (nsrc < 1 || padded == 0 || padded % 8 != 0 || count > padded)
+        return OBD_CODEC_EINVAL;
+    /* Pass 1 reads every source and e once and writes only the scratch b,
+     * so a non-finite average leaves the error feedback untouched. Block
+     * sums are added as in obd_codec_compress. */
+    for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK) {
+        size_t end =
+            padded - j < OBD_CODEC_BLOCK ? padded : j + OBD_CODEC_BLOCK;
+        sum += impl->avg_sumsq_block(src, nsrc, count, e, j, end, b);
+    }
+    rc = obd_codec_scale(&sum, 1, padded, &s);
+    if (rc != 0)
+        return rc;
+    impl->sign_range(b, e, 0, padded, s, bits);
     *scale = s;
     return 0;
 }

@@ -14,6 +14,12 @@
  *            double (every square is exact in double) in the block and
  *            lane order described at struct obd_codec_impl's sumsq_block
  *            e_i = b_i - scale (s_i = +1) or b_i + scale (s_i = -1)
+ *   worker over an average of nsrc local buffers (obd_codec_compress_avg):
+ *            a_i = src_0[i], then a_i += src_k[i] for k = 1..nsrc-1 in
+ *            order (fp32; every src_k[i] reads as 0 for i >= count, and
+ *            a_i = 0.0f there), a_i = a_i / (float)nsrc (fp32),
+ *            b_i = a_i + e_i (fp32); then as for the worker, over b.
+ *            With nsrc == 1 this is exactly the worker above.
  *   server:  a = +-scale_0, then a += +-scale_k for k = 1..n-1 in order,
  *            m_i = a / (float)n + server_error_i (all fp32)
  *            sscale and the new server error as for the worker, over m.
@@ -81,6 +87,29 @@ struct obd_codec_impl {
     void (*compress_range)(const float *x, size_t count, float *e, size_t begin,
                            size_t end, float scale, uint8_t *bits);
 
+    /* The worker's pass 1 over an average (obd_codec_compress_avg): for i
+     * in [begin, end), a_i = src[0][i] + src[1][i] + ... + src[nsrc-1][i]
+     * added left to right in fp32 (a_i = 0.0f for i >= count), then
+     * a_i = a_i / (float)nsrc in fp32, and b[i] = a_i + e[i] in fp32 is
+     * stored. (For a power-of-two nsrc the code multiplies by 1/nsrc,
+     * which is exact and rounds to the same float.) Returns the sum of
+     * squares of those b_i in the block and lane order of sumsq_block, so
+     * with nsrc == 1 it returns exactly sumsq_block(src[0], count, e,
+     * begin, end). nsrc >= 1. b is indexed like e (b[i] for padded index
+     * i). Reads src and e and writes only b[begin..end); b must not
+     * overlap src or e. `end` need not be a multiple of 8. */
+    double (*avg_sumsq_block)(const float *const *src, int nsrc, size_t count,
+                              const float *e, size_t begin, size_t end,
+                              float *b);
+
+    /* The worker's pass 2 over a b stored by avg_sumsq_block: signs of b
+     * over [begin, end) into bits (bits[0] holds element begin) and
+     * e[i] = b[i] - scale (bit 1) or b[i] + scale (bit 0). `end - begin`
+     * is a multiple of 8. Reads b, writes e and bits; e must not overlap
+     * b. Cannot fail: the caller checked the norm first. */
+    void (*sign_range)(const float *b, float *e, size_t begin, size_t end,
+                       float scale, uint8_t *bits);
+
     /* Server step, pass 1: sum of squares of m over [begin, end) of a chunk
      * of `chunk` elements. in[k] points to participant k's packed bits of
      * the whole chunk; scales[k] its scale; err is the chunk's server error.
@@ -131,6 +160,23 @@ int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
 int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
                        size_t count, float *e, size_t padded, uint8_t *bits,
                        float *scale);
+
+/* Worker compress of the exact average of nsrc >= 1 local buffers
+ * (src[k] of `count` elements each; see the file comment for the
+ * arithmetic), in two passes: avg_sumsq_block stores b = average + e into
+ * the scratch buffer b (`padded` elements, overlapping neither src nor e)
+ * while it sums squares, then sign_range reads b and writes bits and e.
+ * Each src[k] is read once. On success writes bits (padded / 8 bytes),
+ * *scale and e, and leaves b = average + e (the old e). Returns
+ * OBD_CODEC_EINVAL for bad sizes or nsrc < 1, writing nothing; returns
+ * OBD_CODEC_ENONFINITE (any b_i not finite, e.g. a NaN or Inf in a source
+ * or in e, or an average that overflows) with e, bits and *scale untouched
+ * but b partly or wholly overwritten. With nsrc == 1, bits, *scale and e
+ * are byte-identical to obd_codec_compress's. */
+int obd_codec_compress_avg(const struct obd_codec_impl *impl,
+                           const float *const *src, int nsrc, size_t count,
+                           float *e, float *b, size_t padded, uint8_t *bits,
+                           float *scale);
 
 /* Server step (step 4) for one chunk of `chunk` elements (a multiple of 8):
  * in[k], scales[k] from each of the n participants, err the chunk's server

@@ -149,6 +149,119 @@ static void v_compress_range(const float *x, size_t count, float *e,
     }
 }
 
+/* Eight averaged elements from i, all inside every source (i + 8 <=
+ * count); the order of operations of avg8 in codec.c, lane by lane. `inv`
+ * is 1/nsrc for a power-of-two nsrc and 0 otherwise. */
+static inline __m256 avg8(const float *const *src, int nsrc, size_t i,
+                          __m256 inv, __m256 fn)
+{
+    __m256 a = _mm256_loadu_ps(src[0] + i);
+
+    for (int k = 1; k < nsrc; k++)
+        a = _mm256_add_ps(a, _mm256_loadu_ps(src[k] + i));
+    if (nsrc == 1)
+        return a;
+    if ((nsrc & (nsrc - 1)) == 0)
+        return _mm256_mul_ps(a, inv);
+    return _mm256_div_ps(a, fn);
+}
+
+/* Eight averaged elements from i, where the sources may end inside. */
+static inline __m256 avg8_tail(const float *const *src, int nsrc, size_t count,
+                               size_t i, __m256 inv, __m256 fn)
+{
+    __m256 a = load_x8(src[0], count, i);
+
+    for (int k = 1; k < nsrc; k++)
+        a = _mm256_add_ps(a, load_x8(src[k], count, i));
+    if (nsrc == 1)
+        return a;
+    if ((nsrc & (nsrc - 1)) == 0)
+        return _mm256_mul_ps(a, inv);
+    return _mm256_div_ps(a, fn);
+}
+
+static double v_avg_sumsq_block(const float *const *src, int nsrc, size_t count,
+                                const float *e, size_t begin, size_t end,
+                                float *b)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd(), _mm256_setzero_pd()};
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)nsrc);
+    const __m256 fn = _mm256_set1_ps((float)nsrc);
+    size_t i = begin;
+
+    /* Zero-padded elements past count are +0.0f in every source, their
+     * sum +0.0f and +0.0f / nsrc is +0.0f, the portable a_i = 0.0f. */
+    for (; i + 16 <= end && i + 16 <= count; i += 16) {
+        __m256 lo =
+            _mm256_add_ps(avg8(src, nsrc, i, inv, fn), _mm256_loadu_ps(e + i));
+        __m256 hi = _mm256_add_ps(avg8(src, nsrc, i + 8, inv, fn),
+                                  _mm256_loadu_ps(e + i + 8));
+        _mm256_storeu_ps(b + i, lo);
+        _mm256_storeu_ps(b + i + 8, hi);
+        acc16(acc, lo, hi);
+    }
+    for (; i + 16 <= end; i += 16) {
+        __m256 lo = _mm256_add_ps(avg8_tail(src, nsrc, count, i, inv, fn),
+                                  _mm256_loadu_ps(e + i));
+        __m256 hi = _mm256_add_ps(avg8_tail(src, nsrc, count, i + 8, inv, fn),
+                                  _mm256_loadu_ps(e + i + 8));
+        _mm256_storeu_ps(b + i, lo);
+        _mm256_storeu_ps(b + i + 8, hi);
+        acc16(acc, lo, hi);
+    }
+    if (i < end) {
+        /* The zero-filled partial group of v_sumsq_block. */
+        float t[16] = {0};
+        size_t j = 0;
+
+        for (; i + j + 8 <= end; j += 8)
+            _mm256_storeu_ps(t + j, _mm256_add_ps(avg8_tail(src, nsrc, count,
+                                                            i + j, inv, fn),
+                                                  _mm256_loadu_ps(e + i + j)));
+        if (i + j < end) {
+            float a[8];
+
+            _mm256_storeu_ps(a, avg8_tail(src, nsrc, count, i + j, inv, fn));
+            for (size_t q = 0; i + j + q < end; q++)
+                t[j + q] = a[q] + e[i + j + q];
+        }
+        memcpy(b + i, t, (end - i) * sizeof(float));
+        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
+    }
+    return finish16(acc);
+}
+
+static void v_sign_range(const float *b, float *e, size_t begin, size_t end,
+                         float scale, uint8_t *bits)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256 zero = _mm256_setzero_ps();
+    size_t i = begin;
+
+    for (; i + 32 <= end; i += 32) {
+        uint32_t word = 0;
+
+        for (int k = 0; k < 4; k++) {
+            size_t o = i + 8 * (size_t)k;
+            __m256 v = _mm256_loadu_ps(b + o);
+            __m256 ge = _mm256_cmp_ps(v, zero, _CMP_GE_OQ);
+            _mm256_storeu_ps(e + o, _mm256_blendv_ps(_mm256_add_ps(v, vs),
+                                                     _mm256_sub_ps(v, vs), ge));
+            word |= (uint32_t)pack8(ge) << (8 * k);
+        }
+        memcpy(bits + (i - begin) / 8, &word, 4);
+    }
+    for (; i < end; i += 8) {
+        __m256 v = _mm256_loadu_ps(b + i);
+        __m256 ge = _mm256_cmp_ps(v, zero, _CMP_GE_OQ);
+        _mm256_storeu_ps(e + i, _mm256_blendv_ps(_mm256_add_ps(v, vs),
+                                                 _mm256_sub_ps(v, vs), ge));
+        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
+    }
+}
+
 /* Eight m values from element i (a multiple of 8); see server_m8 in
  * codec.c for the order of operations, which this follows lane by lane. */
 static inline __m256 server_m8(const uint8_t *const *in, const float *scales,
@@ -257,6 +370,8 @@ static const struct obd_codec_impl avx2 = {
     .name = "avx2",
     .sumsq_block = v_sumsq_block,
     .compress_range = v_compress_range,
+    .avg_sumsq_block = v_avg_sumsq_block,
+    .sign_range = v_sign_range,
     .server_sumsq_block = v_server_sumsq_block,
     .server_range = v_server_range,
     .decompress = v_decompress,
