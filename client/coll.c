@@ -138,3 +138,53 @@ int obcomm_barrier(obcomm_t *c)
     s.kind = OBCOMM_KIND_BARRIER;
     return submit(c, &s);
 }
+
+int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    if (count == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "1-bit allreduce of 0 elements");
+    if (count > SIZE_MAX / sizeof(float))
+        return obc_fail(c, OBCOMM_E_INVAL,
+                        "1-bit allreduce of %zu elements overflows", count);
+
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_ALLREDUCE_1BIT;
+    s.dtype = OBCOMM_FLOAT32;
+    s.redop = OBCOMM_AVG;
+    s.count = count;
+    s.key = key;
+    rc = place(c, &s, data, count * sizeof(float));
+    if (rc < 0)
+        return rc;
+    return submit(c, &s);
+}
+
+int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_RESET_1BIT;
+    s.key = key;
+    return submit(c, &s);
+}
+
+int obcomm_snapshot_1bit(obcomm_t *c)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_SNAPSHOT_1BIT;
+    return submit(c, &s);
+}

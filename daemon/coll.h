@@ -32,6 +32,19 @@ struct obd_algo {
     void (*waiting_on)(const struct obd_op *op, char *buf, size_t len);
 };
 
+/* The 1-bit allreduce and its state operations (coll_onebit.c). */
+extern const struct obd_algo obd_algo_onebit;
+extern const struct obd_algo obd_algo_onebit_reset;
+extern const struct obd_algo obd_algo_onebit_snapshot;
+
+/* An algorithm that moves no data: start does everything (barrier-like). */
+void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,
+                       const char **why);
+
+void obd_coll_no_recv(struct obd_op *op, int from, const struct obd_frame *f);
+void obd_coll_no_progress(struct obd_op *op);
+void obd_coll_waiting_on_nobody(const struct obd_op *op, char *buf, size_t len);
+
 /* The algorithm for an op kind, or NULL. */
 const struct obd_algo *obd_coll_algo(uint32_t kind);
 

@@ -384,7 +384,8 @@ static void bcast_recv_done(struct obd_op *op, int from,
 {
     (void)from;
     (void)f;
-    op->coll->recv_seg++;
+    struct obd_coll *c = op->coll;
+    c->recv_seg++;
 }
 
 static void bcast_waiting_on(const struct obd_op *op, char *buf, size_t len)
@@ -411,30 +412,29 @@ static int barrier_start(struct obd_op *op)
     return 0;
 }
 
-static void *barrier_recv_dest(struct obd_op *op, int from,
-                               const struct obd_frame *f, const char **why)
+void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,
+                       const char **why)
 {
     (void)op;
     (void)from;
     (void)f;
-    *why = "a barrier carries no data";
+    *why = "this op carries no data";
     return NULL;
 }
 
-static void barrier_recv_done(struct obd_op *op, int from,
-                              const struct obd_frame *f)
+void obd_coll_no_recv(struct obd_op *op, int from, const struct obd_frame *f)
 {
     (void)op;
     (void)from;
     (void)f;
 }
 
-static void barrier_progress(struct obd_op *op)
+void obd_coll_no_progress(struct obd_op *op)
 {
     (void)op;
 }
 
-static void barrier_waiting_on(const struct obd_op *op, char *buf, size_t len)
+void obd_coll_waiting_on_nobody(const struct obd_op *op, char *buf, size_t len)
 {
     (void)op;
     snprintf(buf, len, "nobody");
@@ -445,8 +445,9 @@ static const struct obd_algo algos[] = {
      ring_recv_done, ring_progress, coll_free, ring_waiting_on},
     {OBCOMM_KIND_BROADCAST, "chain broadcast", bcast_start, bcast_recv_dest,
      bcast_recv_done, bcast_progress, coll_free, bcast_waiting_on},
-    {OBCOMM_KIND_BARRIER, "barrier", barrier_start, barrier_recv_dest,
-     barrier_recv_done, barrier_progress, coll_free, barrier_waiting_on},
+    {OBCOMM_KIND_BARRIER, "barrier", barrier_start, obd_coll_no_data,
+     obd_coll_no_recv, obd_coll_no_progress, coll_free,
+     obd_coll_waiting_on_nobody},
 };
 
 const struct obd_algo *obd_coll_algo(uint32_t kind)
@@ -454,5 +455,10 @@ const struct obd_algo *obd_coll_algo(uint32_t kind)
     for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++)
         if (algos[i].kind == kind)
             return &algos[i];
+    const struct obd_algo *const onebit[] = {
+        &obd_algo_onebit, &obd_algo_onebit_reset, &obd_algo_onebit_snapshot};
+    for (size_t i = 0; i < 3; i++)
+        if (onebit[i]->kind == kind)
+            return onebit[i];
     return NULL;
 }

@@ -65,6 +65,9 @@ static const struct row rows[] = {
             "Worker threads for codec and reduction work; 0: one per "
             "core."),
     STR_ROW(log_level, "info", "error, warn, info or debug."),
+    STR_ROW(state_dir, "",
+            "Directory for snapshots of 1-bit error feedback, written on "
+            "request and at shutdown, restored at start. Empty: none."),
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))

@@ -32,6 +32,7 @@ struct obd_config {
     int64_t keepalive_s;
     int64_t threads;
     char log_level[8];
+    char state_dir[4096];
 
     /* Derived by obd_config_finish(). */
     struct obd_addr world[OBD_MAX_NODES];

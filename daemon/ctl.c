@@ -127,6 +127,22 @@ static void on_client_closed(uv_handle_t *h)
     free(c);
 }
 
+void obd_shm_task_start(struct obd_daemon *d)
+{
+    d->shm_tasks++;
+}
+
+void obd_shm_task_done(struct obd_daemon *d)
+{
+    if (--d->shm_tasks > 0)
+        return;
+    while (d->zombies != NULL) {
+        struct obd_shm *b = d->zombies;
+        d->zombies = b->next;
+        obd_shm_unmap(b);
+    }
+}
+
 void obd_ctl_drop(struct obd_client *c, const char *why)
 {
     struct obd_daemon *d = c->d;
@@ -149,7 +165,12 @@ void obd_ctl_drop(struct obd_client *c, const char *why)
         struct obd_shm *b = c->bufs;
         c->bufs = b->next;
         d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-        obd_shm_unmap(b);
+        if (d->shm_tasks > 0) {
+            b->next = d->zombies;
+            d->zombies = b;
+        } else {
+            obd_shm_unmap(b);
+        }
     }
     while (c->outq != NULL) {
         struct obd_outbuf *o = c->outq;
@@ -348,7 +369,12 @@ static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
             struct obd_shm *b = *pp;
             *pp = b->next;
             c->d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-            obd_shm_unmap(b);
+            if (c->d->shm_tasks > 0) {
+                b->next = c->d->zombies;
+                c->d->zombies = b;
+            } else {
+                obd_shm_unmap(b);
+            }
             return;
         }
 }
@@ -405,8 +431,26 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
             snprintf(why, sizeof(why), "broadcast of 0 bytes");
         }
         break;
+    case OBCOMM_KIND_ALLREDUCE_1BIT:
+        desc.dtype = OBCOMM_FLOAT32;
+        desc.redop = OBCOMM_AVG;
+        desc.root = 0;
+        if (s->count == 0 || s->count > UINT64_MAX / 8) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why),
+                     "invalid 1-bit allreduce of %llu "
+                     "elements",
+                     (unsigned long long)s->count);
+            break;
+        }
+        bytes = s->count * sizeof(float);
+        break;
+    case OBCOMM_KIND_RESET_1BIT:
+        desc = (struct obd_opdesc){.kind = s->kind, .key = s->key};
+        break;
     case OBCOMM_KIND_BARRIER:
-        desc = (struct obd_opdesc){.kind = OBCOMM_KIND_BARRIER};
+    case OBCOMM_KIND_SNAPSHOT_1BIT:
+        desc = (struct obd_opdesc){.kind = s->kind};
         break;
     default:
         status = OBCOMM_E_INVAL;
@@ -414,7 +458,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         break;
     }
 
-    if (status == 0 && s->kind != OBCOMM_KIND_BARRIER) {
+    if (status == 0 && bytes > 0) {
         struct obd_shm *b = find_buf(c, s->buffer_id);
         data = b ? obd_shm_range(b, s->offset, bytes) : NULL;
         if (data == NULL) {

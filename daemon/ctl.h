@@ -58,6 +58,12 @@ void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg);
 void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
                       const char *message);
 
+/* Worker-pool tasks that read or write trainer memory bracket themselves
+ * with these; a trainer that leaves meanwhile has its buffers unmapped only
+ * once no such task runs. */
+void obd_shm_task_start(struct obd_daemon *d);
+void obd_shm_task_done(struct obd_daemon *d);
+
 /* Closes the connection (idempotent); the handle is freed in its close
  * callback. */
 void obd_ctl_drop(struct obd_client *c, const char *why);

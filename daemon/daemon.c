@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "efstore.h"
 #include "job.h"
 #include "peers.h"
 
@@ -33,6 +34,14 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     d->log.level = cfg->log_level_num;
     d->log.rank = (int)cfg->rank;
     d->ctl_fd = -1;
+    d->threads = (int)cfg->threads;
+    if (d->threads == 0) {
+        uv_cpu_info_t *cpus;
+        int ncpu = 1;
+        if (uv_cpu_info(&cpus, &ncpu) == 0)
+            uv_free_cpu_info(cpus, ncpu);
+        d->threads = ncpu > 0 ? ncpu : 1;
+    }
     int rc = uv_loop_init(&d->loop);
     if (rc)
         return rc;
@@ -72,6 +81,7 @@ int obd_daemon_start(struct obd_daemon *d)
 {
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
+    obd_efstore_restore(d);
     int rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
@@ -101,6 +111,11 @@ void obd_daemon_close(struct obd_daemon *d)
     d->closing = 1;
     sd_notify_state("STOPPING=1");
     obd_job_close_all(d);
+    if (d->cfg.state_dir[0] != '\0') {
+        char why[512];
+        if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
+            obd_log_error(&d->log, "saving error feedback: %s", why);
+    }
     obd_ctl_close(d);
     obd_peers_close(d);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -116,4 +131,5 @@ void obd_daemon_fini(struct obd_daemon *d)
     d->peers = NULL;
     free(d->scratch);
     d->scratch = NULL;
+    obd_efstore_fini(d);
 }

@@ -19,6 +19,8 @@ struct obd_client;
 struct obd_job;
 struct obd_peer;
 struct obd_link;
+struct obd_ef;
+struct obd_shm;
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -45,6 +47,15 @@ struct obd_daemon {
     uv_tcp_t listener;
     int listening;
     struct obd_link *unbound; /* accepted links before their Hello */
+
+    /* Error-feedback states of the 1-bit allreduce (efstore.c). */
+    struct obd_ef *efs;
+
+    /* Worker-pool tasks that touch trainer memory, and buffers whose
+     * trainer left while such a task ran: unmapped when none runs. */
+    int threads;
+    int shm_tasks;
+    struct obd_shm *zombies;
 
     /* An accumulation buffer kept between ops (coll_ring.c). */
     uint8_t *scratch;

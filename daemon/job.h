@@ -48,8 +48,6 @@ struct obd_announce {
 
 enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
 
-struct obd_coll;
-
 struct obd_op {
     struct obd_job *job;
     uint64_t seq;
@@ -77,8 +75,8 @@ struct obd_op {
     int status;
     char message[512];
 
-    struct obd_coll *coll; /* the algorithm's state while RUN */
-    int refs;              /* writes in flight that read this op's memory */
+    void *coll; /* the algorithm's own state while RUN */
+    int refs;   /* writes in flight that read this op's memory */
     struct obd_op *next;
 };
 

@@ -86,6 +86,24 @@ OBCOMM_API int obcomm_free(obcomm_t *c, void *data);
  * the job issue the same collectives in the same order. */
 OBCOMM_API int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
                                 obcomm_dtype_t dtype, obcomm_op_t op);
+/* The 1-bit compressed allreduce (DESIGN.md section 2): the exact average
+ * of the node's trainers, then 1 bit per element plus a scale among the
+ * nodes, with error feedback on the worker and the server side. The result
+ * is the (compressed) average, identical on every rank. The error feedback
+ * lives in the daemons, one state per (job, key), created at zero on first
+ * use; a key keeps its count until reset. With one node the result is the
+ * exact average and no state is kept. NaN or Inf fails the op with
+ * OBCOMM_E_NONFINITE and leaves the state as it was on this node. */
+OBCOMM_API int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data,
+                                     size_t count);
+/* Collective: forgets the error feedback of `key` on every node (and its
+ * snapshot), so the next 1-bit allreduce on it starts at zero. */
+OBCOMM_API int obcomm_reset_1bit(obcomm_t *c, uint64_t key);
+/* Collective: every daemon writes the job's error feedback to its
+ * state_dir (OBCOMM_E_INVAL when a daemon has none). Daemons also write it
+ * at a clean shutdown and restore it at start when the world matches. */
+OBCOMM_API int obcomm_snapshot_1bit(obcomm_t *c);
+
 OBCOMM_API int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes,
                                 int root);
 OBCOMM_API int obcomm_barrier(obcomm_t *c);

@@ -7,7 +7,9 @@ enum obcomm_op_kind {
     OBCOMM_KIND_ALLREDUCE = 1, /* count = elements of dtype, redop used */
     OBCOMM_KIND_BROADCAST = 2, /* dtype 0, count = bytes, root = rank */
     OBCOMM_KIND_BARRIER = 3,   /* no buffer: buffer_id 0, offset 0, count 0 */
-    OBCOMM_KIND_ALLREDUCE_1BIT = 4, /* reserved: fp32, key names the state */
+    OBCOMM_KIND_ALLREDUCE_1BIT = 4, /* fp32, key names the state */
+    OBCOMM_KIND_RESET_1BIT = 5,     /* no buffer; key names the state */
+    OBCOMM_KIND_SNAPSHOT_1BIT = 6,  /* no buffer; the job's states to disk */
 };
 
 #endif

@@ -1,0 +1,342 @@
+#include "efstate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4frame.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+
+#define EF_MAGIC   "OBCMEF1"
+#define EF_VERSION 1
+#define EF_ORDER   0x01020304u
+#define IO_CHUNK   (1 << 20)
+
+/* The fixed header at the start of the decompressed content. */
+struct ef_hdr {
+    char magic[8];
+    uint32_t version;
+    uint32_t byte_order;
+    uint32_t nodes;
+    uint32_t rank;
+    uint64_t fingerprint;
+    uint64_t key;
+    uint64_t count;
+    uint64_t padded;
+    char job[OBD_EF_JOB_MAX];
+};
+
+struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
+                          int nodes)
+{
+    size_t padded = obd_codec_padded_len(count, nodes);
+    if (padded == 0 || strlen(job) >= OBD_EF_JOB_MAX)
+        return NULL;
+    struct obd_ef *ef = calloc(1, sizeof(*ef));
+    if (ef == NULL)
+        return NULL;
+    ef->werr = calloc(padded, sizeof(float));
+    ef->serr = calloc(padded / (size_t)nodes, sizeof(float));
+    if (ef->werr == NULL || ef->serr == NULL) {
+        obd_ef_free(ef);
+        return NULL;
+    }
+    strcpy(ef->job, job);
+    ef->key = key;
+    ef->count = count;
+    ef->padded = padded;
+    ef->nodes = nodes;
+    return ef;
+}
+
+void obd_ef_free(struct obd_ef *ef)
+{
+    if (ef == NULL)
+        return;
+    free(ef->werr);
+    free(ef->serr);
+    free(ef);
+}
+
+void obd_ef_zero(struct obd_ef *ef)
+{
+    memset(ef->werr, 0, ef->padded * sizeof(float));
+    memset(ef->serr, 0, ef->padded / (size_t)ef->nodes * sizeof(float));
+}
+
+size_t obd_ef_bytes(const struct obd_ef *ef)
+{
+    return (ef->padded + ef->padded / (size_t)ef->nodes) * sizeof(float);
+}
+
+void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
+                 size_t len)
+{
+    /* The job name is in the header; the file name only needs to be
+     * unique and safe, so it carries a hash of the name. */
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (const unsigned char *p = (const unsigned char *)job; *p; p++) {
+        h ^= *p;
+        h *= UINT64_C(0x100000001b3);
+    }
+    snprintf(buf, len, "%s/ef-%016llx-%016llx.lz4", dir, (unsigned long long)h,
+             (unsigned long long)key);
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int obd_ef_write(const char *path, const struct obd_ef *ef,
+                 const struct obd_ef_world *w, char *why, size_t whylen)
+{
+    struct ef_hdr h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, EF_MAGIC, sizeof(EF_MAGIC));
+    h.version = EF_VERSION;
+    h.byte_order = EF_ORDER;
+    h.nodes = w->nodes;
+    h.rank = w->rank;
+    h.fingerprint = w->fingerprint;
+    h.key = ef->key;
+    h.count = ef->count;
+    h.padded = ef->padded;
+    strcpy(h.job, ef->job);
+
+    const struct {
+        const void *p;
+        size_t len;
+    } parts[] = {
+        {&h, sizeof(h)},
+        {ef->werr, ef->padded * sizeof(float)},
+        {ef->serr, ef->padded / (size_t)ef->nodes * sizeof(float)},
+    };
+    LZ4F_preferences_t prefs;
+    memset(&prefs, 0, sizeof(prefs));
+    prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
+    prefs.frameInfo.blockChecksumFlag = LZ4F_blockChecksumEnabled;
+    prefs.frameInfo.contentSize =
+        sizeof(h) + (unsigned long long)obd_ef_bytes(ef);
+
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    size_t cap = LZ4F_compressBound(IO_CHUNK, &prefs) + LZ4F_HEADER_SIZE_MAX;
+    char *out = malloc(cap);
+    LZ4F_cctx *cctx = NULL;
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || out == NULL ||
+        LZ4F_isError(LZ4F_createCompressionContext(&cctx, LZ4F_VERSION))) {
+        rc = fd < 0 ? -errno : -ENOMEM;
+        snprintf(why, whylen, "%s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+
+    size_t n = LZ4F_compressBegin(cctx, out, cap, &prefs);
+    if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+        goto io;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        const char *p = parts[i].p;
+        for (size_t off = 0; off < parts[i].len; off += IO_CHUNK) {
+            size_t len =
+                parts[i].len - off < IO_CHUNK ? parts[i].len - off : IO_CHUNK;
+            n = LZ4F_compressUpdate(cctx, out, cap, p + off, len, NULL);
+            if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+                goto io;
+        }
+    }
+    n = LZ4F_compressEnd(cctx, out, cap, NULL);
+    if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+        goto io;
+    if (fsync(fd) != 0) {
+        rc = -errno;
+        goto io;
+    }
+    close(fd);
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    goto out;
+
+io:
+    if (rc == 0)
+        rc = -EIO;
+    snprintf(why, whylen, "%s: %s", tmp,
+             LZ4F_isError(n) ? LZ4F_getErrorName(n) : strerror(-rc));
+    unlink(tmp);
+out:
+    if (fd >= 0)
+        close(fd);
+    LZ4F_freeCompressionContext(cctx);
+    free(out);
+    return rc;
+}
+
+/* Decompressed content goes to three places in turn: the header, then the
+ * worker error, then the server error; the targets are known only once
+ * the header has been read and checked. */
+struct sink {
+    struct ef_hdr h;
+    struct obd_ef *ef;
+    uint64_t done; /* content bytes placed */
+};
+
+static uint8_t *sink_at(struct sink *s, size_t *room)
+{
+    uint64_t werr_end = sizeof(s->h) + (uint64_t)s->ef->padded * 4;
+    if (s->done < sizeof(s->h)) {
+        *room = sizeof(s->h) - s->done;
+        return (uint8_t *)&s->h + s->done;
+    }
+    if (s->done < werr_end) {
+        *room = werr_end - s->done;
+        return (uint8_t *)s->ef->werr + (s->done - sizeof(s->h));
+    }
+    *room = werr_end + (uint64_t)s->ef->padded / s->ef->nodes * 4 - s->done;
+    return (uint8_t *)s->ef->serr + (s->done - werr_end);
+}
+
+int obd_ef_read(const char *path, const struct obd_ef_world *w,
+                uint64_t max_bytes, struct obd_ef **out, char *why,
+                size_t whylen)
+{
+    int rc = OBD_EF_CORRUPT;
+    struct sink s;
+    memset(&s, 0, sizeof(s));
+    struct obd_ef hdr_only = {.padded = 0, .nodes = 1};
+    s.ef = &hdr_only;
+    LZ4F_dctx *dctx = NULL;
+    uint8_t *in = malloc(IO_CHUNK);
+    uint8_t *stage = malloc(IO_CHUNK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int frame_done = 0;
+    if (fd < 0 || in == NULL || stage == NULL ||
+        LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        rc = OBD_EF_IOERR;
+        goto out;
+    }
+
+    for (;;) {
+        ssize_t got = read(fd, in, IO_CHUNK);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            snprintf(why, whylen, "%s: %s", path, strerror(errno));
+            rc = OBD_EF_IOERR;
+            goto out;
+        }
+        if (got == 0)
+            break;
+        size_t off = 0;
+        while (off < (size_t)got) {
+            size_t src_len = (size_t)got - off, dst_len = IO_CHUNK;
+            size_t hint = LZ4F_decompress(dctx, stage, &dst_len, in + off,
+                                          &src_len, NULL);
+            if (LZ4F_isError(hint)) {
+                snprintf(why, whylen, "%s: not an intact snapshot (lz4: %s)",
+                         path, LZ4F_getErrorName(hint));
+                goto out;
+            }
+            off += src_len;
+            for (size_t used = 0; used < dst_len;) {
+                if (s.done >= sizeof(s.h) && s.ef == &hdr_only) {
+                    snprintf(why, whylen,
+                             "%s: content beyond the header "
+                             "before it was checked",
+                             path);
+                    goto out;
+                }
+                size_t room;
+                uint8_t *dst = sink_at(&s, &room);
+                if (room == 0) {
+                    snprintf(why, whylen, "%s: longer than its header says",
+                             path);
+                    goto out;
+                }
+                size_t take = dst_len - used < room ? dst_len - used : room;
+                memcpy(dst, stage + used, take);
+                used += take;
+                s.done += take;
+
+                if (s.done == sizeof(s.h) && s.ef == &hdr_only) {
+                    /* Check the header before allocating anything. */
+                    struct ef_hdr *h = &s.h;
+                    size_t padded =
+                        h->nodes ? obd_codec_padded_len(h->count, (int)h->nodes)
+                                 : 0;
+                    if (memcmp(h->magic, EF_MAGIC, sizeof(EF_MAGIC)) != 0 ||
+                        h->version != EF_VERSION || h->byte_order != EF_ORDER ||
+                        memchr(h->job, 0, sizeof(h->job)) == NULL ||
+                        h->nodes == 0 || h->nodes > 65536 || padded == 0 ||
+                        padded != h->padded || h->padded > max_bytes / 4) {
+                        snprintf(why, whylen,
+                                 "%s: header is not that of an obcomm "
+                                 "snapshot of version %d",
+                                 path, EF_VERSION);
+                        goto out;
+                    }
+                    if (h->nodes != w->nodes || h->rank != w->rank ||
+                        h->fingerprint != w->fingerprint) {
+                        snprintf(why, whylen,
+                                 "%s: written by rank %u of a %u-node world "
+                                 "(fingerprint %016llx), this is rank %u of "
+                                 "%u (%016llx)",
+                                 path, h->rank, h->nodes,
+                                 (unsigned long long)h->fingerprint, w->rank,
+                                 w->nodes, (unsigned long long)w->fingerprint);
+                        rc = OBD_EF_OTHER_WORLD;
+                        goto out;
+                    }
+                    s.ef = obd_ef_new(h->job, h->key, h->count, (int)h->nodes);
+                    if (s.ef == NULL) {
+                        s.ef = &hdr_only;
+                        snprintf(why, whylen, "%s: out of memory", path);
+                        rc = OBD_EF_IOERR;
+                        goto out;
+                    }
+                }
+            }
+            if (hint == 0)
+                frame_done = 1;
+        }
+    }
+
+    size_t room = 0;
+    if (s.ef != &hdr_only)
+        sink_at(&s, &room);
+    if (!frame_done || s.ef == &hdr_only || room != 0) {
+        snprintf(why, whylen, "%s: truncated snapshot", path);
+        goto out;
+    }
+    *out = s.ef;
+    s.ef = &hdr_only;
+    rc = OBD_EF_OK;
+out:
+    if (s.ef != &hdr_only)
+        obd_ef_free(s.ef);
+    if (fd >= 0)
+        close(fd);
+    LZ4F_freeDecompressionContext(dctx);
+    free(in);
+    free(stage);
+    return rc;
+}

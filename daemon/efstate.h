@@ -1,0 +1,71 @@
+/* Error-feedback state of the 1-bit allreduce, one per (job, key) on every
+ * node: the worker error (padded length) and the server error (one chunk).
+ *
+ * Snapshots: one file per (job, key) in state_dir, an LZ4 frame with block
+ * and content checksums holding a fixed header and both error buffers,
+ * written to a temporary file and renamed into place. A snapshot is loaded
+ * only if it is intact and was written by the same rank of the same world
+ * (nodes and world fingerprint); a snapshot of another world is dropped and
+ * the state starts at zero, which is logged and counted. Files are in the
+ * byte order of the machine (every platform obcomm runs on is
+ * little-endian; the header records it).
+ */
+#ifndef OBD_EFSTATE_H
+#define OBD_EFSTATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OBD_EF_JOB_MAX 64
+
+struct obd_ef {
+    char job[OBD_EF_JOB_MAX];
+    uint64_t key;
+    uint64_t count;
+    size_t padded; /* obd_codec_padded_len(count, nodes) */
+    int nodes;
+    float *werr; /* padded elements */
+    float *serr; /* padded / nodes elements */
+    struct obd_ef *next;
+};
+
+/* Who wrote a snapshot, checked on load. */
+struct obd_ef_world {
+    uint32_t nodes;
+    uint32_t rank;
+    uint64_t fingerprint;
+};
+
+/* Result of obd_ef_read. */
+enum {
+    OBD_EF_OK = 0,
+    OBD_EF_OTHER_WORLD = 1, /* intact, but of another world: reset */
+    OBD_EF_CORRUPT = -1,    /* damaged, truncated or not a snapshot */
+    OBD_EF_IOERR = -2,
+};
+
+/* A zeroed state, or NULL when out of memory. Caller frees with
+ * obd_ef_free. */
+struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
+                          int nodes);
+void obd_ef_free(struct obd_ef *ef);
+void obd_ef_zero(struct obd_ef *ef);
+size_t obd_ef_bytes(const struct obd_ef *ef);
+
+/* The snapshot file name of (job, key) inside dir. */
+void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
+                 size_t len);
+
+/* Writes ef atomically (temporary file, fsync, rename). Returns 0 or a
+ * negative errno, with a reason in why. */
+int obd_ef_write(const char *path, const struct obd_ef *ef,
+                 const struct obd_ef_world *w, char *why, size_t whylen);
+
+/* Reads a snapshot. Every length in the file is bounded by max_bytes before
+ * anything is allocated. OBD_EF_OK: *out is a new state (caller frees).
+ * Otherwise *out is untouched and why says what was wrong. */
+int obd_ef_read(const char *path, const struct obd_ef_world *w,
+                uint64_t max_bytes, struct obd_ef **out, char *why,
+                size_t whylen);
+
+#endif

@@ -1,0 +1,178 @@
+#include "efstore.h"
+
+#include <obcomm.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static struct obd_ef_world world_of(const struct obd_daemon *d)
+{
+    struct obd_ef_world w = {.nodes = (uint32_t)d->cfg.nodes,
+                             .rank = (uint32_t)d->cfg.rank,
+                             .fingerprint = d->cfg.fingerprint};
+    return w;
+}
+
+static void account(struct obd_daemon *d)
+{
+    uint64_t bytes = 0;
+    for (struct obd_ef *ef = d->efs; ef; ef = ef->next)
+        bytes += obd_ef_bytes(ef);
+    d->metrics.v[OBD_M_EF_STATE_BYTES] = bytes;
+}
+
+static struct obd_ef **find(struct obd_daemon *d, const char *job, uint64_t key)
+{
+    struct obd_ef **pp = &d->efs;
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->key == key && strcmp((*pp)->job, job) == 0)
+            break;
+    return pp;
+}
+
+int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t key,
+                    uint64_t count, struct obd_ef **out, char *why,
+                    size_t whylen)
+{
+    struct obd_ef *ef = *find(d, job, key);
+    if (ef != NULL) {
+        if (ef->count != count) {
+            snprintf(why, whylen,
+                     "key %llu holds error feedback for %llu elements, the "
+                     "op has %llu; reset the key first (obcomm_reset_1bit)",
+                     (unsigned long long)key, (unsigned long long)ef->count,
+                     (unsigned long long)count);
+            return OBCOMM_E_STATE;
+        }
+        *out = ef;
+        return 0;
+    }
+    ef = obd_ef_new(job, key, count, d->cfg.nodes);
+    if (ef == NULL) {
+        snprintf(why, whylen,
+                 "no memory for the error feedback of %llu "
+                 "elements",
+                 (unsigned long long)count);
+        return OBCOMM_E_NOMEM;
+    }
+    ef->next = d->efs;
+    d->efs = ef;
+    account(d);
+    *out = ef;
+    return 0;
+}
+
+void obd_efstore_reset(struct obd_daemon *d, const char *job, uint64_t key)
+{
+    struct obd_ef **pp = find(d, job, key);
+    if (*pp != NULL) {
+        struct obd_ef *ef = *pp;
+        *pp = ef->next;
+        obd_ef_free(ef);
+        account(d);
+    }
+    if (d->cfg.state_dir[0] != '\0') {
+        char path[4200];
+        obd_ef_path(d->cfg.state_dir, job, key, path, sizeof(path));
+        unlink(path);
+    }
+    obd_log_info(&d->log, "job %s key %llu: error feedback reset", job,
+                 (unsigned long long)key);
+}
+
+int obd_efstore_save(struct obd_daemon *d, const char *job, char *why,
+                     size_t whylen)
+{
+    if (d->cfg.state_dir[0] == '\0') {
+        snprintf(why, whylen, "no state_dir is configured on node %lld",
+                 (long long)d->cfg.rank);
+        return OBCOMM_E_INVAL;
+    }
+    struct obd_ef_world w = world_of(d);
+    for (struct obd_ef *ef = d->efs; ef; ef = ef->next) {
+        if (job != NULL && strcmp(ef->job, job) != 0)
+            continue;
+        char path[4200];
+        obd_ef_path(d->cfg.state_dir, ef->job, ef->key, path, sizeof(path));
+        if (obd_ef_write(path, ef, &w, why, whylen) != 0)
+            return OBCOMM_E_IO;
+        obd_metric_add(&d->metrics, OBD_M_EF_SAVED, 1);
+    }
+    return 0;
+}
+
+/* Moves a snapshot that must not be loaded out of the way, keeping it for
+ * a person to look at. */
+static void set_aside(struct obd_daemon *d, const char *path,
+                      const char *suffix)
+{
+    char to[4300];
+    snprintf(to, sizeof(to), "%s.%s", path, suffix);
+    if (rename(path, to) != 0)
+        obd_log_warn(&d->log, "cannot rename %s: %s", path, strerror(errno));
+}
+
+void obd_efstore_restore(struct obd_daemon *d)
+{
+    if (d->cfg.state_dir[0] == '\0')
+        return;
+    if (mkdir(d->cfg.state_dir, 0700) != 0 && errno != EEXIST)
+        obd_log_warn(&d->log, "state_dir %s: %s", d->cfg.state_dir,
+                     strerror(errno));
+    DIR *dir = opendir(d->cfg.state_dir);
+    if (dir == NULL)
+        return;
+    struct obd_ef_world w = world_of(d);
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "ef-", 3) != 0 || len < 8 ||
+            strcmp(e->d_name + len - 4, ".lz4") != 0)
+            continue;
+        char path[4200], why[512];
+        snprintf(path, sizeof(path), "%s/%s", d->cfg.state_dir, e->d_name);
+        struct obd_ef *ef = NULL;
+        int rc = obd_ef_read(path, &w, (uint64_t)d->cfg.max_buffer_bytes * 2,
+                             &ef, why, sizeof(why));
+        if (rc == OBD_EF_OK && *find(d, ef->job, ef->key) == NULL) {
+            ef->next = d->efs;
+            d->efs = ef;
+            obd_metric_add(&d->metrics, OBD_M_EF_RESTORED, 1);
+            obd_log_info(&d->log,
+                         "restored error feedback of job %s key %llu (%llu "
+                         "elements)",
+                         ef->job, (unsigned long long)ef->key,
+                         (unsigned long long)ef->count);
+        } else if (rc == OBD_EF_OK) {
+            obd_ef_free(ef);
+        } else if (rc == OBD_EF_OTHER_WORLD) {
+            obd_metric_add(&d->metrics, OBD_M_EF_RESETS, 1);
+            obd_log_warn(&d->log,
+                         "snapshot of another world, not loaded; its key "
+                         "starts at zero: %s",
+                         why);
+            set_aside(d, path, "other-world");
+        } else {
+            obd_metric_add(&d->metrics, OBD_M_EF_REJECTED, 1);
+            obd_log_error(&d->log, "rejected snapshot: %s", why);
+            if (rc == OBD_EF_CORRUPT)
+                set_aside(d, path, "corrupt");
+        }
+    }
+    closedir(dir);
+    account(d);
+}
+
+void obd_efstore_fini(struct obd_daemon *d)
+{
+    while (d->efs != NULL) {
+        struct obd_ef *ef = d->efs;
+        d->efs = ef->next;
+        obd_ef_free(ef);
+    }
+}

@@ -1,0 +1,35 @@
+/* The daemon's error-feedback states, one per (job, key), and their
+ * snapshots in state_dir: restored at start when the world matches, written
+ * on request (a collective, so every node writes at the same point) and at
+ * a clean shutdown. */
+#ifndef OBD_EFSTORE_H
+#define OBD_EFSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon.h"
+#include "efstate.h"
+
+/* The state of (job, key), created at zero on first use. A key that holds
+ * state for another count is an error (OBCOMM_E_STATE), never silently
+ * re-initialised. */
+int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t key,
+                    uint64_t count, struct obd_ef **out, char *why,
+                    size_t whylen);
+
+/* Forgets the state of (job, key) and its snapshot file; the next op on the
+ * key starts at zero, with any count. */
+void obd_efstore_reset(struct obd_daemon *d, const char *job, uint64_t key);
+
+/* Writes every state of `job` (all jobs when NULL) into state_dir. Returns
+ * 0, OBCOMM_E_INVAL without a state_dir, or OBCOMM_E_IO with why. */
+int obd_efstore_save(struct obd_daemon *d, const char *job, char *why,
+                     size_t whylen);
+
+/* Loads the snapshots in state_dir (at start). */
+void obd_efstore_restore(struct obd_daemon *d);
+
+void obd_efstore_fini(struct obd_daemon *d);
+
+#endif

@@ -1,0 +1,159 @@
+/* Error-feedback snapshots: exact round trip, and every kind of bad file
+ * (truncated, a flipped byte, another world, not a snapshot, a header that
+ * announces more than the bound) is refused without being loaded. */
+#include <check.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "efstate.h"
+
+static char dir[64];
+static char path[256];
+static char why[512];
+static const struct obd_ef_world world = {3, 1, 0x1234567890abcdefull};
+
+static void setup(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/obcomm-ef-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    obd_ef_path(dir, "job/with slash", 42, path, sizeof(path));
+}
+
+static void teardown(void)
+{
+    unlink(path);
+    rmdir(dir);
+}
+
+static struct obd_ef *sample(uint64_t count)
+{
+    struct obd_ef *ef = obd_ef_new("job/with slash", 42, count, 3);
+    ck_assert_ptr_nonnull(ef);
+    for (size_t i = 0; i < ef->padded; i++)
+        ef->werr[i] = (float)i * 0.25f - 7.0f;
+    for (size_t i = 0; i < ef->padded / 3; i++)
+        ef->serr[i] = -(float)i;
+    return ef;
+}
+
+static long file_size(void)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return (long)st.st_size;
+}
+
+START_TEST(round_trip_is_exact)
+{
+    static const uint64_t counts[] = {1, 9, 1000003};
+    for (size_t k = 0; k < 3; k++) {
+        struct obd_ef *ef = sample(counts[k]), *back = NULL;
+        ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+        ck_assert_int_eq(
+            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+            OBD_EF_OK);
+        ck_assert_str_eq(back->job, "job/with slash");
+        ck_assert_uint_eq(back->key, 42);
+        ck_assert_uint_eq(back->count, counts[k]);
+        ck_assert_uint_eq(back->padded, ef->padded);
+        ck_assert_int_eq(
+            memcmp(back->werr, ef->werr, ef->padded * sizeof(float)), 0);
+        ck_assert_int_eq(
+            memcmp(back->serr, ef->serr, ef->padded / 3 * sizeof(float)), 0);
+        obd_ef_free(ef);
+        obd_ef_free(back);
+    }
+}
+END_TEST
+
+START_TEST(damaged_files_are_rejected)
+{
+    struct obd_ef *ef = sample(100000), *back = NULL;
+    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    long size = file_size();
+
+    /* A flipped byte in the middle: the block checksum catches it. */
+    int fd = open(path, O_RDWR);
+    unsigned char byte;
+    ck_assert_int_eq(pread(fd, &byte, 1, size / 2), 1);
+    byte ^= 0x10;
+    ck_assert_int_eq(pwrite(fd, &byte, 1, size / 2), 1);
+    close(fd);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_CORRUPT);
+    ck_assert_ptr_null(back);
+    ck_assert_ptr_nonnull(strstr(why, "not an intact snapshot"));
+
+    /* Truncated at several points. */
+    static const double cuts[] = {0.0, 0.01, 0.5, 0.99};
+    for (size_t i = 0; i < 4; i++) {
+        ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+        ck_assert_int_eq(truncate(path, (off_t)(size * cuts[i])), 0);
+        ck_assert_int_ne(
+            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+            OBD_EF_OK);
+        ck_assert_ptr_null(back);
+    }
+
+    /* Not a snapshot at all. */
+    FILE *f = fopen(path, "w");
+    fputs("this is not an lz4 frame", f);
+    fclose(f);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_CORRUPT);
+    obd_ef_free(ef);
+}
+END_TEST
+
+START_TEST(other_world_and_bound)
+{
+    struct obd_ef *ef = sample(1000), *back = NULL;
+    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+
+    struct obd_ef_world other = world;
+    other.nodes = 4;
+    ck_assert_int_eq(
+        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_OTHER_WORLD);
+    ck_assert_ptr_nonnull(strstr(why, "rank 1 of a 3-node world"));
+    other = world;
+    other.rank = 2;
+    ck_assert_int_eq(
+        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_OTHER_WORLD);
+    other = world;
+    other.fingerprint++;
+    ck_assert_int_eq(
+        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_OTHER_WORLD);
+
+    /* The header announces more than the bound: refused before any
+     * allocation of that size. */
+    ck_assert_int_eq(obd_ef_read(path, &world, 1000, &back, why, sizeof(why)),
+                     OBD_EF_CORRUPT);
+    ck_assert_ptr_null(back);
+    obd_ef_free(ef);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("efstate");
+    TCase *tc = tcase_create("efstate");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, round_trip_is_exact);
+    tcase_add_test(tc, damaged_files_are_rejected);
+    tcase_add_test(tc, other_world_and_bound);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
