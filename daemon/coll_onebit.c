@@ -66,6 +66,7 @@ struct onebit {
     double *wsums;  /* worker block sums, N / BLOCK rounded up */
     size_t w1_left; /* W1 tasks not finished */
     float scale;
+    int w2_queued;
     uint8_t *bits;    /* our signs, N / 8 */
     uint8_t *w2_done; /* per (chunk, segment) */
 
@@ -385,6 +386,27 @@ static void progress(struct obd_op *op)
         }
         ob->scales[ob->r] = ob->scale;
         ob->have_scale[ob->r] = 1;
+    }
+    if (ob->scale < 0)
+        return;
+    if (progress_ps(op))
+        return;
+    if (!ob->w2_queued) {
+        /* W2 changes the worker error. It waits until every node's scale
+         * is in: a node whose tensor held a NaN sends none and fails the op
+         * everywhere instead, so no node's error feedback absorbs a step
+         * that failed. */
+        for (int k = 0; k < ob->n; k++) {
+            if (!ob->have_scale[k])
+                return;
+            if (!(ob->scales[k] >= 0 && ob->scales[k] <= 3.4028235e38f)) {
+                fail(op, OBCOMM_E_PROTO,
+                     "a node sent a scale that is "
+                     "negative or not finite");
+                return;
+            }
+        }
+        ob->w2_queued = 1;
         /* Chunks in the order of their servers starting after us, so
          * that the nodes do not all feed the same server first. */
         for (int i = 1; i <= ob->n; i++) {
@@ -396,8 +418,6 @@ static void progress(struct obd_op *op)
                 }
         }
     }
-    if (ob->scale < 0)
-        return;
     if (progress_ps(op) || progress_server(op) || progress_ag(op))
         return;
 

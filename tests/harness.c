@@ -89,10 +89,8 @@ static void dump_log(const struct hx_cluster *c, int i)
 int hx_start_each(struct hx_cluster *c, int nodes,
                   const char *const *const *each)
 {
-    const char *bin = getenv("OBCOMMD");
-    char peers[HX_MAX_NODES * 24] = "";
     memset(c, 0, sizeof(*c));
-    if (bin == NULL || nodes < 1 || nodes > HX_MAX_NODES) {
+    if (getenv("OBCOMMD") == NULL || nodes < 1 || nodes > HX_MAX_NODES) {
         fprintf(stderr, "harness: set OBCOMMD; nodes 1..%d\n", HX_MAX_NODES);
         return -1;
     }
@@ -102,13 +100,23 @@ int hx_start_each(struct hx_cluster *c, int nodes,
     c->nodes = nodes;
     for (int i = 0; i < nodes; i++) {
         c->port[i] = free_port();
+        c->each[i] = each[i];
         snprintf(c->sock[i], sizeof(c->sock[i]), "%s/node%d.sock", c->dir, i);
-        size_t off = strlen(peers);
-        snprintf(peers + off, sizeof(peers) - off, "%s127.0.0.1:%d",
+        size_t off = strlen(c->peers);
+        snprintf(c->peers + off, sizeof(c->peers) - off, "%s127.0.0.1:%d",
                  i ? "," : "", c->port[i]);
     }
+    if (hx_restart(c) != 0) {
+        hx_stop(c);
+        return -1;
+    }
+    return 0;
+}
 
-    for (int i = 0; i < nodes; i++) {
+int hx_restart(struct hx_cluster *c)
+{
+    const char *bin = getenv("OBCOMMD");
+    for (int i = 0; i < c->nodes; i++) {
         const char *argv[64];
         char rank[16];
         int n = 0;
@@ -117,43 +125,64 @@ int hx_start_each(struct hx_cluster *c, int nodes,
         argv[n++] = "--socket";
         argv[n++] = c->sock[i];
         argv[n++] = "--log-level";
-        argv[n++] = "warn";
-        if (nodes > 1) {
+        argv[n++] = "info";
+        if (c->nodes > 1) {
             argv[n++] = "--rank";
             argv[n++] = rank;
             argv[n++] = "--peers";
-            argv[n++] = peers;
+            argv[n++] = c->peers;
         }
-        for (int k = 0; each[i] && each[i][k] && n < 62; k++)
-            argv[n++] = each[i][k];
+        for (int k = 0; c->each[i] && c->each[i][k] && n < 62; k++)
+            argv[n++] = c->each[i][k];
         argv[n] = NULL;
 
         char logf[160];
         log_path(c, i, logf, sizeof(logf));
+        fflush(NULL);
         pid_t pid = fork();
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
-            int fd = open(logf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            int fd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
             if (fd >= 0)
                 dup2(fd, 2);
             execv(bin, (char *const *)argv);
             _exit(127);
         }
         c->daemon[i] = pid;
+        c->exited[i] = 0;
+        c->status[i] = 0;
     }
 
-    for (int i = 0; i < nodes; i++) {
+    for (int i = 0; i < c->nodes; i++) {
         int tries = 0;
         while (!socket_answers(c->sock[i])) {
             if (++tries > 500 || !hx_alive(c, i)) {
                 fprintf(stderr, "harness: daemon %d did not come up\n", i);
-                hx_stop(c);
                 return -1;
             }
             sleep_ms(20);
         }
     }
     return 0;
+}
+
+long long hx_metric(const struct hx_cluster *c, int i, const char *name)
+{
+    const char *ctl = getenv("OBCOMMCTL");
+    char cmd[512], needle[96], out[16384];
+    if (ctl == NULL)
+        return -1;
+    snprintf(cmd, sizeof(cmd), "%s -s %s --json metrics", ctl, c->sock[i]);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    pclose(p);
+    snprintf(needle, sizeof(needle), "\"name\":\"%s\"", name);
+    const char *at = strstr(out, needle);
+    const char *v = at ? strstr(at, "\"value\":") : NULL;
+    return v ? atoll(v + 8) : -1;
 }
 
 int hx_alive(struct hx_cluster *c, int i)
@@ -167,12 +196,12 @@ int hx_alive(struct hx_cluster *c, int i)
     return 1;
 }
 
-int hx_stop(struct hx_cluster *c)
+int hx_halt(struct hx_cluster *c, int sig)
 {
     int bad = 0;
     for (int i = 0; i < c->nodes; i++)
         if (c->daemon[i] > 0 && !c->exited[i])
-            kill(c->daemon[i], SIGTERM);
+            kill(c->daemon[i], sig);
     for (int i = 0; i < c->nodes; i++) {
         if (c->daemon[i] <= 0)
             continue;
@@ -188,14 +217,24 @@ int hx_stop(struct hx_cluster *c)
             }
             sleep_ms(20);
         }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (sig == SIGTERM && !clean) {
             fprintf(stderr, "harness: daemon %d exited with status %#x\n", i,
                     status);
             dump_log(c, i);
             bad++;
         }
         c->daemon[i] = 0;
+        c->exited[i] = 0;
         unlink(c->sock[i]);
+    }
+    return bad;
+}
+
+int hx_stop(struct hx_cluster *c)
+{
+    int bad = hx_halt(c, SIGTERM);
+    for (int i = 0; i < c->nodes; i++) {
         char logf[160];
         log_path(c, i, logf, sizeof(logf));
         unlink(logf);

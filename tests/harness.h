@@ -17,6 +17,8 @@ struct hx_cluster {
     int port[HX_MAX_NODES];
     char sock[HX_MAX_NODES][108];
     char dir[128];
+    char peers[HX_MAX_NODES * 24];
+    const char *const *each[HX_MAX_NODES]; /* extra flags per node */
 };
 
 /* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with free
@@ -32,8 +34,19 @@ int hx_start_each(struct hx_cluster *c, int nodes,
 int hx_log_contains(const struct hx_cluster *c, int i, const char *s);
 
 /* SIGTERM to every daemon, then waits; returns the number of daemons that
- * did not exit with status 0 (a sanitizer report makes it non-zero). */
+ * did not exit with status 0 (a sanitizer report makes it non-zero).
+ * Removes the cluster's directory. */
 int hx_stop(struct hx_cluster *c);
+
+/* Sends sig (SIGTERM: a clean shutdown, counted as hx_stop does; SIGKILL:
+ * a crash) to every daemon and reaps them, keeping ports, sockets, flags
+ * and logs for hx_restart. */
+int hx_halt(struct hx_cluster *c, int sig);
+int hx_restart(struct hx_cluster *c);
+
+/* A counter of daemon i as obcommctl ($OBCOMMCTL) reports it; -1 if
+ * unavailable. */
+long long hx_metric(const struct hx_cluster *c, int i, const char *name);
 
 /* 1 if daemon i is still running. */
 int hx_alive(struct hx_cluster *c, int i);

@@ -18,6 +18,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -161,6 +162,9 @@ struct plan {
     int ls;                /* trainers per node */
     int first_step, steps; /* steps [first_step, first_step + steps) */
     int sim_steps_before;  /* steps the simulation runs first, unchecked */
+    int zero_node0;        /* then node 0's simulated state is zeroed */
+    int nan_step, nan_key; /* node 1 feeds a NaN there (nan_step > 0) */
+    int snapshot_after;    /* obcomm_snapshot_1bit after this step (> 0) */
 };
 
 static int compare(obcomm_t *c, int key, int step, const float *got,
@@ -203,17 +207,35 @@ static int trainer_onebit(obcomm_t *c, void *arg)
 
     float *want = malloc(key_count[NKEYS - 1] * sizeof(float));
     int fail = 0;
-    if (rank == 0)
+    if (rank == 0) {
         for (int st = 0; st < p->sim_steps_before; st++)
             for (int k = 0; k < NKEYS; k++)
                 sim_step(&sim[k], st, k, want);
+        for (int k = 0; k < NKEYS && p->zero_node0; k++) {
+            memset(sim[k].werr[0], 0, sim[k].N * sizeof(float));
+            memset(sim[k].serr[0], 0, sim[k].C * sizeof(float));
+        }
+    }
 
     for (int st = p->first_step; st < p->first_step + p->steps && !fail; st++)
         for (int k = 0; k < NKEYS && !fail; k++) {
             for (size_t i = 0; i < key_count[k]; i++)
                 buf[k][i] = input(rank, st, k, i);
+            int nan_here =
+                p->nan_step > 0 && st == p->nan_step && k == p->nan_key;
+            if (nan_here && rank / ls == 1)
+                buf[k][key_count[k] / 2] = NAN;
             int rc = obcomm_allreduce_1bit(c, (uint64_t)k + 100, buf[k],
                                            key_count[k]);
+            if (nan_here) {
+                /* Every rank fails, and no node's error feedback took the
+                 * step: the simulation skips it and must still agree. */
+                if (rc != OBCOMM_E_NONFINITE ||
+                    !strstr(obcomm_last_error(c), "NaN"))
+                    fail = hx_fail(c, "NaN step: got %d (%s)", rc,
+                                   obcomm_last_error(c));
+                continue;
+            }
             if (rc) {
                 fail = hx_fail(c, "key %d step %d: %s", k, st,
                                obcomm_last_error(c));
@@ -223,6 +245,9 @@ static int trainer_onebit(obcomm_t *c, void *arg)
                 sim_step(&sim[k], st, k, want);
                 fail = compare(c, k, st, buf[k], want, key_count[k], &flips[k]);
             }
+            if (p->snapshot_after > 0 && k == NKEYS - 1 &&
+                st == p->snapshot_after && !fail && obcomm_snapshot_1bit(c))
+                fail = hx_fail(c, "snapshot: %s", obcomm_last_error(c));
         }
 
     /* Every rank holds the same result: the max and the min over ranks of
@@ -268,12 +293,167 @@ START_TEST(onebit_matches_simulation)
 }
 END_TEST
 
+/* The wire carries about 1/32 of the fp32 ring's bytes: both ops on the
+ * same 1000003 floats, counted by the daemons. */
+static int trainer_ratio(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    const size_t n = 1000003;
+    float *x;
+    if (obcomm_alloc(c, n * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    for (size_t i = 0; i < n; i++)
+        x[i] = input(obcomm_rank(c), 0, 0, i);
+    if (obcomm_allreduce(c, x, n, OBCOMM_FLOAT32, OBCOMM_AVG))
+        return hx_fail(c, "fp32: %s", obcomm_last_error(c));
+    if (obcomm_barrier(c))
+        return hx_fail(c, "barrier");
+    if (obcomm_allreduce_1bit(c, 7, x, n))
+        return hx_fail(c, "1-bit: %s", obcomm_last_error(c));
+    return 0;
+}
+
+START_TEST(wire_bytes_are_a_32nd_of_fp32)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 4, NULL), 0);
+    int failed = hx_run(&cl, 2, "ratio", 60000, 300, trainer_ratio, NULL);
+    long long fp32 = 0, onebit = 0;
+    for (int i = 0; i < 4; i++) {
+        fp32 += hx_metric(&cl, i, "allreduce_bytes_sent");
+        onebit += hx_metric(&cl, i, "onebit_bytes_sent");
+    }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+    double ratio = (double)fp32 / (double)onebit;
+    fprintf(stderr,
+            "wire bytes for 1000003 floats on 4 nodes x 2 trainers: fp32 "
+            "ring %lld, 1-bit %lld (headers and scales included): %.2fx "
+            "less\n",
+            fp32, onebit, ratio);
+    /* 32x less payload, minus frame headers and scales. */
+    ck_assert_msg(ratio > 30.0 && ratio <= 32.0, "ratio %.2f", ratio);
+}
+END_TEST
+
+START_TEST(nan_fails_everywhere_and_loses_nothing)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
+    struct plan p = {.ls = 2, .steps = 6, .nan_step = 2, .nan_key = 2};
+    int failed = hx_run(&cl, 2, "nan", 60000, 300, trainer_onebit, &p);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+static int trainer_key_mismatch(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64 * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    int rc = obcomm_allreduce_1bit(c, obcomm_rank(c) == 2 ? 8 : 9, x, 64);
+    if (rc != OBCOMM_E_MISMATCH ||
+        !strstr(obcomm_last_error(c), "key differs") ||
+        !strstr(obcomm_last_error(c), "rank 2 (node 2) has 8"))
+        return hx_fail(c, "got %d: %s", rc, obcomm_last_error(c));
+    return 0;
+}
+
+START_TEST(key_mismatch_names_the_rank)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
+    int failed = hx_run(&cl, 1, "keys", 20000, 60, trainer_key_mismatch, NULL);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+/* Snapshots: on request, at a clean shutdown, into another world, and
+ * damaged. Each node has its own state_dir, kept across restarts on the
+ * same ports (the world's fingerprint covers the addresses). */
+START_TEST(snapshots_restore_reset_and_reject)
+{
+    char base[] = "/tmp/obcomm-snap-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    char sd[3][64];
+    const char *flags[3][3];
+    const char *const *each[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(sd[i], sizeof(sd[i]), "%s/node%d", base, i);
+        flags[i][0] = "--state-dir";
+        flags[i][1] = sd[i];
+        flags[i][2] = NULL;
+        each[i] = flags[i];
+    }
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+
+    /* Steps 0-6 with a snapshot after step 4, then a crash: the restart
+     * resumes from the state after step 4. */
+    struct plan a = {.ls = 2, .steps = 7, .snapshot_after = 4};
+    ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &a), 0);
+    hx_halt(&cl, SIGKILL);
+    ck_assert_int_eq(hx_restart(&cl), 0);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), NKEYS);
+    struct plan b = {
+        .ls = 2, .first_step = 5, .steps = 5, .sim_steps_before = 5};
+    ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &b), 0);
+
+    /* A clean shutdown writes the state after step 9. */
+    ck_assert_int_eq(hx_halt(&cl, SIGTERM), 0);
+    ck_assert_int_eq(hx_restart(&cl), 0);
+    struct plan c = {
+        .ls = 2, .first_step = 10, .steps = 2, .sim_steps_before = 10};
+    ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &c), 0);
+
+    /* A damaged snapshot on node 0 is rejected, named in the log, and
+     * node 0 starts at zero while node 1 resumes. */
+    ck_assert_int_eq(hx_halt(&cl, SIGTERM), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "for f in %s/ef-*.lz4; do printf '\\377' | dd of=$f bs=1 "
+             "seek=200 conv=notrunc status=none; done",
+             sd[0]);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(hx_restart(&cl), 0);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_rejected"), NKEYS);
+    ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), NKEYS);
+    ck_assert(hx_log_contains(&cl, 0, "rejected snapshot"));
+    struct plan d = {.ls = 2,
+                     .first_step = 12,
+                     .steps = 2,
+                     .sim_steps_before = 12,
+                     .zero_node0 = 1};
+    ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &d), 0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+
+    /* The same state dirs in a 3-node world: not loaded, counted, logged,
+     * and the keys start at zero. */
+    ck_assert_int_eq(hx_start_each(&cl, 3, each), 0);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_resets"), NKEYS);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), 0);
+    ck_assert(hx_log_contains(&cl, 0, "snapshot of another world"));
+    struct plan e = {.ls = 2, .first_step = 14, .steps = 2};
+    ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &e), 0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 Suite *onebit_suite(void)
 {
     Suite *s = suite_create("onebit");
     TCase *tc = tcase_create("onebit");
     tcase_set_timeout(tc, 1800);
     tcase_add_loop_test(tc, onebit_matches_simulation, 0, 6);
+    tcase_add_test(tc, wire_bytes_are_a_32nd_of_fp32);
+    tcase_add_test(tc, nan_fails_everywhere_and_loses_nothing);
+    tcase_add_test(tc, key_mismatch_names_the_rank);
+    tcase_add_test(tc, snapshots_restore_reset_and_reject);
     suite_add_tcase(s, tc);
     return s;
 }
