@@ -186,6 +186,41 @@ static int ref_server(const uint8_t *const *in, const float *scales, int n,
     return 0;
 }
 
+/* Steps 2-3 over the exact average of nsrc local buffers, as codec.h
+ * spells it: a = src_0 + src_1 + ... in order, a / (float)nsrc, b = a + e.
+ * b_out (N floats) receives b. Returns -1 (writing nothing) on non-finite
+ * b. */
+static int ref_avg_worker(const float *const *src, int nsrc, size_t count,
+                          float *e, size_t N, uint8_t *bits, float *scale,
+                          float *b_out)
+{
+    float *b = xmalloc(N * sizeof(float));
+    double sumsq = 0.0;
+
+    for (size_t i = 0; i < N; i++) {
+        float a = i < count ? src[0][i] : 0.0f;
+        for (int k = 1; k < nsrc; k++)
+            a += i < count ? src[k][i] : 0.0f;
+        a = a / (float)nsrc;
+        b[i] = a + e[i];
+        if (!isfinite(b[i])) {
+            free(b);
+            return -1;
+        }
+        sumsq += (double)b[i] * (double)b[i];
+    }
+    float sc = (float)sqrt(sumsq / (double)N);
+    for (size_t i = 0; i < N; i++) {
+        float s = b[i] >= 0.0f ? 1.0f : -1.0f;
+        e[i] = b[i] - sc * s;
+        ref_set_bit(bits, i, s > 0.0f);
+    }
+    *scale = sc;
+    memcpy(b_out, b, N * sizeof(float));
+    free(b);
+    return 0;
+}
+
 static void ref_decompress(const uint8_t *bits, float scale, float *out,
                            size_t elems, int add)
 {
@@ -863,6 +898,395 @@ START_TEST(portable_equals_avx2)
 }
 END_TEST
 
+/* ---- Worker compress over an average of local buffers ---------------- */
+
+#define MAX_NSRC 4
+
+/* nsrc source buffers of `count` elements each, allocated one float
+ * further so that src[k] = base[k] + 1 is unaligned. */
+struct avg_in {
+    int nsrc;
+    float *base[MAX_NSRC];
+    const float *src[MAX_NSRC];
+};
+
+static void avg_in_init(struct avg_in *a, int nsrc, size_t count)
+{
+    a->nsrc = nsrc;
+    for (int k = 0; k < nsrc; k++) {
+        a->base[k] = xmalloc((count + 1) * sizeof(float));
+        a->src[k] = a->base[k] + 1;
+    }
+}
+
+static void avg_in_fini(struct avg_in *a)
+{
+    for (int k = 0; k < a->nsrc; k++)
+        free(a->base[k]);
+}
+
+/* Compresses the average with every implementation and the reference:
+ * bits exactly, the scale to SCALE_RTOL, the error to the bound of
+ * assert_err_close, and the scratch b exactly equal to the reference's
+ * fp32 average + e, which is fully specified. */
+static void check_avg(const struct avg_in *a, size_t count, const float *e0,
+                      size_t N)
+{
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    size_t nb = N / 8;
+    uint8_t *rbits = xmalloc(nb), *bits = xmalloc(nb);
+    float *re = fdup(e0, N), *rb = xmalloc(N * sizeof(float)), rscale;
+    float *b = xmalloc(N * sizeof(float));
+
+    memset(rbits, 0, nb);
+    ck_assert_int_eq(
+        ref_avg_worker(a->src, a->nsrc, count, re, N, rbits, &rscale, rb), 0);
+    for (int k = 0; k < ni; k++) {
+        float *e = fdup(e0, N), scale = -1.0f;
+        memset(b, 0xee, N * sizeof(float));
+        ck_assert_int_eq(obd_codec_compress_avg(im[k], a->src, a->nsrc, count,
+                                                e, b, N, bits, &scale),
+                         0);
+        ck_assert_msg(memcmp(b, rb, N * sizeof(float)) == 0, "%s: b",
+                      im[k]->name);
+        ck_assert_msg(memcmp(bits, rbits, nb) == 0, "%s: bits", im[k]->name);
+        assert_scale_close(scale, rscale);
+        assert_err_close(e, re, N, scale, rscale);
+        free(e);
+    }
+    free(b);
+    free(rb);
+    free(re);
+    free(bits);
+    free(rbits);
+}
+
+START_TEST(avg_vs_reference)
+{
+    static const int ns[] = {1, 2, 3, 5, 8};
+    struct rng r = {0xa11ce};
+
+    for (int nsrc = 1; nsrc <= MAX_NSRC; nsrc++)
+        for (size_t z = 0; z < sizeof(ns) / sizeof(ns[0]); z++)
+            for (size_t c = 0; c < NCOUNTS; c++) {
+                size_t count = counts[c];
+                size_t N = obd_codec_padded_len(count, ns[z]);
+                float *e = xmalloc(N * sizeof(float));
+                struct avg_in a;
+
+                avg_in_init(&a, nsrc, count);
+                for (int k = 0; k < nsrc; k++)
+                    fill_unit(&r, a.base[k] + 1, count, 1.0f + (float)k);
+                fill_unit(&r, e, N, 0.5f);
+                check_avg(&a, count, e, N);
+                /* Fresh state: the error starts at zero. */
+                memset(e, 0, N * sizeof(float));
+                check_avg(&a, count, e, N);
+                avg_in_fini(&a);
+                free(e);
+            }
+}
+END_TEST
+
+/* With one source the average is the source itself: the fused path must
+ * give byte for byte what obd_codec_compress gives, and its pass 1 must
+ * return exactly sumsq_block's block sums. */
+START_TEST(avg_one_equals_compress)
+{
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    struct rng r = {0xb0b};
+
+    for (int k = 0; k < ni; k++)
+        for (size_t c = 0; c < NCOUNTS; c++)
+            for (size_t z = 0; z < NSIZES; z++)
+                for (int mixed = 0; mixed < 2; mixed++) {
+                    size_t count = counts[c];
+                    size_t N = obd_codec_padded_len(count, world_sizes[z]);
+                    float *x = xmalloc(count * sizeof(float));
+                    float *e0 = xmalloc(N * sizeof(float));
+                    float *b = xmalloc(N * sizeof(float));
+                    uint8_t *b1 = xmalloc(N / 8), *b2 = xmalloc(N / 8);
+                    const float *src[1] = {x};
+                    float *e1, *e2, s1, s2;
+
+                    if (mixed) {
+                        fill_mixed(&r, x, count);
+                        fill_mixed(&r, e0, N);
+                    } else {
+                        fill_unit(&r, x, count, 2.0f);
+                        fill_unit(&r, e0, N, 0.3f);
+                    }
+                    e1 = fdup(e0, N);
+                    e2 = fdup(e0, N);
+                    for (size_t j = 0; j < N; j += OBD_CODEC_BLOCK) {
+                        size_t end =
+                            N - j < OBD_CODEC_BLOCK ? N : j + OBD_CODEC_BLOCK;
+                        double d1 = im[k]->sumsq_block(x, count, e0, j, end);
+                        double d2 = im[k]->avg_sumsq_block(src, 1, count, e0, j,
+                                                           end, b);
+                        ck_assert(memcmp(&d1, &d2, sizeof(double)) == 0);
+                    }
+                    ck_assert_int_eq(
+                        obd_codec_compress(im[k], x, count, e1, N, b1, &s1), 0);
+                    ck_assert_int_eq(obd_codec_compress_avg(im[k], src, 1,
+                                                            count, e2, b, N, b2,
+                                                            &s2),
+                                     0);
+                    ck_assert(memcmp(&s1, &s2, sizeof(float)) == 0);
+                    ck_assert(memcmp(b1, b2, N / 8) == 0);
+                    ck_assert(memcmp(e1, e2, N * sizeof(float)) == 0);
+                    free(e2);
+                    free(e1);
+                    free(b2);
+                    free(b1);
+                    free(b);
+                    free(e0);
+                    free(x);
+                }
+}
+END_TEST
+
+/* compress_avg must fail with ENONFINITE and leave e, bits and scale
+ * exactly as they were (the scratch b may be overwritten). */
+static void expect_avg_rejects(const struct avg_in *a, size_t count,
+                               const float *e0, size_t N)
+{
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    uint8_t *bits = xmalloc(N / 8), *bits0 = xmalloc(N / 8);
+    float *re = fdup(e0, N), *b = xmalloc(N * sizeof(float)), rs;
+
+    memset(bits0, 0xa5, N / 8);
+    ck_assert_int_eq(
+        ref_avg_worker(a->src, a->nsrc, count, re, N, bits0, &rs, b), -1);
+    for (int k = 0; k < ni; k++) {
+        float *e = fdup(e0, N), sc = 1234.5f, sc0 = 1234.5f;
+        memcpy(bits, bits0, N / 8);
+        ck_assert_int_eq(obd_codec_compress_avg(im[k], a->src, a->nsrc, count,
+                                                e, b, N, bits, &sc),
+                         OBD_CODEC_ENONFINITE);
+        ck_assert(memcmp(e, e0, N * sizeof(float)) == 0);
+        ck_assert(memcmp(bits, bits0, N / 8) == 0);
+        ck_assert(memcmp(&sc, &sc0, sizeof(float)) == 0);
+        free(e);
+    }
+    free(b);
+    free(re);
+    free(bits0);
+    free(bits);
+}
+
+START_TEST(avg_nonfinite)
+{
+    struct rng r = {0xdead};
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+
+    for (int nsrc = 1; nsrc <= MAX_NSRC; nsrc++)
+        for (size_t c = 0; c < NCOUNTS; c++) {
+            size_t count = counts[c], N = obd_codec_padded_len(count, 3);
+            float *e = xmalloc(N * sizeof(float));
+            size_t xpos[] = {0, count / 2, count - 1};
+            size_t epos[] = {0, count - 1, count, N - 1};
+            struct avg_in a;
+
+            avg_in_init(&a, nsrc, count);
+            for (int k = 0; k < nsrc; k++)
+                fill_unit(&r, a.base[k] + 1, count, 1.0f);
+            fill_unit(&r, e, N, 0.1f);
+            for (size_t v = 0; v < 4; v++) {
+                /* In every source, at the start, middle and end. */
+                for (int k = 0; k < nsrc; k++)
+                    for (size_t p = 0; p < 3; p++) {
+                        float *x = a.base[k] + 1, keep = x[xpos[p]];
+                        x[xpos[p]] = bad[v];
+                        expect_avg_rejects(&a, count, e, N);
+                        x[xpos[p]] = keep;
+                    }
+                /* In e, including the padding tail past count. */
+                for (size_t p = 0; p < 4; p++) {
+                    float keep = e[epos[p]];
+                    e[epos[p]] = bad[v];
+                    expect_avg_rejects(&a, count, e, N);
+                    e[epos[p]] = keep;
+                }
+            }
+            /* Finite sources whose fp32 sum overflows before the division
+             * (the exact average would be finite): nsrc >= 2. With one
+             * source, a finite average plus a finite e overflowing. */
+            {
+                size_t p = count - 1;
+                float *x0 = a.base[0] + 1, *xl = a.base[nsrc - 1] + 1;
+                float k0 = x0[p], kl = xl[p], ke = e[p];
+                for (int sgn = -1; sgn <= 1; sgn += 2) {
+                    x0[p] = (float)sgn * 3e38f;
+                    xl[p] = (float)sgn * 3e38f;
+                    if (nsrc == 1)
+                        e[p] = (float)sgn * 3e38f;
+                    expect_avg_rejects(&a, count, e, N);
+                }
+                x0[p] = k0;
+                xl[p] = kl;
+                e[p] = ke;
+            }
+            avg_in_fini(&a);
+            free(e);
+        }
+}
+END_TEST
+
+START_TEST(avg_invalid_sizes)
+{
+    const struct obd_codec_impl *p = obd_codec_portable();
+    float x[16] = {0}, e[16] = {0}, b[16], sc = 7.0f;
+    const float *src[1] = {x};
+    uint8_t bits[2] = {0x5a, 0x5a};
+
+    memset(b, 0x11, sizeof(b));
+    ck_assert_int_eq(obd_codec_compress_avg(p, src, 0, 1, e, b, 8, bits, &sc),
+                     OBD_CODEC_EINVAL);
+    ck_assert_int_eq(obd_codec_compress_avg(p, src, 1, 1, e, b, 0, bits, &sc),
+                     OBD_CODEC_EINVAL);
+    ck_assert_int_eq(obd_codec_compress_avg(p, src, 1, 1, e, b, 12, bits, &sc),
+                     OBD_CODEC_EINVAL);
+    ck_assert_int_eq(obd_codec_compress_avg(p, src, 1, 17, e, b, 16, bits, &sc),
+                     OBD_CODEC_EINVAL);
+    ck_assert(sc == 7.0f);
+    ck_assert_uint_eq(bits[0], 0x5a);
+    for (size_t i = 0; i < 16; i++) {
+        uint32_t u;
+        memcpy(&u, &b[i], sizeof(u));
+        ck_assert_uint_eq(u, 0x11111111u);
+        ck_assert(e[i] == 0.0f);
+    }
+}
+END_TEST
+
+/* The new range functions, portable against AVX2 bit for bit: whole
+ * tensors for every nsrc, then ranges at begin offsets that are multiples
+ * of 8 but not of 16 or 32, with ends anywhere and the sources ending
+ * inside the range. */
+START_TEST(avg_portable_equals_avx2)
+{
+    const struct obd_codec_impl *P = obd_codec_portable();
+    const struct obd_codec_impl *V = obd_codec_avx2();
+    static const int ns[] = {1, 3, 8};
+    struct rng r = {0xfaceu};
+
+    if (V == NULL)
+        return; /* Nothing to compare on this CPU. */
+
+    for (int nsrc = 1; nsrc <= MAX_NSRC; nsrc++)
+        for (size_t c = 0; c < NCOUNTS; c++)
+            for (size_t z = 0; z < sizeof(ns) / sizeof(ns[0]); z++)
+                for (int mixed = 0; mixed < 2; mixed++) {
+                    size_t count = counts[c];
+                    size_t N = obd_codec_padded_len(count, ns[z]);
+                    float *e0 = xmalloc(N * sizeof(float));
+                    float *bp = xmalloc(N * sizeof(float));
+                    float *bv = xmalloc(N * sizeof(float));
+                    uint8_t *op = xmalloc(N / 8), *ov = xmalloc(N / 8);
+                    float *ep, *ev, sp, sv;
+                    struct avg_in a;
+
+                    avg_in_init(&a, nsrc, count);
+                    for (int k = 0; k < nsrc; k++)
+                        if (mixed)
+                            fill_mixed(&r, a.base[k] + 1, count);
+                        else
+                            fill_unit(&r, a.base[k] + 1, count, 1.0f);
+                    if (mixed)
+                        fill_mixed(&r, e0, N);
+                    else
+                        fill_unit(&r, e0, N, 0.2f);
+                    ep = fdup(e0, N);
+                    ev = fdup(e0, N);
+                    ck_assert_int_eq(obd_codec_compress_avg(P, a.src, nsrc,
+                                                            count, ep, bp, N,
+                                                            op, &sp),
+                                     0);
+                    ck_assert_int_eq(obd_codec_compress_avg(V, a.src, nsrc,
+                                                            count, ev, bv, N,
+                                                            ov, &sv),
+                                     0);
+                    ck_assert(memcmp(&sp, &sv, sizeof(float)) == 0);
+                    ck_assert(memcmp(op, ov, N / 8) == 0);
+                    ck_assert(memcmp(ep, ev, N * sizeof(float)) == 0);
+                    ck_assert(memcmp(bp, bv, N * sizeof(float)) == 0);
+                    avg_in_fini(&a);
+                    free(ev);
+                    free(ep);
+                    free(ov);
+                    free(op);
+                    free(bv);
+                    free(bp);
+                    free(e0);
+                }
+
+    {
+        const size_t len = 3000;
+        float *e = xmalloc((len + 1) * sizeof(float));
+        float *b0 = xmalloc(len * sizeof(float));
+        float *bp = xmalloc(len * sizeof(float));
+        float *bv = xmalloc(len * sizeof(float));
+        const size_t begins[] = {0, 8, 24, 40, 1000};
+        const size_t spans[] = {1, 7, 8, 15, 16, 17, 31, 33, 100, 1001};
+        const size_t xcounts[] = {0, 1, 9, 1017, 1500, len};
+        struct avg_in a;
+
+        avg_in_init(&a, MAX_NSRC, len);
+        for (int k = 0; k < MAX_NSRC; k++)
+            fill_mixed(&r, a.base[k] + 1, len);
+        fill_mixed(&r, e + 1, len);
+        fill_mixed(&r, b0, len);
+        for (int nsrc = 1; nsrc <= MAX_NSRC; nsrc++)
+            for (size_t bg = 0; bg < 5; bg++)
+                for (size_t s = 0; s < 10; s++)
+                    for (size_t xc = 0; xc < 6; xc++) {
+                        size_t beg = begins[bg], end = beg + spans[s];
+                        size_t cnt = xcounts[xc];
+                        double dp, dv;
+
+                        memcpy(bp, b0, len * sizeof(float));
+                        memcpy(bv, b0, len * sizeof(float));
+                        dp = P->avg_sumsq_block(a.src, nsrc, cnt, e + 1, beg,
+                                                end, bp);
+                        dv = V->avg_sumsq_block(a.src, nsrc, cnt, e + 1, beg,
+                                                end, bv);
+                        ck_assert(memcmp(&dp, &dv, sizeof(double)) == 0);
+                        /* Equal everywhere: the range written alike, and
+                         * nothing outside it written at all. */
+                        ck_assert(memcmp(bp, bv, len * sizeof(float)) == 0);
+                        ck_assert(memcmp(bp, b0, beg * sizeof(float)) == 0);
+                        ck_assert(memcmp(bp + end, b0 + end,
+                                         (len - end) * sizeof(float)) == 0);
+                        if (nsrc == 1) {
+                            double dx =
+                                P->sumsq_block(a.src[0], cnt, e + 1, beg, end);
+                            ck_assert(memcmp(&dp, &dx, sizeof(double)) == 0);
+                        }
+                        if (spans[s] % 8 == 0) {
+                            float *gp = fdup(e + 1, len),
+                                  *gv = fdup(e + 1, len);
+                            uint8_t sp[200], sv[200];
+                            P->sign_range(bp, gp, beg, end, 0.3f, sp);
+                            V->sign_range(bp, gv, beg, end, 0.3f, sv);
+                            ck_assert(memcmp(sp, sv, spans[s] / 8) == 0);
+                            ck_assert(memcmp(gp, gv, len * sizeof(float)) == 0);
+                            free(gv);
+                            free(gp);
+                        }
+                    }
+        avg_in_fini(&a);
+        free(bv);
+        free(bp);
+        free(b0);
+        free(e);
+    }
+}
+END_TEST
+
 START_TEST(dispatch)
 {
     const struct obd_codec_impl *b = obd_codec_best();
@@ -1129,6 +1553,11 @@ static Suite *codec_suite(void)
     tcase_add_test(tc, server_rejects);
     tcase_add_test(tc, decompress_vs_reference);
     tcase_add_test(tc, portable_equals_avx2);
+    tcase_add_test(tc, avg_vs_reference);
+    tcase_add_test(tc, avg_one_equals_compress);
+    tcase_add_test(tc, avg_nonfinite);
+    tcase_add_test(tc, avg_invalid_sizes);
+    tcase_add_test(tc, avg_portable_equals_avx2);
     tcase_add_test(tc, worker_conservation);
     tcase_add_test(tc, server_conservation);
     tcase_add_test(tc, full_round_vs_reference);

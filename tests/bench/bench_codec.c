@@ -13,6 +13,14 @@
  * participants (4 packed inputs of ELEMS / 8 bytes and the server error of
  * ELEMS floats), so its memory traffic is comparable to the other rows.
  *
+ * compress_avg is the worker compress of the average of AVG_NSRC = 2 local
+ * buffers of ELEMS floats each (obd_codec_compress_avg), with a scratch b
+ * of ELEMS floats. Per element it moves (AVG_NSRC + 4) * 4 bytes plus 1/8
+ * byte of bits: pass 1 reads the AVG_NSRC sources and e and writes b,
+ * pass 2 reads b and writes e (and the bits). memcpy moves 8, so at equal
+ * bandwidth its ratio cannot go below (AVG_NSRC + 4) / 2 = 3.0 (more if
+ * the stores cost a read for ownership).
+ *
  * Multi-threaded runs split the tensor into whole OBD_CODEC_BLOCK blocks:
  * pass 1 collects every block's sum of squares, obd_codec_scale combines
  * them in block order, and pass 2 runs on each thread's range with the
@@ -30,10 +38,12 @@
 
 #define MAX_THREADS 256
 #define SERVER_N    4
+#define AVG_NSRC    2
 
 struct bench {
     size_t elems, nblocks;
-    float *x, *e, *dst, *err, *out;
+    float *x, *e, *dst, *err, *out, *x2, *bsc;
+    const float *src[AVG_NSRC];
     uint8_t *bits, *sbits, *in_bits[SERVER_N];
     const uint8_t *in[SERVER_N];
     float scales[SERVER_N];
@@ -50,7 +60,14 @@ struct job {
     float scale;
 };
 
-enum { OP_COMPRESS, OP_SERVER, OP_DECOMPRESS, OP_DECOMPRESS_ADD };
+enum {
+    OP_COMPRESS,
+    OP_SERVER,
+    OP_DECOMPRESS,
+    OP_DECOMPRESS_ADD,
+    OP_COMPRESS_AVG,
+    NOPS
+};
 
 static double now_ms(void)
 {
@@ -106,6 +123,15 @@ static void *run_job(void *arg)
         else
             im->server_range(b->in, b->scales, SERVER_N, b->err, lo, hi,
                              jb->scale, b->sbits + lo / 8);
+        break;
+    case OP_COMPRESS_AVG:
+        if (jb->phase == 1)
+            for (size_t j = jb->b0; j < jb->b1; j++)
+                b->sums[j] = im->avg_sumsq_block(b->src, AVG_NSRC, b->elems,
+                                                 b->e, j * OBD_CODEC_BLOCK,
+                                                 block_end(b, j), b->bsc);
+        else
+            im->sign_range(b->bsc, b->e, lo, hi, jb->scale, b->bits + lo / 8);
         break;
     case OP_DECOMPRESS:
         im->decompress(b->bits + lo / 8, jb->scale, b->out + lo, hi - lo);
@@ -166,6 +192,9 @@ static int run_op(const struct obd_codec_impl *im, struct bench *b,
     if (nthreads == 1 && op == OP_SERVER)
         return obd_codec_server(im, b->in, b->scales, SERVER_N, b->err,
                                 b->elems, b->sbits, scale_out);
+    if (nthreads == 1 && op == OP_COMPRESS_AVG)
+        return obd_codec_compress_avg(im, b->src, AVG_NSRC, b->elems, b->e,
+                                      b->bsc, b->elems, b->bits, scale_out);
     run_phase(im, b, nthreads, op, 1, 0.0f);
     rc = obd_codec_scale(b->sums, b->nblocks, b->elems, &sc);
     if (rc != 0)
@@ -208,6 +237,7 @@ static void reset_inputs(struct bench *b)
 
     for (size_t i = 0; i < b->elems; i++) {
         b->x[i] = rng_unit(&s);
+        b->x2[i] = rng_unit(&s);
         b->e[i] = rng_unit(&s) * 0.1f;
         b->err[i] = rng_unit(&s) * 0.1f;
     }
@@ -217,13 +247,15 @@ static void reset_inputs(struct bench *b)
         b->scales[k] = 0.25f * (float)(k + 1);
     }
     memset(b->dst, 0, b->elems * sizeof(float));
+    memset(b->bsc, 0, b->elems * sizeof(float));
     memset(b->out, 0, b->elems * sizeof(float));
     memset(b->bits, 0, b->elems / 8);
     memset(b->sbits, 0, b->elems / 8);
 }
 
 /* Single- and multi-threaded results must be identical: compress and
- * server step from the same state, then compare every output byte. */
+ * server step from the same state, then compare every output byte; then
+ * the same for compress_avg (bits, scale, error and the scratch b). */
 static int check_mt(const struct obd_codec_impl *im, struct bench *b,
                     int nthreads)
 {
@@ -249,6 +281,19 @@ static int check_mt(const struct obd_codec_impl *im, struct bench *b,
            memcmp(&t1, &t2, sizeof(float)) == 0 && memcmp(e1, b->e, fb) == 0 &&
            memcmp(err1, b->err, fb) == 0 && memcmp(bits1, b->bits, nb) == 0 &&
            memcmp(sbits1, b->sbits, nb) == 0;
+
+    reset_inputs(b);
+    if (run_op(im, b, 1, OP_COMPRESS_AVG, &s1) != 0)
+        return -1;
+    memcpy(e1, b->e, fb);
+    memcpy(err1, b->bsc, fb);
+    memcpy(bits1, b->bits, nb);
+    reset_inputs(b);
+    if (run_op(im, b, nthreads, OP_COMPRESS_AVG, &s2) != 0)
+        return -1;
+    same = same && memcmp(&s1, &s2, sizeof(float)) == 0 &&
+           memcmp(e1, b->e, fb) == 0 && memcmp(err1, b->bsc, fb) == 0 &&
+           memcmp(bits1, b->bits, nb) == 0;
     free(sbits1);
     free(bits1);
     free(err1);
@@ -265,7 +310,8 @@ struct row {
 int main(int argc, char **argv)
 {
     static const char *const op_names[] = {"compress", "server (n=4)",
-                                           "decompress", "decompress_add"};
+                                           "decompress", "decompress_add",
+                                           "compress_avg (nsrc=2)"};
     size_t elems = (size_t)64 << 20;
     int repeats = 7, json = 0, nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const struct obd_codec_impl *impls[2];
@@ -305,6 +351,10 @@ int main(int argc, char **argv)
     b.dst = xmalloc(elems * sizeof(float));
     b.err = xmalloc(elems * sizeof(float));
     b.out = xmalloc(elems * sizeof(float));
+    b.x2 = xmalloc(elems * sizeof(float));
+    b.bsc = xmalloc(elems * sizeof(float));
+    b.src[0] = b.x;
+    b.src[1] = b.x2;
     b.bits = xmalloc(elems / 8);
     b.sbits = xmalloc(elems / 8);
     b.sums = xmalloc(b.nblocks * sizeof(double));
@@ -332,7 +382,7 @@ int main(int argc, char **argv)
             mt_ok = 0;
         reset_inputs(&b);
         for (int tc = 0; tc < (nthreads > 1 ? 2 : 1); tc++)
-            for (int op = 0; op < 4; op++) {
+            for (int op = 0; op < NOPS; op++) {
                 for (int r = 0; r < repeats; r++) {
                     float sc;
                     double t0 = now_ms();
@@ -376,11 +426,17 @@ int main(int argc, char **argv)
                    gb / (rows[i].ms / 1e3), rows[i].ms / memcpy_ms);
         printf("\nmulti-threaded (%d) result equals single-threaded: %s\n",
                nthreads, mt_ok ? "yes (memcmp of bits, scale, error)" : "NO");
+        printf("compress_avg (nsrc=%d) moves (nsrc + 4) * 4 = %d bytes per "
+               "element (+ 1/8 of bits), memcpy 8: a ratio of %.2f at equal "
+               "bandwidth\n",
+               AVG_NSRC, (AVG_NSRC + 4) * 4, (AVG_NSRC + 4) / 2.0);
     }
 
     for (int k = 0; k < SERVER_N; k++)
         free(b.in_bits[k]);
     free(t);
+    free(b.bsc);
+    free(b.x2);
     free(b.sums);
     free(b.sbits);
     free(b.bits);
