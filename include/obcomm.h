@@ -114,6 +114,57 @@ OBCOMM_API int obcomm_barrier(obcomm_t *c);
 OBCOMM_API const char *obcomm_last_error(const obcomm_t *c);
 OBCOMM_API const char *obcomm_strerror(int err);
 
+/* 1-bit Adam (DESIGN.md section 1). Warm-up (step < freeze_step): the
+ * gradients are averaged in full precision, then Adam. From freeze_step on
+ * the variance is frozen, each rank updates its momentum with its own
+ * gradient, the momentum is averaged with obcomm_allreduce_1bit(key), and
+ * the update uses the frozen variance. As DeepSpeed's 1-bit Adam: no bias
+ * correction unless bias_correction is set, weight decay added to the
+ * update: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p). Every rank of
+ * the job must create the optimizer with the same key, count and config and
+ * step together; parameters then stay bitwise identical on every rank if
+ * they start so (broadcast them first). */
+typedef struct obcomm_adam obcomm_adam_t;
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    long freeze_step;
+    int bias_correction;
+} obcomm_adam_config_t;
+
+/* Defaults of DeepSpeed's 1-bit Adam: lr 1e-3, betas (0.9, 0.999), eps
+ * 1e-8, no weight decay, freeze_step 100000, no bias correction. */
+OBCOMM_API obcomm_adam_config_t obcomm_adam_defaults(void);
+
+/* Borrows c, which must outlive the optimizer. The optimizer keeps m and a
+ * gradient buffer in shared memory (obcomm_alloc) and v in private memory.
+ * Caller frees with obcomm_adam_destroy. */
+OBCOMM_API int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
+                                  const obcomm_adam_config_t *cfg,
+                                  obcomm_adam_t **out);
+/* One step: params (count floats, any memory) are updated in place from
+ * this rank's grads. A collective: every rank calls it. */
+OBCOMM_API int obcomm_adam_step(obcomm_adam_t *a, float *params,
+                                const float *grads);
+OBCOMM_API void obcomm_adam_destroy(obcomm_adam_t *a);
+
+/* Learning rate from the next step on (schedules). */
+OBCOMM_API void obcomm_adam_set_lr(obcomm_adam_t *a, float lr);
+/* Steps taken so far; the compression stage runs from freeze_step on. */
+OBCOMM_API long obcomm_adam_steps(const obcomm_adam_t *a);
+/* Ablation: with 0, the daemons' error feedback of the key is reset before
+ * every compression step, i.e. 1-bit compression without error
+ * compensation. Default 1. */
+OBCOMM_API void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on);
+
+/* Writes step, m and v to `path` (atomically) and asks every daemon to
+ * snapshot the job's error feedback (obcomm_snapshot_1bit): a collective.
+ * obcomm_adam_load restores step, m and v from such a file; with the
+ * daemons' error feedback as it was at the save (the same daemons, or
+ * daemons restarted from the snapshot), training continues bit for bit as
+ * if uninterrupted. */
+OBCOMM_API int obcomm_adam_save(obcomm_adam_t *a, const char *path);
+OBCOMM_API int obcomm_adam_load(obcomm_adam_t *a, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,271 @@
+/* 1-bit Adam on top of the public collectives (DESIGN.md section 1). */
+#include <obcomm.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ADAM_MAGIC   "OBCMADAM"
+#define ADAM_VERSION 1
+
+struct obcomm_adam {
+    obcomm_t *c;
+    uint64_t key;
+    size_t count;
+    obcomm_adam_config_t cfg;
+    long step;
+    int error_feedback;
+    float *m; /* shared memory: averaged in place by the collectives */
+    float *g; /* shared memory: the warm-up's gradient average */
+    float *v; /* private */
+};
+
+obcomm_adam_config_t obcomm_adam_defaults(void)
+{
+    obcomm_adam_config_t cfg = {.lr = 1e-3f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.999f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.0f,
+                                .freeze_step = 100000,
+                                .bias_correction = 0};
+    return cfg;
+}
+
+static int config_valid(const obcomm_adam_config_t *cfg)
+{
+    return cfg->lr >= 0 && cfg->beta1 >= 0 && cfg->beta1 < 1 &&
+           cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 &&
+           cfg->weight_decay >= 0 && cfg->freeze_step >= 0;
+}
+
+int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
+                       const obcomm_adam_config_t *cfg, obcomm_adam_t **out)
+{
+    if (c == NULL || cfg == NULL || out == NULL || count == 0 ||
+        count > SIZE_MAX / sizeof(float) || !config_valid(cfg))
+        return OBCOMM_E_INVAL;
+    struct obcomm_adam *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return OBCOMM_E_NOMEM;
+    a->c = c;
+    a->key = key;
+    a->count = count;
+    a->cfg = *cfg;
+    a->error_feedback = 1;
+    int rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->m);
+    if (rc == 0)
+        rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->g);
+    if (rc == 0 && (a->v = calloc(count, sizeof(float))) == NULL)
+        rc = OBCOMM_E_NOMEM;
+    if (rc) {
+        obcomm_adam_destroy(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+void obcomm_adam_destroy(obcomm_adam_t *a)
+{
+    if (a == NULL)
+        return;
+    if (a->m)
+        obcomm_free(a->c, a->m);
+    if (a->g)
+        obcomm_free(a->c, a->g);
+    free(a->v);
+    free(a);
+}
+
+void obcomm_adam_set_lr(obcomm_adam_t *a, float lr)
+{
+    a->cfg.lr = lr;
+}
+
+long obcomm_adam_steps(const obcomm_adam_t *a)
+{
+    return a->step;
+}
+
+void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on)
+{
+    a->error_feedback = on;
+}
+
+/* p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m_hat = m and
+ * v_hat = v unless bias correction is on. In the compression stage v is
+ * frozen, and so is its correction: it stays that of step freeze_step. */
+static void update(obcomm_adam_t *a, float *p)
+{
+    const obcomm_adam_config_t *k = &a->cfg;
+    float mc = 1.0f, vc = 1.0f;
+    if (k->bias_correction) {
+        long tv = a->step < k->freeze_step ? a->step + 1 : k->freeze_step;
+        mc = 1.0f / (1.0f - powf(k->beta1, (float)(a->step + 1)));
+        vc = tv > 0 ? 1.0f / (1.0f - powf(k->beta2, (float)tv)) : 1.0f;
+    }
+    const float *m = a->m, *v = a->v;
+    for (size_t i = 0; i < a->count; i++) {
+        float u = (m[i] * mc) / (sqrtf(v[i] * vc) + k->eps);
+        u += k->weight_decay * p[i];
+        p[i] -= k->lr * u;
+    }
+}
+
+int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
+{
+    if (a == NULL || params == NULL || grads == NULL)
+        return OBCOMM_E_INVAL;
+    const obcomm_adam_config_t *k = &a->cfg;
+    float b1 = k->beta1, b2 = k->beta2;
+    int rc;
+
+    if (a->step < k->freeze_step) {
+        /* Warm-up: the exact average of the gradients, then Adam. */
+        memcpy(a->g, grads, a->count * sizeof(float));
+        rc = obcomm_allreduce(a->c, a->g, a->count, OBCOMM_FLOAT32, OBCOMM_AVG);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < a->count; i++) {
+            float g = a->g[i];
+            a->m[i] = b1 * a->m[i] + (1.0f - b1) * g;
+            a->v[i] = b2 * a->v[i] + (1.0f - b2) * g * g;
+        }
+    } else {
+        /* Compression: local momentum, averaged with 1 bit per element;
+         * v is never touched again. */
+        for (size_t i = 0; i < a->count; i++)
+            a->m[i] = b1 * a->m[i] + (1.0f - b1) * grads[i];
+        if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
+            return rc;
+        rc = obcomm_allreduce_1bit(a->c, a->key, a->m, a->count);
+        if (rc)
+            return rc;
+    }
+    update(a, params);
+    a->step++;
+    return 0;
+}
+
+/* File: magic, version, count, step, the config, then m and v. */
+struct adam_hdr {
+    char magic[8];
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t count;
+    int64_t step;
+    uint64_t key;
+    obcomm_adam_config_t cfg;
+};
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return OBCOMM_E_IO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return OBCOMM_E_IO;
+        if (n == 0)
+            return OBCOMM_E_CORRUPT;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int obcomm_adam_save(obcomm_adam_t *a, const char *path)
+{
+    char tmp[4096];
+    struct adam_hdr h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, ADAM_MAGIC, 8);
+    h.version = ADAM_VERSION;
+    h.count = a->count;
+    h.step = a->step;
+    h.key = a->key;
+    h.cfg = a->cfg;
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return OBCOMM_E_IO;
+    int rc = write_all(fd, &h, sizeof(h));
+    if (rc == 0)
+        rc = write_all(fd, a->m, a->count * sizeof(float));
+    if (rc == 0)
+        rc = write_all(fd, a->v, a->count * sizeof(float));
+    if (rc == 0 && fsync(fd) != 0)
+        rc = OBCOMM_E_IO;
+    close(fd);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = OBCOMM_E_IO;
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    /* The daemons' error feedback belongs to the same checkpoint. Without
+     * a state_dir the daemons keep it in memory only; the optimizer file
+     * is still complete for a reload into the same daemons. */
+    rc = obcomm_snapshot_1bit(a->c);
+    return rc == OBCOMM_E_INVAL ? 0 : rc;
+}
+
+int obcomm_adam_load(obcomm_adam_t *a, const char *path)
+{
+    struct adam_hdr h;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return OBCOMM_E_IO;
+    int rc = read_all(fd, &h, sizeof(h));
+    if (rc == 0 &&
+        (memcmp(h.magic, ADAM_MAGIC, 8) != 0 || h.version != ADAM_VERSION ||
+         h.count != a->count || h.key != a->key || h.step < 0))
+        rc = OBCOMM_E_CORRUPT;
+    /* m and v are read into place only once the header is known good;
+     * a short file leaves the optimizer as it was. */
+    float *m = NULL, *v = NULL;
+    if (rc == 0 && ((m = malloc(a->count * sizeof(float))) == NULL ||
+                    (v = malloc(a->count * sizeof(float))) == NULL))
+        rc = OBCOMM_E_NOMEM;
+    if (rc == 0)
+        rc = read_all(fd, m, a->count * sizeof(float));
+    if (rc == 0)
+        rc = read_all(fd, v, a->count * sizeof(float));
+    char extra;
+    if (rc == 0 && read(fd, &extra, 1) != 0)
+        rc = OBCOMM_E_CORRUPT;
+    close(fd);
+    if (rc == 0) {
+        memcpy(a->m, m, a->count * sizeof(float));
+        memcpy(a->v, v, a->count * sizeof(float));
+        a->step = h.step;
+        float lr = a->cfg.lr;
+        a->cfg = h.cfg;
+        a->cfg.lr = lr; /* the schedule owns the learning rate */
+    }
+    free(m);
+    free(v);
+    return rc;
+}
