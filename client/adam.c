@@ -207,7 +207,9 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     h.key = a->key;
     h.cfg = a->cfg;
 
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    /* Every rank may save to the same path (the content is identical):
+     * each writes its own temporary file and renames it into place. */
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return OBCOMM_E_IO;
