@@ -180,11 +180,17 @@ static void op_complete(struct obd_op *op)
     op->state = OBD_OP_DONE;
     uv_timer_stop(&op->deadline);
 
-    uint64_t us = (obd_daemon_now(d) - op->created_ms) * 1000;
+    uint64_t us = (uv_hrtime() - op->created_ns) / 1000;
     obd_metric_add(&d->metrics, OBD_M_OP_LATENCY_US_SUM, us);
     obd_metric_max(&d->metrics, OBD_M_OP_LATENCY_US_MAX, us);
     obd_metric_add(&d->metrics,
                    op->status ? OBD_M_OPS_FAILED : OBD_M_OPS_COMPLETED, 1);
+    if (op->status == 0 && op->desc.kind == OBCOMM_KIND_ALLREDUCE) {
+        obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_OPS, 1);
+        obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_LATENCY_US_SUM, us);
+    }
+    if (op->status == 0 && op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT)
+        obd_metric_add(&d->metrics, OBD_M_ONEBIT_LATENCY_US_SUM, us);
 
     for (int i = 0; i < job->local_size; i++)
         if (op->submitted[i] && job->trainer[i] != NULL)
@@ -385,7 +391,7 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     }
     op->job = job;
     op->seq = seq;
-    op->created_ms = obd_daemon_now(d);
+    op->created_ns = uv_hrtime();
     uv_timer_init(&d->loop, &op->deadline);
     op->timer_live = 1;
     uv_timer_start(&op->deadline, on_deadline, (uint64_t)job->timeout_ms, 0);

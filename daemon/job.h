@@ -52,7 +52,7 @@ struct obd_op {
     struct obd_job *job;
     uint64_t seq;
     enum obd_op_state state;
-    uint64_t created_ms;
+    uint64_t created_ns; /* uv_hrtime() at creation */
 
     /* Local trainers' submissions. */
     int nsubmitted;

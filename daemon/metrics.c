@@ -45,6 +45,15 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                          "gauge"},
     [OBD_M_ONEBIT_OPS] = {"onebit_ops", "1-bit allreduces completed",
                           "counter"},
+    [OBD_M_ONEBIT_LATENCY_US_SUM] = {"onebit_latency_us_sum",
+                                     "Sum of 1-bit allreduce latencies",
+                                     "counter"},
+    [OBD_M_ALLREDUCE_OPS] = {"allreduce_ops",
+                             "Full-precision allreduces completed", "counter"},
+    [OBD_M_ALLREDUCE_LATENCY_US_SUM] = {"allreduce_latency_us_sum",
+                                        "Sum of full-precision allreduce "
+                                        "latencies",
+                                        "counter"},
     [OBD_M_ONEBIT_BYTES_SENT] = {"onebit_bytes_sent",
                                  "Bytes sent for 1-bit allreduce, frame "
                                  "headers included (the wire bytes)",
