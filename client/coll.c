@@ -127,7 +127,8 @@ int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
     return submit(c, &s);
 }
 
-int obcomm_barrier(obcomm_t *c)
+/* An op without a buffer: barrier, 1-bit reset and snapshot. */
+static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key)
 {
     if (c == NULL)
         return OBCOMM_E_INVAL;
@@ -135,8 +136,14 @@ int obcomm_barrier(obcomm_t *c)
     if (rc < 0)
         return rc;
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_BARRIER;
+    s.kind = kind;
+    s.key = key;
     return submit(c, &s);
+}
+
+int obcomm_barrier(obcomm_t *c)
+{
+    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0);
 }
 
 int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
@@ -166,25 +173,10 @@ int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
 
 int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
 {
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_RESET_1BIT;
-    s.key = key;
-    return submit(c, &s);
+    return submit_no_data(c, OBCOMM_KIND_RESET_1BIT, key);
 }
 
 int obcomm_snapshot_1bit(obcomm_t *c)
 {
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_SNAPSHOT_1BIT;
-    return submit(c, &s);
+    return submit_no_data(c, OBCOMM_KIND_SNAPSHOT_1BIT, 0);
 }

@@ -58,6 +58,20 @@ static const char *send_error(int rc)
                                     : uv_strerror(rc);
 }
 
+/* Sends one data frame; on failure fails the op and returns non-zero. */
+static int send_or_fail(struct obd_op *op, int to, uint32_t step,
+                        uint32_t segment, const void *payload, size_t len)
+{
+    int rc = obd_peers_send_data(op->job->d, to, op, step, segment, payload,
+                                 (uint32_t)len);
+    if (rc)
+        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
+                    "op %llu of job %s: cannot send to node %d: %s",
+                    (unsigned long long)op->seq, op->job->name, to,
+                    send_error(rc));
+    return rc;
+}
+
 static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
 {
     struct obd_daemon *d = op->job->d;
@@ -176,16 +190,9 @@ static void ring_progress(struct obd_op *op)
             break;
         size_t off;
         size_t len = seg_range(c, s, j, 1, &off);
-        int rc = obd_peers_send_data(d, right, op, (uint32_t)s, (uint32_t)j,
-                                     c->acc + off * c->esz,
-                                     (uint32_t)(len * c->esz));
-        if (rc) {
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                        "op %llu of job %s: cannot send to node %d: %s",
-                        (unsigned long long)op->seq, op->job->name, right,
-                        send_error(rc));
+        if (send_or_fail(op, right, (uint32_t)s, (uint32_t)j,
+                         c->acc + off * c->esz, len * c->esz))
             return;
-        }
         obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_BYTES_SENT, len * c->esz);
         c->send_seg++;
         settle(c, &c->send_step, &c->send_seg, 1);
@@ -301,15 +308,9 @@ static void bcast_progress(struct obd_op *op)
            (c->pos == 0 || c->recv_seg > c->send_seg)) {
         size_t off = c->send_seg * c->seg;
         size_t len = c->count - off < c->seg ? c->count - off : c->seg;
-        int rc = obd_peers_send_data(d, right, op, 0, (uint32_t)c->send_seg,
-                                     c->src + off, (uint32_t)len);
-        if (rc) {
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                        "op %llu of job %s: cannot send to node %d: %s",
-                        (unsigned long long)op->seq, op->job->name, right,
-                        send_error(rc));
+        if (send_or_fail(op, right, 0, (uint32_t)c->send_seg, c->src + off,
+                         len))
             return;
-        }
         obd_metric_add(&d->metrics, OBD_M_BROADCAST_BYTES_SENT, len);
         c->send_seg++;
     }

@@ -483,6 +483,21 @@ static int describe_mismatch(const struct obd_opdesc *const *descs,
     return differ;
 }
 
+/* Fails op with a message naming every field in which the entries differ;
+ * returns 1 if it did. */
+static int fail_if_differ(struct obd_op *op,
+                          const struct obd_opdesc *const *descs,
+                          const char *const *labels, int n, int announce)
+{
+    char diff[400];
+    if (!describe_mismatch(descs, labels, n, diff, sizeof(diff)))
+        return 0;
+    obd_op_fail(op, OBCOMM_E_MISMATCH, announce,
+                "op %llu of job %s: ranks issued different ops: %s",
+                (unsigned long long)op->seq, op->job->name, diff);
+    return 1;
+}
+
 static void op_check_local(struct obd_op *op)
 {
     struct obd_job *job = op->job;
@@ -501,13 +516,9 @@ static void op_check_local(struct obd_op *op)
                  obd_job_rank(job, (int)d->cfg.rank, i));
         labels[i] = names[i];
     }
-    char diff[400];
-    if (describe_mismatch(descs, labels, ls, diff, sizeof(diff))) {
-        obd_op_fail(op, OBCOMM_E_MISMATCH, 1,
-                    "op %llu of job %s: ranks issued different ops: %s",
-                    (unsigned long long)op->seq, job->name, diff);
+    /* Local trainers differ: only this node knows, so it announces. */
+    if (fail_if_differ(op, descs, labels, ls, 1))
         return;
-    }
 
     op->local_done = 1;
     op->desc = op->sub[0];
@@ -558,13 +569,9 @@ static void op_check_ready(struct obd_op *op)
             snprintf(names[n], sizeof(names[n]), "rank %d (node %d)", n, n);
         labels[n] = names[n];
     }
-    char diff[400];
-    if (describe_mismatch(descs, labels, nodes, diff, sizeof(diff))) {
-        obd_op_fail(op, OBCOMM_E_MISMATCH, 0,
-                    "op %llu of job %s: ranks issued different ops: %s",
-                    (unsigned long long)op->seq, job->name, diff);
+    /* Every node sees the same announces and fails by itself. */
+    if (fail_if_differ(op, descs, labels, nodes, 0))
         return;
-    }
     op->fingerprint = obd_coll_fingerprint(&op->desc);
     op->agreed = 1;
     job_kick(job);
