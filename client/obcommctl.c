@@ -192,6 +192,15 @@ static void format_value(double v, char *buf, size_t len)
         snprintf(buf, len, "%.6g", v);
 }
 
+/* A metric's value by name; 0 when the daemon does not report it. */
+static double metric_value(const Obcomm__StatusReply *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_metrics; i++)
+        if (strcmp(r->metrics[i]->name, name) == 0)
+            return r->metrics[i]->value;
+    return 0;
+}
+
 static void print_status(const Obcomm__StatusReply *r, int json)
 {
     size_t in_flight = 0;
@@ -254,6 +263,14 @@ static void print_status(const Obcomm__StatusReply *r, int json)
     printf("%s\n", nstates ? ")" : "");
     printf("jobs     %zu (%zu with an op in flight)\n", r->n_jobs, in_flight);
     printf("metrics  %zu\n", r->n_metrics);
+
+    /* The compression ratio of the 1-bit allreduce: fp32 bytes covered
+     * over bytes this node put on the wire for it. */
+    double logical = metric_value(r, "onebit_logical_bytes");
+    double wire = metric_value(r, "onebit_bytes_sent");
+    if (logical > 0 && wire > 0)
+        printf("1-bit    %.0f fp32 bytes in %.0f wire bytes (%.1fx)\n", logical,
+               wire, logical / wire);
 }
 
 static void print_peers(const Obcomm__StatusReply *r, int json)
