@@ -62,7 +62,8 @@ struct onebit {
     size_t seg, nseg;   /* elements per segment; segments per chunk */
     float *const *dst;  /* the local trainers' buffers */
 
-    float *b;       /* W1 output, N */
+    float *b; /* W1 output, N */
+    size_t b_cap;
     double *wsums;  /* worker block sums, N / BLOCK rounded up */
     size_t w1_left; /* W1 tasks not finished */
     float scale;
@@ -537,7 +538,7 @@ static void onebit_free(struct obd_op *op)
             if (k != ob->r)
                 free(ob->in[k]);
     free(ob->in);
-    free(ob->b);
+    obd_daemon_scratch_put(ob->d, ob->b, ob->b_cap);
     free(ob->wsums);
     free(ob->bits);
     free(ob->w2_done);
@@ -614,7 +615,7 @@ static int onebit_start(struct obd_op *op)
     ob->nseg = (ob->C + ob->seg - 1) / ob->seg;
 
     size_t n = (size_t)ob->n, nseg = ob->nseg;
-    ob->b = malloc(ob->N * sizeof(float));
+    ob->b = obd_daemon_scratch_get(d, ob->N * sizeof(float), &ob->b_cap);
     ob->wsums = calloc(ob->N / OBD_CODEC_BLOCK + 1, sizeof(double));
     ob->bits = malloc(ob->N / 8);
     ob->w2_done = calloc(n * nseg, 1);

@@ -90,37 +90,10 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
     return c;
 }
 
-/* One accumulation buffer is kept between ops: a fresh allocation of a
- * large tensor costs a page fault per 4 KiB on every op. */
-static uint8_t *scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap)
-{
-    if (d->scratch != NULL && d->scratch_bytes >= bytes) {
-        uint8_t *p = d->scratch;
-        *cap = d->scratch_bytes;
-        d->scratch = NULL;
-        return p;
-    }
-    *cap = bytes ? bytes : 1;
-    return malloc(*cap);
-}
-
-static void scratch_put(struct obd_daemon *d, uint8_t *p, size_t bytes)
-{
-    if (p == NULL)
-        return;
-    if (d->scratch == NULL || d->scratch_bytes < bytes) {
-        free(d->scratch);
-        d->scratch = p;
-        d->scratch_bytes = bytes;
-    } else {
-        free(p);
-    }
-}
-
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    scratch_put(c->d, c->acc, c->acc_bytes);
+    obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
     free(c->tmp);
     free(c);
     op->coll = NULL;
@@ -209,7 +182,8 @@ static int ring_start(struct obd_op *op)
     size_t esz = obd_dtype_acc_size(dt);
     struct obd_coll *c = coll_new(op, op->desc.count, esz);
     if (c == NULL ||
-        (c->acc = scratch_get(d, c->count * esz, &c->acc_bytes)) == NULL ||
+        (c->acc = obd_daemon_scratch_get(d, c->count * esz, &c->acc_bytes)) ==
+            NULL ||
         (c->n > 1 && (c->tmp = malloc(c->seg * esz)) == NULL)) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
@@ -342,7 +316,7 @@ static int bcast_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
     int root_node = root / ls;
     c->pos = obd_ring_mod(c->r - root_node, c->n);
-    c->acc = scratch_get(d, c->count, &c->acc_bytes);
+    c->acc = obd_daemon_scratch_get(d, c->count, &c->acc_bytes);
     if (c->acc == NULL) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu bytes",

@@ -104,6 +104,33 @@ int obd_daemon_run(struct obd_daemon *d)
     return uv_run(&d->loop, UV_RUN_DEFAULT);
 }
 
+/* One large buffer is kept between ops: a fresh allocation of a large
+ * tensor costs a page fault per 4 KiB on every op. */
+void *obd_daemon_scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap)
+{
+    if (d->scratch != NULL && d->scratch_bytes >= bytes) {
+        void *p = d->scratch;
+        *cap = d->scratch_bytes;
+        d->scratch = NULL;
+        return p;
+    }
+    *cap = bytes ? bytes : 1;
+    return malloc(*cap);
+}
+
+void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap)
+{
+    if (p == NULL)
+        return;
+    if (d->scratch == NULL || d->scratch_bytes < cap) {
+        free(d->scratch);
+        d->scratch = p;
+        d->scratch_bytes = cap;
+    } else {
+        free(p);
+    }
+}
+
 void obd_daemon_close(struct obd_daemon *d)
 {
     if (d->closing)

@@ -58,7 +58,7 @@ struct obd_daemon {
     struct obd_shm *zombies;
 
     /* An accumulation buffer kept between ops (coll_ring.c). */
-    uint8_t *scratch;
+    void *scratch;
     size_t scratch_bytes;
 
     struct obd_metrics metrics;
@@ -74,6 +74,12 @@ int obd_daemon_run(struct obd_daemon *d);
  * Idempotent and non-blocking. */
 void obd_daemon_close(struct obd_daemon *d);
 void obd_daemon_fini(struct obd_daemon *d);
+
+/* A buffer of at least `bytes` (its size in *cap), reusing the one kept
+ * from an earlier op when it is large enough; give it back with
+ * obd_daemon_scratch_put(d, p, cap). */
+void *obd_daemon_scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap);
+void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap);
 
 /* Milliseconds on the loop's clock. */
 uint64_t obd_daemon_now(const struct obd_daemon *d);
