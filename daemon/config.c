@@ -48,9 +48,10 @@ static const struct row rows[] = {
             "Unix socket for trainers and obcommctl."),
     INT_ROW(timeout_ms, 10, 3600000, "60000",
             "Default deadline of every collective, in milliseconds."),
-    INT_ROW(segment_bytes, 4096, 64 << 20, "1048576",
+    INT_ROW(segment_bytes, 8192, 64 << 20, "1048576",
             "Tensors are cut into segments of this many bytes so that "
-            "sending, receiving and reducing overlap."),
+            "sending, receiving and reducing overlap (1-bit segments are "
+            "whole 64 Ki-element codec blocks, 8 KiB of bits each)."),
     INT_ROW(max_buffer_bytes, 4096, INT64_C(1) << 40, "17179869184",
             "Largest shared-memory buffer a trainer may register."),
     INT_ROW(max_clients, 1, 4096, "256",
