@@ -83,7 +83,7 @@ trap 'exit 143' TERM
 # Build what the benchmark runs (meson finds MPI only if it is installed).
 (cd "$top" && deploy/build.sh)
 mkdir -p "$raw"
-rm -f "$raw"/*.jsonl "$raw"/*.log "$raw"/*.err "$raw/codec.json"
+rm -f "$raw"/*.jsonl "$raw"/*.log "$raw"/*.err "$raw/codec.json" "$raw/load.txt"
 
 # run_on_nodes K LABEL CMD...: runs CMD once in every namespace obcomm-n0 ..
 # n{K-1} at the same time and waits for all of them. In CMD's environment:
@@ -153,6 +153,8 @@ run_gloo() {
 failed=0
 for k in $nodes; do
     log "=== $k nodes at $rate, sizes $sizes MiB, $repeats repeats"
+    # The machine may be shared: keep its load next to the numbers.
+    echo "$k nodes start: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
     "$cluster" up "$k" "$rate" -- "${daemon_flags[@]}" >&2
     for c in $contenders; do
         log "$c on $k nodes"
@@ -170,6 +172,7 @@ for k in $nodes; do
         # shellcheck disable=SC2086 # the trainer command is split on purpose
         run_on_nodes "$k" trainer $trainer || failed=1
     fi
+    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
     "$cluster" down >&2
 done
 
@@ -180,6 +183,7 @@ codec_n=$((64 * 1048576))
     >"$raw/codec.json" 2>"$raw/codec.err" || { log "bench_codec failed"; failed=1; }
 
 meta="nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
-obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ)"
+obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); \
+load average (1/5/15 min) per node count: $(tr '\n' ';' <"$raw/load.txt")"
 "$py" "$here/report.py" "$raw" "$out" "$rate" "$meta"
 exit $failed
