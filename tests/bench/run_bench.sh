@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Allreduce benchmark: obcomm (fp32 ring and 1-bit) against OpenMPI and Gloo,
+# one process per node, on an emulated cluster of network namespaces with
+# shaped links (deploy/netns-cluster.sh). Needs root.
+#
+#   tests/bench/run_bench.sh [--nodes "2 4 8"] [--sizes-mib "1 4 16 64 256"]
+#       [--rate 1gbit] [--repeats N] [--warmup N] [--quick]
+#       [--contenders "obcomm mpi mpi_ring gloo"] [--out DIR]
+#       [--trainer "CMD ..."] [-- obcommd flags...]
+#
+# --quick: 2 nodes, 1 and 4 MiB, 2 repeats (a smoke check), into
+#   tests/bench/results-quick unless --out says otherwise.
+# Contenders: obcomm = build/tests/bench/bench_allreduce (fp32 SUM and 1-bit);
+#   mpi = mpi_allreduce under mpirun with Open MPI's default algorithm choice;
+#   mpi_ring = the same with coll_tuned forced to the ring allreduce (4);
+#   gloo = gloo_allreduce.py (Debian python3-torch, /usr/bin/python3).
+# --trainer CMD: after the contenders, for every node count, runs CMD once
+#   per node with run_on_nodes (see below); its output goes to
+#   $OUT/raw/trainer-n<K>-r<I>.log. This is the hook for the end-to-end
+#   training comparison.
+#
+# Output: $OUT/raw/*.jsonl (every rank's lines), $OUT/raw/codec.json, and
+# from report.py $OUT/allreduce.{json,md,png}; $OUT defaults to
+# tests/bench/results. The cluster is always torn down, also on failure or
+# Ctrl-C.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+build=${BUILD:-$top/build}
+cluster=$top/deploy/netns-cluster.sh
+nodes="2 4 8"
+sizes="1 4 16 64 256"
+rate=1gbit
+repeats=5
+warmup=1
+contenders="obcomm mpi mpi_ring gloo"
+out=$here/results
+trainer=""
+quick=0
+per_run_timeout=${BENCH_TIMEOUT:-3600}
+py=/usr/bin/python3
+
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --nodes) nodes=$2; shift 2 ;;
+    --sizes-mib) sizes=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --contenders) contenders=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --trainer) trainer=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h | --help) usage 0 ;;
+    --) shift; break ;;
+    *) echo "run_bench: unknown argument $1" >&2; usage ;;
+    esac
+done
+daemon_flags=("$@")
+if [ $quick -eq 1 ]; then
+    nodes=2 sizes="1 4" repeats=2
+    # A smoke check never overwrites the committed results.
+    [ "$out" = "$here/results" ] && out=$here/results-quick
+fi
+[ "$(id -u)" -eq 0 ] || { echo "run_bench: needs root (network namespaces)" >&2; exit 1; }
+
+raw=$out/raw
+log() { echo "run_bench: $*" >&2; }
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    "$cluster" down >/dev/null 2>&1 || true
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Build what the benchmark runs (meson finds MPI only if it is installed).
+(cd "$top" && deploy/build.sh)
+mkdir -p "$raw"
+rm -f "$raw"/*.jsonl "$raw"/*.log "$raw"/*.err "$raw/codec.json" "$raw/load.txt"
+
+# run_on_nodes K LABEL CMD...: runs CMD once in every namespace obcomm-n0 ..
+# n{K-1} at the same time and waits for all of them. In CMD's environment:
+# OBCOMM_SOCKET (the node's daemon), OBCOMM_NODE (I), OBCOMM_NODES (K),
+# OBCOMM_NODE_ADDR (10.77.0.(I+1)), OBCOMM_MASTER (node 0's address), and
+# the literal word {I} in CMD is replaced by I. stdout goes to
+# $raw/LABEL-n<K>-r<I>.log, stderr to .err. Returns non-zero if any node's
+# command failed or ran past $BENCH_TIMEOUT seconds. The hook for
+# trainers: run_on_nodes 4 mytrainer python3 train.py --rank {I} ...
+run_on_nodes() {
+    local k=$1 label=$2 i rc=0
+    shift 2
+    local pids=()
+    for ((i = 0; i < k; i++)); do
+        local argv=("${@//\{I\}/$i}")
+        OBCOMM_NODES=$k OBCOMM_MASTER=10.77.0.1 timeout "$per_run_timeout" \
+            "$cluster" exec "$i" "${argv[@]}" \
+            >"$raw/$label-n$k-r$i.log" 2>"$raw/$label-n$k-r$i.err" &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { rc=$?; log "$label node $i of $k failed ($rc), see $raw/$label-n$k-r$i.err"; }
+    done
+    return $rc
+}
+
+run_obcomm() {
+    local k=$1
+    run_on_nodes "$k" obcomm "$build/tests/bench/bench_allreduce" -j bench \
+        -z "$sizes" -r "$repeats" -w "$warmup" -c "$build/client/obcommctl" -d ob0 || return 1
+    cat "$raw"/obcomm-n"$k"-r*.log >"$raw/obcomm-n$k.jsonl"
+}
+
+# mpirun starts in node 0's namespace; netns-rsh.sh starts the remote orted
+# in the namespace of each host address.
+run_mpi() {
+    local k=$1 label=$2 i hosts=$raw/hosts-n$1
+    shift 2
+    [ -x "$build/tests/bench/mpi_allreduce" ] || { log "no mpi_allreduce (MPI not found at build), skipped"; return 0; }
+    : >"$hosts"
+    for ((i = 0; i < k; i++)); do echo "10.77.0.$((i + 1)) slots=1" >>"$hosts"; done
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        timeout "$per_run_timeout" ip netns exec obcomm-n0 \
+        mpirun -np "$k" --hostfile "$hosts" --map-by node \
+        --mca plm_rsh_agent "$here/netns-rsh.sh" \
+        --mca btl tcp,self --mca btl_tcp_if_include ob0 \
+        --mca oob_tcp_if_include ob0 "$@" \
+        "$build/tests/bench/mpi_allreduce" -z "$sizes" -r "$repeats" -w "$warmup" -d ob0 \
+        >"$raw/$label-n$k.log" 2>"$raw/$label-n$k.err" || { log "$label failed, see $raw/$label-n$k.err"; return 1; }
+    if [ "$label" = openmpi ]; then
+        cp "$raw/$label-n$k.log" "$raw/$label-n$k.jsonl"
+    else
+        sed "s/\"contender\":\"openmpi\"/\"contender\":\"$label\"/" \
+            "$raw/$label-n$k.log" >"$raw/$label-n$k.jsonl"
+    fi
+}
+
+run_gloo() {
+    local k=$1
+    "$py" -c 'import torch.distributed' 2>/dev/null || { log "no torch for $py, gloo skipped"; return 0; }
+    run_on_nodes "$k" gloo "$py" "$here/gloo_allreduce.py" --rank '{I}' --world "$k" \
+        --master 10.77.0.1:29500 --sizes-mib "$sizes" --repeats "$repeats" \
+        --warmup "$warmup" --dev ob0 || return 1
+    cat "$raw"/gloo-n"$k"-r*.log >"$raw/gloo-n$k.jsonl"
+}
+
+failed=0
+for k in $nodes; do
+    log "=== $k nodes at $rate, sizes $sizes MiB, $repeats repeats"
+    # The machine may be shared: keep its load next to the numbers.
+    echo "$k nodes start: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    "$cluster" up "$k" "$rate" -- "${daemon_flags[@]}" >&2
+    for c in $contenders; do
+        log "$c on $k nodes"
+        case "$c" in
+        obcomm) run_obcomm "$k" || failed=1 ;;
+        mpi) run_mpi "$k" openmpi || failed=1 ;;
+        mpi_ring) run_mpi "$k" openmpi_ring --mca coll_tuned_use_dynamic_rules 1 \
+            --mca coll_tuned_allreduce_algorithm 4 || failed=1 ;;
+        gloo) run_gloo "$k" || failed=1 ;;
+        *) log "unknown contender $c"; failed=1 ;;
+        esac
+    done
+    if [ -n "$trainer" ]; then
+        log "trainer on $k nodes: $trainer"
+        # shellcheck disable=SC2086 # the trainer command is split on purpose
+        run_on_nodes "$k" trainer $trainer || failed=1
+    fi
+    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    "$cluster" down >&2
+done
+
+log "codec figures (bench_codec --json)"
+codec_n=$((64 * 1048576))
+[ $quick -eq 1 ] && codec_n=1048576
+"$build/tests/bench/bench_codec" --json -n "$codec_n" -r "$([ $quick -eq 1 ] && echo 3 || echo 5)" \
+    >"$raw/codec.json" 2>"$raw/codec.err" || { log "bench_codec failed"; failed=1; }
+
+meta="nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
+obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); \
+load average (1/5/15 min) per node count: $(tr '\n' ';' <"$raw/load.txt")"
+"$py" "$here/report.py" "$raw" "$out" "$rate" "$meta"
+exit $failed
