@@ -30,6 +30,9 @@ struct obd_algo {
     void (*free)(struct obd_op *op);
     /* Nodes this op still waits on, for timeout messages. */
     void (*waiting_on)(const struct obd_op *op, char *buf, size_t len);
+    /* NULL, or 0 while the op cannot start yet; the op then stays in
+     * COLLECT and obd_job_kick_all() is called when that may change. */
+    int (*can_start)(struct obd_op *op);
 };
 
 /* The 1-bit allreduce and its state operations (coll_onebit.c). */

@@ -68,6 +68,7 @@ struct onebit {
     size_t w1_left; /* W1 tasks not finished */
     float scale;
     int w2_queued;
+    int began;        /* holds a use of ef */
     uint8_t *bits;    /* our signs, N / 8 */
     uint8_t *w2_done; /* per (chunk, segment) */
 
@@ -163,6 +164,7 @@ static void run_task(uv_work_t *req)
 }
 
 static void progress(struct obd_op *op);
+static int begin(struct obd_op *op);
 
 static void task_done(uv_work_t *req, int status)
 {
@@ -533,14 +535,11 @@ static void onebit_waiting_on(const struct obd_op *op, char *buf, size_t len)
 static void onebit_free(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
-    if (ob->in != NULL)
-        for (int k = 0; k < ob->n; k++)
-            if (k != ob->r)
-                free(ob->in[k]);
+    struct obd_daemon *d = ob->d;
+    struct obd_ef *ef = ob->ef;
     free(ob->in);
     obd_daemon_scratch_put(ob->d, ob->b, ob->b_cap);
     free(ob->wsums);
-    free(ob->bits);
     free(ob->w2_done);
     free(ob->scales);
     free(ob->have_scale);
@@ -549,12 +548,37 @@ static void onebit_free(struct obd_op *op)
     free(ob->ssums);
     free(ob->s1_queued);
     free(ob->s2_done);
-    free(ob->out);
     free(ob->sscales);
     free(ob->have_sscale);
     free(ob->seg_in);
+    int began = ob->began;
     free(ob);
     op->coll = NULL;
+
+    if (ef == NULL || !began || --ef->users > 0)
+        return;
+    if (ef->doomed) {
+        obd_ef_free(ef);
+        return;
+    }
+    /* An op of this key may be waiting for the state (onebit_can_start). */
+    obd_job_kick_all(d);
+}
+
+/* A key's state is used by one op at a time: after a failure the old op's
+ * codec tasks may still run, and the next op on the key waits for them
+ * (its frames wait in the sockets meanwhile). */
+static int onebit_can_start(struct obd_op *op)
+{
+    struct obd_daemon *d = op->job->d;
+    char why[256];
+    struct obd_ef *ef;
+    if (d->cfg.nodes == 1)
+        return 1;
+    if (obd_efstore_get(d, op->job->name, op->desc.key, op->desc.count, &ef,
+                        why, sizeof(why)) != 0)
+        return 1; /* start reports it */
+    return ef->users == 0;
 }
 
 /* With one node there is nothing to compress: the exact average. */
@@ -614,10 +638,68 @@ static int onebit_start(struct obd_op *op)
         ob->seg = ob->C;
     ob->nseg = (ob->C + ob->seg - 1) / ob->seg;
 
+    return begin(op);
+}
+
+struct work {
+    uint8_t *bits, *out;
+    uint8_t **in;
+    int n;
+};
+
+static void work_free(void *p)
+{
+    struct work *w = p;
+    if (w == NULL)
+        return;
+    free(w->bits);
+    free(w->out);
+    for (int k = 0; w->in && k < w->n; k++)
+        free(w->in[k]);
+    free(w->in);
+    free(w);
+}
+
+/* The packed buffers of a key, kept with its state: allocating them fresh
+ * on every op costs a page fault per 4 KiB. */
+static struct work *work_get(struct onebit *ob)
+{
+    struct obd_ef *ef = ob->ef;
+    if (ef->work != NULL)
+        return ef->work;
+    struct work *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    w->n = ob->n;
+    w->bits = malloc(ob->N / 8);
+    w->out = malloc(ob->N / 8);
+    w->in = calloc((size_t)ob->n, sizeof(*w->in));
+    int ok = w->bits && w->out && w->in;
+    for (int k = 0; ok && k < ob->n; k++)
+        if (k != ob->r)
+            ok = (w->in[k] = malloc(ob->C / 8)) != NULL;
+    if (!ok) {
+        work_free(w);
+        return NULL;
+    }
+    ef->work = w;
+    ef->work_free = work_free;
+    ef->work_bytes = 2 * ob->N / 8 + (size_t)(ob->n - 1) * ob->C / 8;
+    obd_efstore_account(ob->d);
+    return w;
+}
+
+/* Allocates the op's buffers and queues the first pass. */
+static int begin(struct obd_op *op)
+{
+    struct onebit *ob = op->coll;
+    struct obd_daemon *d = ob->d;
     size_t n = (size_t)ob->n, nseg = ob->nseg;
+    ob->ef->users++;
+    ob->began = 1;
+    struct work *w = work_get(ob);
     ob->b = obd_daemon_scratch_get(d, ob->N * sizeof(float), &ob->b_cap);
     ob->wsums = calloc(ob->N / OBD_CODEC_BLOCK + 1, sizeof(double));
-    ob->bits = malloc(ob->N / 8);
     ob->w2_done = calloc(n * nseg, 1);
     ob->in = calloc(n, sizeof(*ob->in));
     ob->scales = calloc(n, sizeof(float));
@@ -627,23 +709,22 @@ static int onebit_start(struct obd_op *op)
     ob->ssums = calloc(ob->C / OBD_CODEC_BLOCK + 1, sizeof(double));
     ob->s1_queued = calloc(nseg, 1);
     ob->s2_done = calloc(nseg, 1);
-    ob->out = malloc(ob->N / 8);
     ob->sscales = calloc(n, sizeof(float));
     ob->have_sscale = calloc(n, 1);
     ob->seg_in = calloc(n * nseg, 1);
-    int ok = ob->b && ob->wsums && ob->bits && ob->w2_done && ob->in &&
-             ob->scales && ob->have_scale && ob->ps_recv && ob->ps_sent &&
-             ob->ssums && ob->s1_queued && ob->s2_done && ob->out &&
-             ob->sscales && ob->have_sscale && ob->seg_in;
-    for (int k = 0; ok && k < ob->n; k++) {
-        ob->in[k] = k == ob->r ? ob->bits + (size_t)ob->r * ob->C / 8
-                               : malloc(ob->C / 8);
-        ok = ob->in[k] != NULL;
-    }
+    int ok = w && ob->b && ob->wsums && ob->w2_done && ob->in && ob->scales &&
+             ob->have_scale && ob->ps_recv && ob->ps_sent && ob->ssums &&
+             ob->s1_queued && ob->s2_done && ob->sscales && ob->have_sscale &&
+             ob->seg_in;
     if (!ok) {
         fail(op, OBCOMM_E_NOMEM, "out of memory for codec buffers");
         return OBCOMM_E_NOMEM;
     }
+    ob->bits = w->bits;
+    ob->out = w->out;
+    for (int k = 0; k < ob->n; k++)
+        ob->in[k] =
+            k == ob->r ? ob->bits + (size_t)ob->r * ob->C / 8 : w->in[k];
     ob->s1_left = nseg;
     ob->s2_left = nseg;
     ob->dec_left = n * nseg;
@@ -668,14 +749,15 @@ static int onebit_start(struct obd_op *op)
 }
 
 const struct obd_algo obd_algo_onebit = {
-    OBCOMM_KIND_ALLREDUCE_1BIT,
-    "1-bit allreduce",
-    onebit_start,
-    onebit_recv_dest,
-    onebit_recv_done,
-    progress,
-    onebit_free,
-    onebit_waiting_on,
+    .kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+    .name = "1-bit allreduce",
+    .start = onebit_start,
+    .recv_dest = onebit_recv_dest,
+    .recv_done = onebit_recv_done,
+    .progress = progress,
+    .free = onebit_free,
+    .waiting_on = onebit_waiting_on,
+    .can_start = onebit_can_start,
 };
 
 /* Reset and snapshot move no data: the announce exchange already put every
@@ -701,29 +783,43 @@ static int snapshot_start(struct obd_op *op)
     return 0;
 }
 
+static int reset_can_start(struct obd_op *op)
+{
+    struct obd_ef *ef =
+        obd_efstore_find(op->job->d, op->job->name, op->desc.key);
+    return ef == NULL || ef->users == 0;
+}
+
+static int snapshot_can_start(struct obd_op *op)
+{
+    return obd_efstore_idle(op->job->d, op->job->name);
+}
+
 static void no_free(struct obd_op *op)
 {
     (void)op;
 }
 
 const struct obd_algo obd_algo_onebit_reset = {
-    OBCOMM_KIND_RESET_1BIT,
-    "1-bit reset",
-    reset_start,
-    obd_coll_no_data,
-    obd_coll_no_recv,
-    obd_coll_no_progress,
-    no_free,
-    obd_coll_waiting_on_nobody,
+    .kind = OBCOMM_KIND_RESET_1BIT,
+    .name = "1-bit reset",
+    .start = reset_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = obd_coll_no_progress,
+    .free = no_free,
+    .waiting_on = obd_coll_waiting_on_nobody,
+    .can_start = reset_can_start,
 };
 
 const struct obd_algo obd_algo_onebit_snapshot = {
-    OBCOMM_KIND_SNAPSHOT_1BIT,
-    "1-bit snapshot",
-    snapshot_start,
-    obd_coll_no_data,
-    obd_coll_no_recv,
-    obd_coll_no_progress,
-    no_free,
-    obd_coll_waiting_on_nobody,
+    .kind = OBCOMM_KIND_SNAPSHOT_1BIT,
+    .name = "1-bit snapshot",
+    .start = snapshot_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = obd_coll_no_progress,
+    .free = no_free,
+    .waiting_on = obd_coll_waiting_on_nobody,
+    .can_start = snapshot_can_start,
 };

@@ -416,13 +416,30 @@ void obd_coll_waiting_on_nobody(const struct obd_op *op, char *buf, size_t len)
 }
 
 static const struct obd_algo algos[] = {
-    {OBCOMM_KIND_ALLREDUCE, "ring allreduce", ring_start, ring_recv_dest,
-     ring_recv_done, ring_progress, coll_free, ring_waiting_on},
-    {OBCOMM_KIND_BROADCAST, "chain broadcast", bcast_start, bcast_recv_dest,
-     bcast_recv_done, bcast_progress, coll_free, bcast_waiting_on},
-    {OBCOMM_KIND_BARRIER, "barrier", barrier_start, obd_coll_no_data,
-     obd_coll_no_recv, obd_coll_no_progress, coll_free,
-     obd_coll_waiting_on_nobody},
+    {.kind = OBCOMM_KIND_ALLREDUCE,
+     .name = "ring allreduce",
+     .start = ring_start,
+     .recv_dest = ring_recv_dest,
+     .recv_done = ring_recv_done,
+     .progress = ring_progress,
+     .free = coll_free,
+     .waiting_on = ring_waiting_on},
+    {.kind = OBCOMM_KIND_BROADCAST,
+     .name = "chain broadcast",
+     .start = bcast_start,
+     .recv_dest = bcast_recv_dest,
+     .recv_done = bcast_recv_done,
+     .progress = bcast_progress,
+     .free = coll_free,
+     .waiting_on = bcast_waiting_on},
+    {.kind = OBCOMM_KIND_BARRIER,
+     .name = "barrier",
+     .start = barrier_start,
+     .recv_dest = obd_coll_no_data,
+     .recv_done = obd_coll_no_recv,
+     .progress = obd_coll_no_progress,
+     .free = coll_free,
+     .waiting_on = obd_coll_waiting_on_nobody},
 };
 
 const struct obd_algo *obd_coll_algo(uint32_t kind)

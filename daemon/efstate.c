@@ -56,6 +56,8 @@ void obd_ef_free(struct obd_ef *ef)
 {
     if (ef == NULL)
         return;
+    if (ef->work_free != NULL)
+        ef->work_free(ef->work);
     free(ef->werr);
     free(ef->serr);
     free(ef);
@@ -69,7 +71,8 @@ void obd_ef_zero(struct obd_ef *ef)
 
 size_t obd_ef_bytes(const struct obd_ef *ef)
 {
-    return (ef->padded + ef->padded / (size_t)ef->nodes) * sizeof(float);
+    return (ef->padded + ef->padded / (size_t)ef->nodes) * sizeof(float) +
+           ef->work_bytes;
 }
 
 void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
@@ -131,7 +134,9 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
     prefs.frameInfo.blockChecksumFlag = LZ4F_blockChecksumEnabled;
     prefs.frameInfo.contentSize =
-        sizeof(h) + (unsigned long long)obd_ef_bytes(ef);
+        sizeof(h) +
+        (unsigned long long)(ef->padded + ef->padded / (size_t)ef->nodes) *
+            sizeof(float);
 
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);

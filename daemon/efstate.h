@@ -26,6 +26,15 @@ struct obd_ef {
     int nodes;
     float *werr; /* padded elements */
     float *serr; /* padded / nodes elements */
+
+    /* Owned by the 1-bit op (coll_onebit.c): ops using the state and work
+     * buffers kept between ops. */
+    int users;
+    int doomed; /* reset while in use: freed when the last user leaves */
+    void *work;
+    size_t work_bytes;
+    void (*work_free)(void *work);
+
     struct obd_ef *next;
 };
 
@@ -50,6 +59,7 @@ struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
                           int nodes);
 void obd_ef_free(struct obd_ef *ef);
 void obd_ef_zero(struct obd_ef *ef);
+/* Memory the state holds, work buffers included. */
 size_t obd_ef_bytes(const struct obd_ef *ef);
 
 /* The snapshot file name of (job, key) inside dir. */

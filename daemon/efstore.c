@@ -18,7 +18,7 @@ static struct obd_ef_world world_of(const struct obd_daemon *d)
     return w;
 }
 
-static void account(struct obd_daemon *d)
+void obd_efstore_account(struct obd_daemon *d)
 {
     uint64_t bytes = 0;
     for (struct obd_ef *ef = d->efs; ef; ef = ef->next)
@@ -33,6 +33,20 @@ static struct obd_ef **find(struct obd_daemon *d, const char *job, uint64_t key)
         if ((*pp)->key == key && strcmp((*pp)->job, job) == 0)
             break;
     return pp;
+}
+
+struct obd_ef *obd_efstore_find(struct obd_daemon *d, const char *job,
+                                uint64_t key)
+{
+    return *find(d, job, key);
+}
+
+int obd_efstore_idle(const struct obd_daemon *d, const char *job)
+{
+    for (const struct obd_ef *ef = d->efs; ef; ef = ef->next)
+        if (ef->users > 0 && strcmp(ef->job, job) == 0)
+            return 0;
+    return 1;
 }
 
 int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t key,
@@ -62,7 +76,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t key,
     }
     ef->next = d->efs;
     d->efs = ef;
-    account(d);
+    obd_efstore_account(d);
     *out = ef;
     return 0;
 }
@@ -73,8 +87,12 @@ void obd_efstore_reset(struct obd_daemon *d, const char *job, uint64_t key)
     if (*pp != NULL) {
         struct obd_ef *ef = *pp;
         *pp = ef->next;
-        obd_ef_free(ef);
-        account(d);
+        /* Tasks of a failed op may still write it: freed when they end. */
+        if (ef->users > 0)
+            ef->doomed = 1;
+        else
+            obd_ef_free(ef);
+        obd_efstore_account(d);
     }
     if (d->cfg.state_dir[0] != '\0') {
         char path[4200];
@@ -165,7 +183,7 @@ void obd_efstore_restore(struct obd_daemon *d)
         }
     }
     closedir(dir);
-    account(d);
+    obd_efstore_account(d);
 }
 
 void obd_efstore_fini(struct obd_daemon *d)

@@ -32,4 +32,14 @@ void obd_efstore_restore(struct obd_daemon *d);
 
 void obd_efstore_fini(struct obd_daemon *d);
 
+/* The state of (job, key) if it exists, else NULL. */
+struct obd_ef *obd_efstore_find(struct obd_daemon *d, const char *job,
+                                uint64_t key);
+
+/* 1 if no state of `job` is in use by a 1-bit op. */
+int obd_efstore_idle(const struct obd_daemon *d, const char *job);
+
+/* Recounts the memory the states hold (after work buffers changed). */
+void obd_efstore_account(struct obd_daemon *d);
+
 #endif

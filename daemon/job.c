@@ -600,6 +600,8 @@ static void job_start_next(struct obd_job *job)
                         o->desc.kind);
             return;
         }
+        if (algo->can_start != NULL && !algo->can_start(o))
+            return;
         o->state = OBD_OP_RUN;
         algo->start(o);
         return;
@@ -723,6 +725,15 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
                         (unsigned long long)op->seq, job->name, node, why);
         job->busy--;
         job_maybe_free(job);
+    }
+}
+
+void obd_job_kick_all(struct obd_daemon *d)
+{
+    struct obd_job *next;
+    for (struct obd_job *job = d->jobs; job; job = next) {
+        next = job->next;
+        job_kick(job);
     }
 }
 

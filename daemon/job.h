@@ -125,6 +125,9 @@ void obd_job_on_peer_up(struct obd_daemon *d, int node);
 /* A node's link went down: fails the ops that needed it. */
 void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why);
 
+/* Starts every job's next op that has become ready. */
+void obd_job_kick_all(struct obd_daemon *d);
+
 /* The op (job id, seq) this node knows, in any state, or NULL. */
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 
