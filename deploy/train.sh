@@ -10,6 +10,7 @@
 #   OUT/<mode>.log    the trainers' and daemons' messages
 #
 # The cluster is stopped on every exit path (success, failure, Ctrl-C).
+# Exit status: 0 done, 1 failure, 3 training diverged (still recorded).
 #
 #   deploy/train.sh [--mode adam|onebit|onebit-noef] [--steps N] [--nodes K]
 #                   [--trainers T] [--out DIR] [--tag NAME] [--quiet]
@@ -87,11 +88,19 @@ if [ $quiet -eq 0 ]; then
     echo "train: $nodes nodes x $trainers trainers, mode $mode, $steps steps" \
         "(log: $out/$name.log)" >&2
 fi
+# Exit 3 from every trainer: training diverged (the JSON says where); the
+# run is still recorded, and this script exits 3.
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+for p in "${pids[@]}"; do
+    rc=0
+    wait "$p" || rc=$?
+    if [ $rc -eq 3 ] && [ $status -ne 1 ]; then status=3; elif [ $rc -ne 0 ]; then status=1; fi
+done
 pids=()
 t1=$(date +%s.%N)
-if [ $status -ne 0 ]; then
+if [ $status -eq 3 ]; then
+    echo "train: $name diverged; recording it" >&2
+elif [ $status -ne 0 ]; then
     echo "train: a trainer failed; see $out/$name.log:" >&2
     grep -v '^$' "$out/$name.log" | tail -5 >&2
     exit 1
@@ -127,3 +136,4 @@ r.update(nodes=nodes, trainers_per_node=trainers,
 print(json.dumps(r))
 EOF
 if [ $quiet -eq 0 ]; then cat "$out/$name.json"; fi
+exit $status

@@ -21,6 +21,9 @@
  * training images; one SUM allreduce combines them and rank 0 prints one
  * JSON line (test accuracy, full training loss, timings).
  *
+ * Exit status: 0 done, 1 error, 2 usage, 3 training diverged (a non-finite
+ * loss or momentum; the JSON line then has "diverged_at_step").
+ *
  *   obcomm-fmnist [--mode adam|onebit|onebit-noef] [--steps N] [--batch B]
  *                 [--lr X] [--schedule constant|cosine] [--freeze-frac F]
  *                 [--seed S] [--data DIR] [--log FILE] [-s SOCKET] [-j JOB]
@@ -680,8 +683,8 @@ int main(int argc, char **argv)
                 cfg.freeze_step, NPARAMS);
 
     double t0 = now_s(), t_opt = 0, first_loss = NAN;
-    long k = 0;
-    for (long step = 0; step < o.steps; step++) {
+    long k = 0, diverged = -1;
+    for (long step = 0; step < o.steps && diverged < 0; step++) {
         shard_next(&sh, bidx, o.batch);
         gather(&w, &train, bidx, o.batch);
         double loss = forward(params, &w, o.batch, NULL) / (double)o.batch;
@@ -692,21 +695,39 @@ int main(int argc, char **argv)
                                        (1.0 + cos(M_PI * (double)step /
                                                   (double)o.steps))));
         double ts = now_s();
-        if ((rc = obcomm_adam_step(adam, params, grads))) {
+        rc = obcomm_adam_step(adam, params, grads);
+        t_opt += now_s() - ts;
+        if (rc == OBCOMM_E_NONFINITE) {
+            /* The momentum overflowed: the same op failed on every rank,
+             * so all of them stop here together. */
+            diverged = step;
+        } else if (rc) {
             coll_fail(c, rank, "adam_step", rc);
             goto out;
+        } else {
+            losses[k++] = (float)loss;
         }
-        t_opt += now_s() - ts;
-        losses[k++] = (float)loss;
-        if (k == o.check_every || step + 1 == o.steps) {
-            if (checkpoint(c, rank, params, losses, step + 1 - k, k, hb, log,
+        if (k > 0 && (k == o.check_every || step + 1 == o.steps ||
+                      diverged >= 0)) {
+            long first = step + 1 - k - (diverged >= 0);
+            if (checkpoint(c, rank, params, losses, first, k, hb, log,
                            step + 1) != 0)
                 goto out;
-            if (step + 1 == k)
+            if (first == 0)
                 first_loss = losses[0];
+            /* An overflowing loss is divergence too (the same on every
+             * rank: the averaged losses are identical). */
+            for (long i = 0; i < k && diverged < 0; i++)
+                if (!isfinite(losses[i]))
+                    diverged = first + i;
             k = 0;
         }
     }
+    if (diverged >= 0 && rank == 0)
+        fprintf(stderr, "obcomm-fmnist: DIVERGED at step %ld (non-finite "
+                        "loss or momentum); evaluating the parameters as "
+                        "they are\n",
+                diverged);
     double t_train = now_s() - t0;
 
     /* Evaluation, split over the ranks like the training data. */
@@ -749,13 +770,15 @@ int main(int argc, char **argv)
         json_num(stdout, "train_accuracy", sums[2] / (double)train.n, 0);
         json_num(stdout, "train_loss", sums[3] / (double)train.n, 0);
         json_num(stdout, "first_step_loss", first_loss, 0);
+        if (diverged >= 0)
+            printf("\"diverged_at_step\": %ld, ", diverged);
         json_num(stdout, "train_seconds", t_train, 0);
         json_num(stdout, "optimizer_seconds", t_opt, 0);
         json_num(stdout, "eval_seconds", te, 1);
         printf("}\n");
         fflush(stdout);
     }
-    status = 0;
+    status = diverged >= 0 ? 3 : 0;
 out:
     if (log && fclose(log) != 0 && status == 0) {
         fail("%s: write failed", o.log);
