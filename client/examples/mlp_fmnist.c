@@ -480,41 +480,100 @@ static void usage(FILE *f, const char *argv0)
 
 static int parse(int argc, char **argv, struct opts *o, obcomm_options_t *co)
 {
-    enum { O_MODE = 256, O_STEPS, O_BATCH, O_LR, O_SCHED, O_FREEZE, O_EPS,
-           O_BIAS, O_SEED, O_DATA, O_LOG, O_CHECK, O_HELP };
-    static const struct option lo[] = {
-        {"mode", 1, 0, O_MODE},          {"steps", 1, 0, O_STEPS},
-        {"batch", 1, 0, O_BATCH},        {"lr", 1, 0, O_LR},
-        {"schedule", 1, 0, O_SCHED},     {"freeze-frac", 1, 0, O_FREEZE},
-        {"eps", 1, 0, O_EPS},            {"bias-correction", 0, 0, O_BIAS},
-        {"seed", 1, 0, O_SEED},          {"data", 1, 0, O_DATA},
-        {"log", 1, 0, O_LOG},            {"check-every", 1, 0, O_CHECK},
-        {"socket", 1, 0, 's'},           {"job", 1, 0, 'j'},
-        {"local-rank", 1, 0, 'r'},       {"local-size", 1, 0, 'n'},
-        {"timeout-ms", 1, 0, 't'},       {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0}};
+    enum {
+        O_MODE = 256,
+        O_STEPS,
+        O_BATCH,
+        O_LR,
+        O_SCHED,
+        O_FREEZE,
+        O_EPS,
+        O_BIAS,
+        O_SEED,
+        O_DATA,
+        O_LOG,
+        O_CHECK,
+        O_HELP
+    };
+    static const struct option lo[] = {{"mode", 1, 0, O_MODE},
+                                       {"steps", 1, 0, O_STEPS},
+                                       {"batch", 1, 0, O_BATCH},
+                                       {"lr", 1, 0, O_LR},
+                                       {"schedule", 1, 0, O_SCHED},
+                                       {"freeze-frac", 1, 0, O_FREEZE},
+                                       {"eps", 1, 0, O_EPS},
+                                       {"bias-correction", 0, 0, O_BIAS},
+                                       {"seed", 1, 0, O_SEED},
+                                       {"data", 1, 0, O_DATA},
+                                       {"log", 1, 0, O_LOG},
+                                       {"check-every", 1, 0, O_CHECK},
+                                       {"socket", 1, 0, 's'},
+                                       {"job", 1, 0, 'j'},
+                                       {"local-rank", 1, 0, 'r'},
+                                       {"local-size", 1, 0, 'n'},
+                                       {"timeout-ms", 1, 0, 't'},
+                                       {"help", 0, 0, O_HELP},
+                                       {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "s:j:r:n:t:", lo, NULL)) != -1) {
         switch (c) {
-        case O_MODE: o->mode = optarg; break;
-        case O_STEPS: o->steps = atol(optarg); break;
-        case O_BATCH: o->batch = (size_t)atol(optarg); break;
-        case O_LR: o->lr = atof(optarg); break;
-        case O_SCHED: o->schedule = optarg; break;
-        case O_FREEZE: o->freeze_frac = atof(optarg); break;
-        case O_EPS: o->eps = atof(optarg); break;
-        case O_BIAS: o->bias_correction = 1; break;
-        case O_SEED: o->seed = strtoull(optarg, NULL, 0); break;
-        case O_DATA: o->data = optarg; break;
-        case O_LOG: o->log = optarg; break;
-        case O_CHECK: o->check_every = atol(optarg); break;
-        case 's': co->socket_path = optarg; break;
-        case 'j': co->job = optarg; break;
-        case 'r': co->local_rank = atoi(optarg); break;
-        case 'n': co->local_size = atoi(optarg); break;
-        case 't': co->timeout_ms = atoi(optarg); break;
-        case O_HELP: usage(stdout, argv[0]); exit(0);
-        default: usage(stderr, argv[0]); return -1;
+        case O_MODE:
+            o->mode = optarg;
+            break;
+        case O_STEPS:
+            o->steps = atol(optarg);
+            break;
+        case O_BATCH:
+            o->batch = (size_t)atol(optarg);
+            break;
+        case O_LR:
+            o->lr = atof(optarg);
+            break;
+        case O_SCHED:
+            o->schedule = optarg;
+            break;
+        case O_FREEZE:
+            o->freeze_frac = atof(optarg);
+            break;
+        case O_EPS:
+            o->eps = atof(optarg);
+            break;
+        case O_BIAS:
+            o->bias_correction = 1;
+            break;
+        case O_SEED:
+            o->seed = strtoull(optarg, NULL, 0);
+            break;
+        case O_DATA:
+            o->data = optarg;
+            break;
+        case O_LOG:
+            o->log = optarg;
+            break;
+        case O_CHECK:
+            o->check_every = atol(optarg);
+            break;
+        case 's':
+            co->socket_path = optarg;
+            break;
+        case 'j':
+            co->job = optarg;
+            break;
+        case 'r':
+            co->local_rank = atoi(optarg);
+            break;
+        case 'n':
+            co->local_size = atoi(optarg);
+            break;
+        case 't':
+            co->timeout_ms = atoi(optarg);
+            break;
+        case O_HELP:
+            usage(stdout, argv[0]);
+            exit(0);
+        default:
+            usage(stderr, argv[0]);
+            return -1;
         }
     }
     if (optind != argc)
@@ -545,12 +604,11 @@ static int coll_fail(obcomm_t *c, int rank, const char *what, int rc)
 
 /* Averages the buffered per-rank losses over the ranks, writes them to the
  * log (rank 0), and checks that every rank holds the same parameters. */
-static int checkpoint(obcomm_t *c, int rank, const float *params,
-                      float *losses, long first_step, long k, int64_t *hb,
-                      FILE *log, long step_done)
+static int checkpoint(obcomm_t *c, int rank, const float *params, float *losses,
+                      long first_step, long k, int64_t *hb, FILE *log,
+                      long step_done)
 {
-    int rc = obcomm_allreduce(c, losses, (size_t)k, OBCOMM_FLOAT32,
-                              OBCOMM_AVG);
+    int rc = obcomm_allreduce(c, losses, (size_t)k, OBCOMM_FLOAT32, OBCOMM_AVG);
     if (rc)
         return coll_fail(c, rank, "loss allreduce", rc);
     if (log) {
@@ -565,11 +623,10 @@ static int checkpoint(obcomm_t *c, int rank, const float *params,
     if (rc)
         return coll_fail(c, rank, "checksum allreduce", rc);
     if (hb[0] != -hb[1] || hb[0] != h)
-        return fail("rank %d: PARAMETERS DIVERGED after step %ld: hash here "
-                    "%016" PRIx64 ", max over ranks %016" PRIx64
-                    ", min %016" PRIx64,
-                    rank, step_done, (uint64_t)h, (uint64_t)hb[0],
-                    (uint64_t)-hb[1]);
+        return fail(
+            "rank %d: PARAMETERS DIVERGED after step %ld: hash here "
+            "%016" PRIx64 ", max over ranks %016" PRIx64 ", min %016" PRIx64,
+            rank, step_done, (uint64_t)h, (uint64_t)hb[0], (uint64_t)-hb[1]);
     return 0;
 }
 
@@ -665,8 +722,8 @@ int main(int argc, char **argv)
     cfg.lr = (float)o.lr;
     cfg.eps = (float)o.eps;
     cfg.bias_correction = o.bias_correction;
-    cfg.freeze_step = onebit ? (long)llround(o.freeze_frac * (double)o.steps)
-                             : o.steps + 1;
+    cfg.freeze_step =
+        onebit ? (long)llround(o.freeze_frac * (double)o.steps) : o.steps + 1;
     if ((rc = obcomm_adam_create(c, ADAM_KEY, NPARAMS, &cfg, &adam))) {
         coll_fail(c, rank, "adam_create", rc);
         goto out;
@@ -696,10 +753,9 @@ int main(int argc, char **argv)
         double loss = forward(params, &w, o.batch, NULL) / (double)o.batch;
         backward(params, grads, &w, o.batch);
         if (!strcmp(o.schedule, "cosine"))
-            obcomm_adam_set_lr(adam,
-                               (float)(o.lr * 0.5 *
-                                       (1.0 + cos(M_PI * (double)step /
-                                                  (double)o.steps))));
+            obcomm_adam_set_lr(adam, (float)(o.lr * 0.5 *
+                                             (1.0 + cos(M_PI * (double)step /
+                                                        (double)o.steps))));
         double ts = now_s();
         rc = obcomm_adam_step(adam, params, grads);
         t_opt += now_s() - ts;
@@ -713,8 +769,8 @@ int main(int argc, char **argv)
         } else {
             losses[k++] = (float)loss;
         }
-        if (k > 0 && (k == o.check_every || step + 1 == o.steps ||
-                      diverged >= 0)) {
+        if (k > 0 &&
+            (k == o.check_every || step + 1 == o.steps || diverged >= 0)) {
             long first = step + 1 - k - (diverged >= 0);
             if (checkpoint(c, rank, params, losses, first, k, hb, log,
                            step + 1) != 0)
@@ -730,9 +786,10 @@ int main(int argc, char **argv)
         }
     }
     if (diverged >= 0 && rank == 0)
-        fprintf(stderr, "obcomm-fmnist: DIVERGED at step %ld (non-finite "
-                        "loss or momentum); evaluating the parameters as "
-                        "they are\n",
+        fprintf(stderr,
+                "obcomm-fmnist: DIVERGED at step %ld (non-finite "
+                "loss or momentum); evaluating the parameters as "
+                "they are\n",
                 diverged);
     double t_train = now_s() - t0;
 
