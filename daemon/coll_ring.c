@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl.h"
 #include "ops.h"
 #include "peers.h"
 #include "reduce.h"
@@ -29,7 +30,8 @@ struct obd_coll {
     size_t seg;   /* elements per segment */
     uint8_t *acc;
     size_t acc_bytes;
-    uint8_t *tmp; /* one segment, for reduce-scatter steps */
+    int zero_copy; /* acc is the only trainer's buffer */
+    uint8_t *tmp;  /* one segment, for reduce-scatter steps */
     int nsteps;
     int send_step, recv_step;
     size_t send_seg, recv_seg;
@@ -93,7 +95,10 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
+    if (c->zero_copy)
+        obd_shm_task_done(c->d);
+    else
+        obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
     free(c->tmp);
     free(c);
     op->coll = NULL;
@@ -142,6 +147,13 @@ static void ring_finish(struct obd_op *op)
     struct obd_coll *c = op->coll;
     struct obd_job *job = op->job;
     int ls = job->local_size;
+    if (c->zero_copy) {
+        if (op->desc.redop == OBCOMM_AVG)
+            obd_reduce_div_in_place((obcomm_dtype_t)op->desc.dtype, c->acc,
+                                    c->count, c->n * ls);
+        obd_op_finish(op);
+        return;
+    }
     obd_reduce_store_many((obcomm_dtype_t)op->desc.dtype,
                           (obcomm_op_t)op->desc.redop, op->data, ls, c->acc,
                           c->count, c->n * ls);
@@ -181,9 +193,18 @@ static int ring_start(struct obd_op *op)
     obcomm_dtype_t dt = (obcomm_dtype_t)op->desc.dtype;
     size_t esz = obd_dtype_acc_size(dt);
     struct obd_coll *c = coll_new(op, op->desc.count, esz);
+    /* One trainer and a dtype that accumulates in itself: the ring runs in
+     * the trainer's shared memory, with no copy in or out. The buffer stays
+     * mapped until the op is freed, even if the trainer leaves. */
+    if (c != NULL && job->local_size == 1 && c->n > 1 &&
+        esz == obd_dtype_size(dt)) {
+        c->acc = op->data[0];
+        c->zero_copy = 1;
+        obd_shm_task_start(d);
+    }
     if (c == NULL ||
-        (c->acc = obd_daemon_scratch_get(d, c->count * esz, &c->acc_bytes)) ==
-            NULL ||
+        (!c->zero_copy && (c->acc = obd_daemon_scratch_get(
+                               d, c->count * esz, &c->acc_bytes)) == NULL) ||
         (c->n > 1 && (c->tmp = malloc(c->seg * esz)) == NULL)) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
@@ -194,8 +215,10 @@ static int ring_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES,
                    c->count * obd_dtype_size(dt));
 
-    obd_reduce_load(dt, (obcomm_op_t)op->desc.redop, c->acc,
-                    (const void *const *)op->data, job->local_size, c->count);
+    if (!c->zero_copy)
+        obd_reduce_load(dt, (obcomm_op_t)op->desc.redop, c->acc,
+                        (const void *const *)op->data, job->local_size,
+                        c->count);
     if (c->n == 1) {
         ring_finish(op);
         return 0;

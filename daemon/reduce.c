@@ -493,3 +493,36 @@ void obd_reduce_store_many(obcomm_dtype_t dtype, obcomm_op_t op,
         }
     }
 }
+
+void obd_reduce_div_in_place(obcomm_dtype_t dtype, void *acc, size_t count,
+                             int divisor)
+{
+    switch (dtype) {
+    case OBCOMM_FLOAT32: {
+        float *a = acc, d = (float)divisor;
+        for (size_t i = 0; i < count; i++)
+            a[i] = a[i] / d;
+        break;
+    }
+    case OBCOMM_FLOAT64: {
+        double *a = acc, d = (double)divisor;
+        for (size_t i = 0; i < count; i++)
+            a[i] = a[i] / d;
+        break;
+    }
+    case OBCOMM_INT32: {
+        int32_t *a = acc, d = (int32_t)divisor;
+        for (size_t i = 0; i < count; i++)
+            a[i] = a[i] / d;
+        break;
+    }
+    case OBCOMM_INT64: {
+        int64_t *a = acc, d = (int64_t)divisor;
+        for (size_t i = 0; i < count; i++)
+            a[i] = a[i] / d;
+        break;
+    }
+    default:
+        break;
+    }
+}

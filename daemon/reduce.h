@@ -92,4 +92,11 @@ void obd_reduce_store_many(obcomm_dtype_t dtype, obcomm_op_t op,
                            void *const *dst, int ndst, const void *acc,
                            size_t count, int divisor);
 
+/* acc[i] = acc[i] / divisor in place, exactly as obd_reduce_store with
+ * AVG computes it, for the dtypes that accumulate in their own type (fp32,
+ * fp64, int32, int64; integers truncate toward zero). divisor >= 1. Other
+ * dtypes are left untouched. */
+void obd_reduce_div_in_place(obcomm_dtype_t dtype, void *acc, size_t count,
+                             int divisor);
+
 #endif
