@@ -118,15 +118,28 @@ static void run_task(uv_work_t *req)
             size_t e =
                 b + OBD_CODEC_BLOCK < t->end ? b + OBD_CODEC_BLOCK : t->end;
             ob->wsums[b / OBD_CODEC_BLOCK] =
-                impl->avg_sumsq_block((const float *const *)ob->dst, ob->ls,
-                                      ob->count, ob->ef->werr, b, e, ob->b);
+                ob->ls == 1
+                    ? impl->sumsq_block(ob->dst[0], ob->count, ob->ef->werr, b,
+                                        e)
+                    : impl->avg_sumsq_block((const float *const *)ob->dst,
+                                            ob->ls, ob->count, ob->ef->werr, b,
+                                            e, ob->b);
         }
         break;
     case T_W2: {
         size_t begin = (size_t)t->chunk * ob->C + t->seg * ob->seg;
         size_t end = begin + seg_elems(ob, t->seg);
-        impl->sign_range(ob->b, ob->ef->werr, begin, end, ob->scale,
-                         ob->bits + begin / 8);
+        /* One trainer: its tensor is the average, so pass 2 reads it and
+         * the error again instead of a stored sum (one tensor-sized write
+         * fewer; bit-identical, see test_codec). Decompression cannot
+         * overwrite a chunk before this pass is done with it: the chunk's
+         * result needs this pass's bits first. */
+        if (ob->ls == 1)
+            impl->compress_range(ob->dst[0], ob->count, ob->ef->werr, begin,
+                                 end, ob->scale, ob->bits + begin / 8);
+        else
+            impl->sign_range(ob->b, ob->ef->werr, begin, end, ob->scale,
+                             ob->bits + begin / 8);
         break;
     }
     case T_S1: {
@@ -698,7 +711,8 @@ static int begin(struct obd_op *op)
     ob->ef->users++;
     ob->began = 1;
     struct work *w = work_get(ob);
-    ob->b = obd_daemon_scratch_get(d, ob->N * sizeof(float), &ob->b_cap);
+    if (ob->ls > 1)
+        ob->b = obd_daemon_scratch_get(d, ob->N * sizeof(float), &ob->b_cap);
     ob->wsums = calloc(ob->N / OBD_CODEC_BLOCK + 1, sizeof(double));
     ob->w2_done = calloc(n * nseg, 1);
     ob->in = calloc(n, sizeof(*ob->in));
@@ -712,10 +726,10 @@ static int begin(struct obd_op *op)
     ob->sscales = calloc(n, sizeof(float));
     ob->have_sscale = calloc(n, 1);
     ob->seg_in = calloc(n * nseg, 1);
-    int ok = w && ob->b && ob->wsums && ob->w2_done && ob->in && ob->scales &&
-             ob->have_scale && ob->ps_recv && ob->ps_sent && ob->ssums &&
-             ob->s1_queued && ob->s2_done && ob->sscales && ob->have_sscale &&
-             ob->seg_in;
+    int ok = w && (ob->b || ob->ls == 1) && ob->wsums && ob->w2_done &&
+             ob->in && ob->scales && ob->have_scale && ob->ps_recv &&
+             ob->ps_sent && ob->ssums && ob->s1_queued && ob->s2_done &&
+             ob->sscales && ob->have_sscale && ob->seg_in;
     if (!ok) {
         fail(op, OBCOMM_E_NOMEM, "out of memory for codec buffers");
         return OBCOMM_E_NOMEM;
