@@ -712,7 +712,9 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
     job_maybe_free(job);
 }
 
-void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
+/* Fails every open op of every job with PEER_LOST and `reason`. */
+static void fail_all_open(struct obd_daemon *d, int announce,
+                          const char *reason)
 {
     struct obd_job *jnext;
     for (struct obd_job *job = d->jobs; job; job = jnext) {
@@ -720,12 +722,19 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
         job->busy++;
         struct obd_op *op;
         while ((op = first_open(job)) != NULL)
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                        "op %llu of job %s: node %d was lost: %s",
-                        (unsigned long long)op->seq, job->name, node, why);
+            obd_op_fail(op, OBCOMM_E_PEER_LOST, announce,
+                        "op %llu of job %s: %s", (unsigned long long)op->seq,
+                        job->name, reason);
         job->busy--;
         job_maybe_free(job);
     }
+}
+
+void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
+{
+    char reason[320];
+    snprintf(reason, sizeof(reason), "node %d was lost: %s", node, why);
+    fail_all_open(d, 1, reason);
 }
 
 void obd_job_kick_all(struct obd_daemon *d)
@@ -764,18 +773,8 @@ static void job_maybe_free(struct obd_job *job)
 
 void obd_job_close_all(struct obd_daemon *d)
 {
-    struct obd_job *jnext;
-    for (struct obd_job *job = d->jobs; job; job = jnext) {
-        jnext = job->next;
-        job->busy++;
-        struct obd_op *op;
-        while ((op = first_open(job)) != NULL)
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 0,
-                        "op %llu of job %s: obcommd on node %d is shutting "
-                        "down",
-                        (unsigned long long)op->seq, job->name,
-                        (int)d->cfg.rank);
-        job->busy--;
-        job_maybe_free(job);
-    }
+    char reason[96];
+    snprintf(reason, sizeof(reason), "obcommd on node %d is shutting down",
+             (int)d->cfg.rank);
+    fail_all_open(d, 0, reason);
 }
