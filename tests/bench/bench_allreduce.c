@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define MAX_SIZES   32
 #define MAX_REPEATS 1000
 
@@ -47,13 +49,6 @@ static double now_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
 }
 
 /* A counter from `obcommctl --json metrics`; -1 when it cannot be read. */
@@ -81,32 +76,6 @@ static long long daemon_counter(const struct cfg *g, const char *name)
 }
 
 /* tx_bytes of `dev` in this network namespace's /proc/net/dev. */
-static long long dev_tx_bytes(const char *dev)
-{
-    char line[512];
-    long long v = -1;
-    size_t len = strlen(dev);
-    FILE *f = fopen("/proc/net/dev", "r");
-
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        char *s = line;
-        while (*s == ' ')
-            s++;
-        if (strncmp(s, dev, len) == 0 && s[len] == ':') {
-            unsigned long long f8[9];
-            if (sscanf(s + len + 1,
-                       "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &f8[0],
-                       &f8[1], &f8[2], &f8[3], &f8[4], &f8[5], &f8[6], &f8[7],
-                       &f8[8]) == 9)
-                v = (long long)f8[8];
-            break;
-        }
-    }
-    fclose(f);
-    return v;
-}
 
 static int parse_sizes(struct cfg *g, const char *s)
 {
@@ -131,10 +100,11 @@ static int parse_sizes(struct cfg *g, const char *s)
 
 static void usage(const char *argv0)
 {
-    fprintf(stderr,
-            "usage: %s [-s SOCKET] [-j JOB] [-z \"1 4 16 64 256\"] [-r REPEATS] "
-            "[-w WARMUP] [-o fp32,1bit] [-c OBCOMMCTL] [-d DEV] [-t MS]\n",
-            argv0);
+    fprintf(
+        stderr,
+        "usage: %s [-s SOCKET] [-j JOB] [-z \"1 4 16 64 256\"] [-r REPEATS] "
+        "[-w WARMUP] [-o fp32,1bit] [-c OBCOMMCTL] [-d DEV] [-t MS]\n",
+        argv0);
 }
 
 /* Runs one (op, size): warm-up, timed repeats, one JSON line. */
@@ -173,16 +143,16 @@ static int run_one(obcomm_t *c, const struct cfg *g, float *x, size_t count,
     double s[MAX_REPEATS];
     memcpy(s, t, sizeof(double) * g->repeats);
     qsort(s, g->repeats, sizeof(double), cmp_double);
-    double med = g->repeats % 2 ? s[g->repeats / 2]
-                                : (s[g->repeats / 2 - 1] + s[g->repeats / 2]) / 2;
+    double med = g->repeats % 2
+                     ? s[g->repeats / 2]
+                     : (s[g->repeats / 2 - 1] + s[g->repeats / 2]) / 2;
     printf("{\"contender\":\"%s\",\"nodes\":%d,\"rank\":%d,\"mib\":%g,"
            "\"count\":%zu,\"repeats\":%d,\"warmup\":%d,\"median_ms\":%.3f,"
            "\"min_ms\":%.3f,\"max_ms\":%.3f,\"daemon_bytes_per_op\":%lld,"
            "\"dev_tx_bytes_per_op\":%lld,\"times_ms\":[",
            onebit ? "obcomm_1bit" : "obcomm_fp32", obcomm_size(c),
            obcomm_rank(c), mib, count, g->repeats, g->warmup, med, s[0],
-           s[g->repeats - 1],
-           d0 >= 0 && d1 >= 0 ? (d1 - d0) / g->repeats : -1,
+           s[g->repeats - 1], d0 >= 0 && d1 >= 0 ? (d1 - d0) / g->repeats : -1,
            n0 >= 0 && n1 >= 0 ? (n1 - n0) / g->repeats : -1);
     for (int i = 0; i < g->repeats; i++)
         printf("%s%.3f", i ? "," : "", t[i]);
@@ -198,10 +168,10 @@ fail:
 
 int main(int argc, char **argv)
 {
-    struct cfg g = {.dev = "ob0", .repeats = 5, .warmup = 1, .fp32 = 1,
-                    .onebit = 1};
-    obcomm_options_t o = {.job = "bench", .local_size = 1,
-                          .timeout_ms = 600000};
+    struct cfg g = {
+        .dev = "ob0", .repeats = 5, .warmup = 1, .fp32 = 1, .onebit = 1};
+    obcomm_options_t o = {
+        .job = "bench", .local_size = 1, .timeout_ms = 600000};
     int opt;
 
     parse_sizes(&g, "1 4 16 64 256");

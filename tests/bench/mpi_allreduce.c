@@ -17,42 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define MAX_SIZES   32
 #define MAX_REPEATS 1000
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
-}
-
-static long long dev_tx_bytes(const char *dev)
-{
-    char line[512];
-    long long v = -1;
-    size_t len = strlen(dev);
-    FILE *f = fopen("/proc/net/dev", "r");
-
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        char *s = line;
-        while (*s == ' ')
-            s++;
-        if (strncmp(s, dev, len) == 0 && s[len] == ':') {
-            unsigned long long f9[9];
-            if (sscanf(s + len + 1,
-                       "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &f9[0],
-                       &f9[1], &f9[2], &f9[3], &f9[4], &f9[5], &f9[6], &f9[7],
-                       &f9[8]) == 9)
-                v = (long long)f9[8];
-            break;
-        }
-    }
-    fclose(f);
-    return v;
-}
 
 int main(int argc, char **argv)
 {
@@ -92,8 +60,9 @@ int main(int argc, char **argv)
             break;
         default:
             if (rank == 0)
-                fprintf(stderr, "usage: %s [-z SIZES_MIB] [-r REPEATS] "
-                                "[-w WARMUP] [-d DEV]\n",
+                fprintf(stderr,
+                        "usage: %s [-z SIZES_MIB] [-r REPEATS] "
+                        "[-w WARMUP] [-d DEV]\n",
                         argv[0]);
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
@@ -143,8 +112,7 @@ int main(int argc, char **argv)
                "\"daemon_bytes_per_op\":-1,\"dev_tx_bytes_per_op\":%lld,"
                "\"times_ms\":[",
                size, rank, mib[k], count, repeats, warmup, med, s[0],
-               s[repeats - 1],
-               n0 >= 0 && n1 >= 0 ? (n1 - n0) / repeats : -1);
+               s[repeats - 1], n0 >= 0 && n1 >= 0 ? (n1 - n0) / repeats : -1);
         for (int i = 0; i < repeats; i++)
             printf("%s%.3f", i ? "," : "", t[i]);
         printf("]}\n");

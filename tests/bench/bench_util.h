@@ -1,0 +1,43 @@
+/* Helpers shared by the benchmark programs (which link different
+ * libraries, so they share a header rather than an object). */
+#ifndef BENCH_UTIL_H
+#define BENCH_UTIL_H
+
+#include <stdio.h>
+#include <string.h>
+
+/* qsort comparator for medians. */
+static inline int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Bytes sent by network device `dev` so far (/proc/net/dev), or -1. */
+static inline long long dev_tx_bytes(const char *dev)
+{
+    char line[512];
+    long long v = -1;
+    size_t len = strlen(dev);
+    FILE *f = fopen("/proc/net/dev", "r");
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char *s = line;
+        while (*s == ' ')
+            s++;
+        if (strncmp(s, dev, len) == 0 && s[len] == ':') {
+            unsigned long long f9[9];
+            if (sscanf(s + len + 1,
+                       "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &f9[0],
+                       &f9[1], &f9[2], &f9[3], &f9[4], &f9[5], &f9[6], &f9[7],
+                       &f9[8]) == 9)
+                v = (long long)f9[8];
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+#endif
