@@ -11,6 +11,8 @@
  * parameters after every step, and a save/load continues bit for bit.
  */
 #include <check.h>
+
+#include "ck_run.h"
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -279,9 +281,5 @@ int main(void)
     tcase_add_loop_test(tc, nodes_hold_identical_parameters, 0, 2);
     tcase_add_test(tc, save_and_load_continue_bit_for_bit);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(s);
 }

@@ -2,6 +2,8 @@
  * and error strings. Everything here must hold before a single byte is
  * exchanged with obcommd. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -145,9 +147,5 @@ int main(void)
     tcase_add_test(tc, test_null_handle);
     tcase_add_test(tc, test_strerror);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ck_run(s);
 }

@@ -9,6 +9,8 @@
  * portable and the AVX2 implementation everything must match bit for bit.
  */
 #include <check.h>
+
+#include "ck_run.h"
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -1567,11 +1569,5 @@ static Suite *codec_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(codec_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ck_run(codec_suite());
 }

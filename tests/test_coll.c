@@ -2,6 +2,8 @@
  * trainer processes: every dtype and op against a local computation, world
  * sizes {1, 2, 3, 4, 8} nodes x {1, 2, 3} trainers, odd counts. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -322,9 +324,5 @@ Suite *coll_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(coll_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(coll_suite());
 }

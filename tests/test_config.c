@@ -1,6 +1,8 @@
 /* The option table: defaults, bounds, the file format, flags over the file,
  * and the derived world. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,9 +133,5 @@ int main(void)
     tcase_add_test(tc, file_then_flags_override);
     tcase_add_test(tc, bad_worlds_are_refused);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(s);
 }

@@ -2,6 +2,8 @@
  * (truncated, a flipped byte, another world, not a snapshot, a header that
  * announces more than the bound) is refused without being loaded. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,9 +153,5 @@ int main(void)
     tcase_add_test(tc, damaged_files_are_rejected);
     tcase_add_test(tc, other_world_and_bound);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(s);
 }

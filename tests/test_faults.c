@@ -3,6 +3,8 @@
  * must reach every rank with the documented code and a message naming who
  * differs or who is missing, and the daemons must serve the next op. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -306,9 +308,5 @@ Suite *faults_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(faults_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(faults_suite());
 }

@@ -1,5 +1,7 @@
 /* Frame headers and ring arithmetic: pure functions. */
 #include <check.h>
+
+#include "ck_run.h"
 #include <string.h>
 
 #include "frame.h"
@@ -92,9 +94,5 @@ int main(void)
     tcase_add_test(tc, frame_round_trip_and_bounds);
     tcase_add_test(tc, ring_schedule_is_consistent);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(s);
 }

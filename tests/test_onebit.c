@@ -17,6 +17,8 @@
  * sign ("flips"). In practice the runs below see none.
  */
 #include <check.h>
+
+#include "ck_run.h"
 #include <errno.h>
 #include <signal.h>
 #include <math.h>
@@ -460,9 +462,5 @@ Suite *onebit_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(onebit_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ck_run(onebit_suite());
 }

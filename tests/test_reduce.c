@@ -6,6 +6,8 @@
  * reductions are plain per-element loops in source order.
  */
 #include <check.h>
+
+#include "ck_run.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -816,9 +818,5 @@ static Suite *reduce_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(reduce_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ck_run(reduce_suite());
 }
