@@ -30,7 +30,7 @@ struct obd_coll {
     size_t seg;   /* elements per segment */
     uint8_t *acc;
     size_t acc_bytes;
-    int zero_copy; /* acc is the only trainer's buffer */
+    int zero_copy; /* acc/src are trainer memory, guarded by a shm task */
     uint8_t *tmp;  /* one segment, for reduce-scatter steps */
     int nsteps;
     int send_step, recv_step;
@@ -339,18 +339,25 @@ static int bcast_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
     int root_node = root / ls;
     c->pos = obd_ring_mod(c->r - root_node, c->n);
-    c->acc = obd_daemon_scratch_get(d, c->count, &c->acc_bytes);
-    if (c->acc == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
-                    "op %llu of job %s: no memory for %zu bytes",
-                    (unsigned long long)op->seq, job->name, c->count);
-        return OBCOMM_E_NOMEM;
+    /* The root sends straight from its trainer's shared memory, and a node
+     * with one trainer receives straight into it; the buffers stay mapped
+     * until the op is freed, even if the trainer leaves. Other nodes
+     * receive into a kept buffer and copy to each trainer at the end. */
+    if (c->pos == 0 || ls == 1) {
+        c->zero_copy = 1;
+        obd_shm_task_start(d);
+        c->acc = c->pos == 0 ? NULL : op->data[0];
+        c->src = c->pos == 0 ? op->data[root % ls] : c->acc;
+    } else {
+        c->acc = obd_daemon_scratch_get(d, c->count, &c->acc_bytes);
+        if (c->acc == NULL) {
+            obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+                        "op %llu of job %s: no memory for %zu bytes",
+                        (unsigned long long)op->seq, job->name, c->count);
+            return OBCOMM_E_NOMEM;
+        }
+        c->src = c->acc;
     }
-    /* The root copies its trainer's tensor once: writes in flight then
-     * never read memory that a vanishing trainer could unmap. */
-    if (c->pos == 0)
-        memcpy(c->acc, op->data[root % ls], c->count);
-    c->src = c->acc;
     bcast_progress(op);
     return 0;
 }

@@ -354,21 +354,16 @@ static struct obd_op *first_open(struct obd_job *job)
     return NULL;
 }
 
-/* Retires done ops; op_retire unlinks, so the walk restarts each time. */
+/* Retires every done op whose trainers all have their answer. */
 static void retire_done(struct obd_job *job)
 {
-    for (int again = 1; again;) {
-        again = 0;
-        for (struct obd_op *o = job->ops; o; o = o->next) {
-            struct obd_op *before = job->ops;
-            if (o->state != OBD_OP_DONE)
-                continue;
+    /* op_retire may unlink the op but never frees it here (its timer
+     * closes asynchronously), so its successor stays valid. */
+    struct obd_op *next;
+    for (struct obd_op *o = job->ops; o; o = next) {
+        next = o->next;
+        if (o->state == OBD_OP_DONE)
             op_retire(o);
-            if (o->job == NULL || job->ops != before) {
-                again = 1;
-                break;
-            }
-        }
     }
 }
 

@@ -299,10 +299,14 @@ static int trainer_broadcast(obcomm_t *c, void *arg)
 
 START_TEST(broadcast_from_every_root_and_barrier)
 {
+    /* Nodes {1, 2, 3, 4} with 2 trainers (receiving into a daemon buffer)
+     * and with 1 (the root sends from, and the others receive straight
+     * into, the trainers' shared memory). */
     static const int nodes[] = {1, 2, 3, 4};
     struct hx_cluster cl;
-    ck_assert_int_eq(hx_start(&cl, nodes[_i], NULL), 0);
-    int failed = hx_run(&cl, 2, "bcast", 60000, 300, trainer_broadcast, NULL);
+    ck_assert_int_eq(hx_start(&cl, nodes[_i % 4], NULL), 0);
+    int failed =
+        hx_run(&cl, 2 - _i / 4, "bcast", 60000, 300, trainer_broadcast, NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }
@@ -317,7 +321,7 @@ Suite *coll_suite(void)
                         (int)(sizeof(matrix) / sizeof(matrix[0])));
     tcase_add_test(tc, float_sum_within_tolerance_and_identical);
     tcase_add_test(tc, hundred_ops_in_a_row);
-    tcase_add_loop_test(tc, broadcast_from_every_root_and_barrier, 0, 4);
+    tcase_add_loop_test(tc, broadcast_from_every_root_and_barrier, 0, 8);
     suite_add_tcase(s, tc);
     return s;
 }
