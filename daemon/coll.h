@@ -30,6 +30,10 @@ struct obd_algo {
     void (*free)(struct obd_op *op);
     /* Nodes this op still waits on, for timeout messages. */
     void (*waiting_on)(const struct obd_op *op, char *buf, size_t len);
+    /* 1 while the running op still needs node `node` (frames to come from
+     * it, or frames still to send to it): losing that node fails the op,
+     * losing another one that it is done with does not. NULL: always. */
+    int (*needs_node)(const struct obd_op *op, int node);
     /* NULL, or 0 while the op cannot start yet; the op then stays in
      * COLLECT and obd_job_kick_all() is called when that may change. */
     int (*can_start)(struct obd_op *op);

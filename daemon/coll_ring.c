@@ -16,9 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctl.h"
 #include "ops.h"
-#include "peers.h"
 #include "reduce.h"
 #include "ring.h"
 
@@ -30,7 +28,7 @@ struct obd_coll {
     size_t seg;   /* elements per segment */
     uint8_t *acc;
     size_t acc_bytes;
-    int zero_copy; /* acc/src are trainer memory, guarded by a shm task */
+    int zero_copy; /* acc/src are trainer memory (the op holds the buffers) */
     uint8_t *tmp;  /* one segment, for reduce-scatter steps */
     int nsteps;
     int send_step, recv_step;
@@ -64,8 +62,7 @@ static const char *send_error(int rc)
 static int send_or_fail(struct obd_op *op, int to, uint32_t step,
                         uint32_t segment, const void *payload, size_t len)
 {
-    int rc = obd_peers_send_data(op->job->d, to, op, step, segment, payload,
-                                 (uint32_t)len);
+    int rc = obd_op_send(op, to, step, segment, payload, (uint32_t)len);
     if (rc)
         obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
                     "op %llu of job %s: cannot send to node %d: %s",
@@ -95,9 +92,7 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    if (c->zero_copy)
-        obd_shm_task_done(c->d);
-    else
+    if (!c->zero_copy)
         obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
     free(c->tmp);
     free(c);
@@ -194,13 +189,12 @@ static int ring_start(struct obd_op *op)
     size_t esz = obd_dtype_acc_size(dt);
     struct obd_coll *c = coll_new(op, op->desc.count, esz);
     /* One trainer and a dtype that accumulates in itself: the ring runs in
-     * the trainer's shared memory, with no copy in or out. The buffer stays
-     * mapped until the op is freed, even if the trainer leaves. */
+     * the trainer's shared memory, with no copy in or out. The op's
+     * reference keeps the buffer mapped even if the trainer leaves. */
     if (c != NULL && job->local_size == 1 && c->n > 1 &&
         esz == obd_dtype_size(dt)) {
         c->acc = op->data[0];
         c->zero_copy = 1;
-        obd_shm_task_start(d);
     }
     if (c == NULL ||
         (!c->zero_copy && (c->acc = obd_daemon_scratch_get(
@@ -281,6 +275,13 @@ static void ring_waiting_on(const struct obd_op *op, char *buf, size_t len)
                  obd_ring_mod(c->r + 1, c->n));
 }
 
+static int ring_needs_node(const struct obd_op *op, int node)
+{
+    const struct obd_coll *c = op->coll;
+    return (node == obd_ring_mod(c->r - 1, c->n) && c->recv_step < c->nsteps) ||
+           (node == obd_ring_mod(c->r + 1, c->n) && c->send_step < c->nsteps);
+}
+
 /* ---- broadcast along the chain root, root+1, ..., root-1 ---- */
 
 static void bcast_finish(struct obd_op *op)
@@ -345,7 +346,6 @@ static int bcast_start(struct obd_op *op)
      * receive into a kept buffer and copy to each trainer at the end. */
     if (c->pos == 0 || ls == 1) {
         c->zero_copy = 1;
-        obd_shm_task_start(d);
         c->acc = c->pos == 0 ? NULL : op->data[0];
         c->src = c->pos == 0 ? op->data[root % ls] : c->acc;
     } else {
@@ -404,6 +404,16 @@ static void bcast_waiting_on(const struct obd_op *op, char *buf, size_t len)
                  obd_ring_mod(c->r + 1, c->n));
 }
 
+static int bcast_needs_node(const struct obd_op *op, int node)
+{
+    const struct obd_coll *c = op->coll;
+    size_t nseg = obd_ring_nseg(c->count, c->seg);
+    return (node == obd_ring_mod(c->r - 1, c->n) && c->pos != 0 &&
+            c->recv_seg < nseg) ||
+           (node == obd_ring_mod(c->r + 1, c->n) && c->pos < c->n - 1 &&
+            c->send_seg < nseg);
+}
+
 /* ---- barrier: the announce exchange is the whole barrier ---- */
 
 static int barrier_start(struct obd_op *op)
@@ -453,7 +463,8 @@ static const struct obd_algo algos[] = {
      .recv_done = ring_recv_done,
      .progress = ring_progress,
      .free = coll_free,
-     .waiting_on = ring_waiting_on},
+     .waiting_on = ring_waiting_on,
+     .needs_node = ring_needs_node},
     {.kind = OBCOMM_KIND_BROADCAST,
      .name = "chain broadcast",
      .start = bcast_start,
@@ -461,7 +472,8 @@ static const struct obd_algo algos[] = {
      .recv_done = bcast_recv_done,
      .progress = bcast_progress,
      .free = coll_free,
-     .waiting_on = bcast_waiting_on},
+     .waiting_on = bcast_waiting_on,
+     .needs_node = bcast_needs_node},
     {.kind = OBCOMM_KIND_BARRIER,
      .name = "barrier",
      .start = barrier_start,

@@ -69,7 +69,18 @@ static const struct row rows[] = {
     STR_ROW(state_dir, "",
             "Directory for snapshots of 1-bit error feedback, written on "
             "request and at shutdown, restored at start. Empty: none."),
+    INT_ROW(ef_max_bytes, 0, INT64_C(1) << 50, "0",
+            "Most bytes of 1-bit error-feedback state (all keys "
+            "together); a new key past it fails. 0: a quarter of the "
+            "machine's memory."),
+    INT_ROW(ef_idle_ms, 0, INT64_C(1) << 40, "3600000",
+            "A job with no trainer on this node for this long has its "
+            "error feedback snapshotted (when state_dir is set) and freed; "
+            "its next op loads the snapshot. 0: never."),
 };
+
+/* Options that SIGHUP applies while the daemon runs. */
+static const char *const reloadable[] = {"log_level"};
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
@@ -413,4 +424,69 @@ void obd_config_print_help(FILE *out, int as_config_file)
             fprintf(out, "  --%-24s %s%s (default: %s)\n", r->name, r->help,
                     bounds, r->def[0] ? r->def : "empty");
     }
+}
+
+static int is_reloadable(const char *name)
+{
+    for (size_t i = 0; i < sizeof(reloadable) / sizeof(reloadable[0]); i++)
+        if (strcmp(reloadable[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* The value of row r in cfg as text. */
+static void row_text(const struct obd_config *cfg, const struct row *r,
+                     char *buf, size_t len)
+{
+    const char *field = (const char *)cfg + r->offset;
+    if (r->type == T_STR) {
+        snprintf(buf, len, "%s", field);
+    } else {
+        int64_t v;
+        memcpy(&v, field, sizeof(v));
+        snprintf(buf, len, "%" PRId64, v);
+    }
+}
+
+/* Appends "name: old -> new" for every row that differs and is (or is
+ * not) reloadable; copies the reloadable ones when apply is set. */
+static int diff_rows(struct obd_config *cur, const struct obd_config *next,
+                     int want_reloadable, int apply, char *buf, size_t len)
+{
+    size_t off = 0;
+    int n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NROWS; i++) {
+        const struct row *r = &rows[i];
+        if (is_reloadable(r->name) != want_reloadable)
+            continue;
+        char a[128], b[128];
+        row_text(cur, r, a, sizeof(a));
+        row_text(next, r, b, sizeof(b));
+        if (strcmp(a, b) == 0)
+            continue;
+        n++;
+        if (off < len)
+            off += (size_t)snprintf(buf + off, len - off, "%s%s: %s -> %s",
+                                    n > 1 ? ", " : "", r->name, a, b);
+        if (apply)
+            memcpy((char *)cur + r->offset, (const char *)next + r->offset,
+                   r->type == T_STR ? r->size : sizeof(int64_t));
+    }
+    return n;
+}
+
+int obd_config_reload(struct obd_config *cur, const struct obd_config *next,
+                      char *changed, size_t len)
+{
+    int n = diff_rows(cur, next, 1, 1, changed, len);
+    cur->log_level_num = obd_log_level_parse(cur->log_level);
+    return n;
+}
+
+int obd_config_diff_fixed(const struct obd_config *cur,
+                          const struct obd_config *next, char *changed,
+                          size_t len)
+{
+    return diff_rows((struct obd_config *)cur, next, 0, 0, changed, len);
 }

@@ -33,6 +33,8 @@ struct obd_config {
     int64_t threads;
     char log_level[8];
     char state_dir[4096];
+    int64_t ef_max_bytes;
+    int64_t ef_idle_ms;
 
     /* Derived by obd_config_finish(). */
     struct obd_addr world[OBD_MAX_NODES];
@@ -71,6 +73,18 @@ void obd_config_print(const struct obd_config *cfg, FILE *out);
 /* Prints every option with its default, bounds and help (for --help and
  * deploy/obcommd.conf.example). */
 void obd_config_print_help(FILE *out, int as_config_file);
+
+/* SIGHUP: copies the options that may change while running (log_level)
+ * from next into cur and writes "name: old -> new, ..." for each that
+ * changed into `changed`. Returns how many changed. */
+int obd_config_reload(struct obd_config *cur, const struct obd_config *next,
+                      char *changed, size_t len);
+
+/* Names the options that differ between cur and next but apply only at a
+ * restart, as "name: old -> new, ..."; returns how many. */
+int obd_config_diff_fixed(const struct obd_config *cur,
+                          const struct obd_config *next, char *changed,
+                          size_t len);
 
 /* Parses "host:port". */
 int obd_config_parse_addr(const char *text, struct obd_addr *out);

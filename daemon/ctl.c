@@ -19,6 +19,7 @@
 #include "wire.h"
 
 static void on_client_io(uv_poll_t *h, int status, int events);
+static void drop_run(struct obd_ready *r);
 
 /* Refuses to steal the socket of a daemon that is still running, but
  * removes one left behind by a daemon that died. */
@@ -79,6 +80,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
         c->fd = fd;
         c->pending_fd = -1;
         c->local_rank = -1;
+        c->drop.run = drop_run;
         c->next = d->clients;
         d->clients = c;
         d->nclients++;
@@ -127,22 +129,9 @@ static void on_client_closed(uv_handle_t *h)
     free(c);
 }
 
-void obd_shm_task_start(struct obd_daemon *d)
-{
-    d->shm_tasks++;
-}
-
-void obd_shm_task_done(struct obd_daemon *d)
-{
-    if (--d->shm_tasks > 0)
-        return;
-    while (d->zombies != NULL) {
-        struct obd_shm *b = d->zombies;
-        d->zombies = b->next;
-        obd_shm_unmap(b);
-    }
-}
-
+/* Marks the client dead and posts the rest: nothing a caller holds (its
+ * job, an op being completed, the client itself) goes away inside the
+ * call. */
 void obd_ctl_drop(struct obd_client *c, const char *why)
 {
     struct obd_daemon *d = c->d;
@@ -154,23 +143,30 @@ void obd_ctl_drop(struct obd_client *c, const char *why)
                      why);
         obd_metric_add(&d->metrics, OBD_M_CLIENT_ERRORS, 1);
     }
+    snprintf(c->drop_why, sizeof(c->drop_why), "%s",
+             why ? why : "disconnected from the daemon");
+    uv_poll_stop(&c->poll);
+    obd_runq_post(&d->runq, &c->drop);
+}
+
+/* The dropped client leaves its job (whose ops then fail on every node),
+ * gives up its own reference on each buffer (ops that use one keep it
+ * mapped) and is closed. */
+static void drop_run(struct obd_ready *r)
+{
+    struct obd_client *c = container_of(r, struct obd_client, drop);
+    struct obd_daemon *d = c->d;
 
     if (c->job != NULL) {
         struct obd_job *job = c->job;
         c->job = NULL;
-        obd_job_leave(job, c->local_rank,
-                      why ? why : "disconnected from the daemon");
+        obd_job_leave(job, c->local_rank, c->drop_why);
     }
     while (c->bufs != NULL) {
         struct obd_shm *b = c->bufs;
         c->bufs = b->next;
         d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-        if (d->shm_tasks > 0) {
-            b->next = d->zombies;
-            d->zombies = b;
-        } else {
-            obd_shm_unmap(b);
-        }
+        obd_shm_unref(b);
     }
     while (c->outq != NULL) {
         struct obd_outbuf *o = c->outq;
@@ -195,8 +191,8 @@ void obd_ctl_drop(struct obd_client *c, const char *why)
 
 void obd_ctl_close(struct obd_daemon *d)
 {
-    while (d->clients != NULL)
-        obd_ctl_drop(d->clients, NULL);
+    for (struct obd_client *c = d->clients; c; c = c->next)
+        obd_ctl_drop(c, NULL);
     if (d->ctl_started) {
         d->ctl_started = 0;
         uv_close((uv_handle_t *)&d->ctl_poll, NULL);
@@ -216,7 +212,7 @@ static void flush(struct obd_client *c)
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
-            obd_ctl_drop(c, NULL);
+            obd_ctl_drop(c, NULL); /* deferred: the caller goes on */
             return;
         }
         o->off += (size_t)n;
@@ -229,8 +225,9 @@ static void flush(struct obd_client *c)
         free(o->data);
         free(o);
     }
-    uv_poll_start(&c->poll, UV_READABLE | (c->outq ? UV_WRITABLE : 0),
-                  on_client_io);
+    if (!c->closing)
+        uv_poll_start(&c->poll, UV_READABLE | (c->outq ? UV_WRITABLE : 0),
+                      on_client_io);
 }
 
 void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg)
@@ -301,8 +298,8 @@ static void handle_join(struct obd_client *c, const Obcomm__Join *j)
     }
     int timeout = j->timeout_ms ? (int)j->timeout_ms : 0;
     int rc =
-        obd_job_join(c->d, c, j->job, (int)j->local_rank, (int)j->local_size,
-                     timeout, &c->job, why, sizeof(why));
+        obd_job_join(c->d, c, (int)c->pid, j->job, (int)j->local_rank,
+                     (int)j->local_size, timeout, &c->job, why, sizeof(why));
     if (rc == 0) {
         c->local_rank = (int)j->local_rank;
         obd_log_info(&c->d->log, "job %s: local rank %u of %u joined (pid %d)",
@@ -362,6 +359,8 @@ static void handle_register(struct obd_client *c,
     reply_register(c, r->id, 0, "");
 }
 
+/* Drops the trainer's reference: an op that uses the buffer keeps it
+ * mapped until the op is freed. */
 static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
 {
     for (struct obd_shm **pp = &c->bufs; *pp; pp = &(*pp)->next)
@@ -369,12 +368,7 @@ static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
             struct obd_shm *b = *pp;
             *pp = b->next;
             c->d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-            if (c->d->shm_tasks > 0) {
-                b->next = c->d->zombies;
-                c->d->zombies = b;
-            } else {
-                obd_shm_unmap(b);
-            }
+            obd_shm_unref(b);
             return;
         }
 }
@@ -386,6 +380,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     char why[256] = "";
     int status = 0;
     void *data = NULL;
+    struct obd_shm *buf = NULL;
     struct obd_opdesc desc = {
         .kind = s->kind,
         .dtype = s->dtype,
@@ -459,9 +454,10 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     }
 
     if (status == 0 && bytes > 0) {
-        struct obd_shm *b = find_buf(c, s->buffer_id);
-        data = b ? obd_shm_range(b, s->offset, bytes) : NULL;
+        buf = find_buf(c, s->buffer_id);
+        data = buf ? obd_shm_range(buf, s->offset, bytes) : NULL;
         if (data == NULL) {
+            buf = NULL;
             status = OBCOMM_E_NOTREG;
             snprintf(why, sizeof(why),
                      "data (buffer %llu, offset %llu, %llu bytes) is not "
@@ -476,7 +472,10 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         snprintf(msg, sizeof(msg), "rank %d: %s", rank, why);
         snprintf(why, sizeof(why), "%s", msg);
     }
-    obd_job_submit(c->job, c->local_rank, s->seq, &desc, data, status, why);
+    int rc = obd_job_submit(c->job, c->local_rank, s->seq, &desc, buf, data,
+                            status, why, sizeof(why));
+    if (rc != 0)
+        obd_ctl_complete(c, s->seq, rc, why);
 }
 
 static void handle_status(struct obd_client *c);

@@ -38,6 +38,10 @@ struct obd_client {
     struct obd_outbuf *outq, *outq_tail;
     size_t outq_bytes;
 
+    /* Set by obd_ctl_drop; the ready queue closes the client. */
+    struct obd_ready drop;
+    char drop_why[160];
+
     /* Trainer state once joined. */
     struct obd_job *job;
     int local_rank;
@@ -50,22 +54,20 @@ struct obd_client {
 int obd_ctl_start(struct obd_daemon *d);
 void obd_ctl_close(struct obd_daemon *d);
 
-/* Queues a DaemonMsg for the client. A client that does not read is
- * dropped rather than allowed to grow the daemon's memory. */
+/* Queues a DaemonMsg for the client. A client that does not read, or
+ * whose socket fails, is dropped (see obd_ctl_drop): never inside this
+ * call, so callers may go on using the client, its job and their ops. */
 void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg);
 
-/* Sends Complete{seq, status, message}. */
+/* Sends Complete{seq, status, message} (obd_hooks.answer). A client being
+ * dropped gets nothing. */
 void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
                       const char *message);
 
-/* Worker-pool tasks that read or write trainer memory bracket themselves
- * with these; a trainer that leaves meanwhile has its buffers unmapped only
- * once no such task runs. */
-void obd_shm_task_start(struct obd_daemon *d);
-void obd_shm_task_done(struct obd_daemon *d);
-
-/* Closes the connection (idempotent); the handle is freed in its close
- * callback. */
+/* Marks the client dead and stops reading it; leaving its job, releasing
+ * its buffers and closing the socket happen from the ready queue on a
+ * later turn (DESIGN.md section 5: no drop inside the call that found the
+ * problem). Idempotent. */
 void obd_ctl_drop(struct obd_client *c, const char *why);
 
 #endif

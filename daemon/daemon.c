@@ -27,6 +27,59 @@ static void on_signal(uv_signal_t *h, int signum)
     obd_daemon_close(d);
 }
 
+/* SIGHUP: reads the configuration again (the same file and flags) and
+ * applies what can change while running; everything else that changed is
+ * named, to take effect at the next restart. */
+static void on_sighup(uv_signal_t *h, int signum)
+{
+    struct obd_daemon *d = h->data;
+    (void)signum;
+    struct obd_config cfg;
+    char err[512];
+    int check = 0, help = 0;
+    obd_config_defaults(&cfg);
+    if (d->argv == NULL ||
+        obd_config_parse_args(&cfg, d->argc, d->argv, &check, &help, err,
+                              sizeof(err)) ||
+        obd_config_finish(&cfg, err, sizeof(err))) {
+        obd_log_error(&d->log, "SIGHUP: configuration not reloaded: %s",
+                      d->argv ? err : "no command line kept");
+        return;
+    }
+    char changed[1024];
+    int n = obd_config_reload(&d->cfg, &cfg, changed, sizeof(changed));
+    d->log.level = d->cfg.log_level_num;
+    if (n == 0)
+        obd_log_info(&d->log, "SIGHUP: configuration reloaded; nothing that "
+                              "can change while running changed");
+    else
+        obd_log_info(&d->log, "SIGHUP: configuration reloaded: %s", changed);
+    char later[1024];
+    if (obd_config_diff_fixed(&d->cfg, &cfg, later, sizeof(later)) > 0)
+        obd_log_warn(&d->log,
+                     "SIGHUP: changed but applied only at a restart: %s",
+                     later);
+}
+
+/* The answer hook: job.c reaches trainers only through it. */
+static void answer_trainer(struct obd_client *c, uint64_t seq, int status,
+                           const char *message)
+{
+    obd_ctl_complete(c, seq, status, message);
+}
+
+static const struct obd_hooks default_hooks = {
+    .answer = answer_trainer,
+    .send_ctrl = obd_peers_send_ctrl,
+    .send_data = obd_peers_send_data,
+    .peer_up = obd_job_on_peer_up,
+    .peer_lost = obd_job_on_peer_lost,
+    .peer_msg = obd_job_on_peer_msg,
+    .data_begin = obd_job_data_begin,
+    .data_live = obd_job_data_live,
+    .data_end = obd_job_data_end,
+};
+
 int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
 {
     memset(d, 0, sizeof(*d));
@@ -45,11 +98,17 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     int rc = uv_loop_init(&d->loop);
     if (rc)
         return rc;
+    d->hooks = default_hooks;
+    obd_runq_init(&d->runq, &d->loop);
     d->start_ms = uv_now(&d->loop);
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
+    uv_signal_init(&d->loop, &d->sighup);
+    uv_timer_init(&d->loop, &d->drain);
     d->sigterm.data = d;
     d->sigint.data = d;
+    d->sighup.data = d;
+    obd_efstore_init(d);
     /* A trainer that dies while we write to it must not kill us. */
     signal(SIGPIPE, SIG_IGN);
     return 0;
@@ -81,6 +140,7 @@ int obd_daemon_start(struct obd_daemon *d)
 {
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
+    uv_signal_start(&d->sighup, on_sighup, SIGHUP);
     obd_efstore_restore(d);
     int rc = obd_peers_start(d);
     if (rc == 0)
@@ -97,6 +157,12 @@ int obd_daemon_start(struct obd_daemon *d)
              (long long)d->cfg.rank, d->cfg.nodes);
     sd_notify_state(ready);
     return 0;
+}
+
+void obd_daemon_set_args(struct obd_daemon *d, int argc, char **argv)
+{
+    d->argc = argc;
+    d->argv = argv;
 }
 
 int obd_daemon_run(struct obd_daemon *d)
@@ -131,13 +197,13 @@ void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap)
     }
 }
 
-void obd_daemon_close(struct obd_daemon *d)
+/* The last step of a shutdown, once no op runs and the pool is empty: the
+ * error feedback is consistent now, so it is saved, then every handle
+ * closes. */
+static void close_handles(struct obd_daemon *d)
 {
-    if (d->closing)
-        return;
-    d->closing = 1;
-    sd_notify_state("STOPPING=1");
-    obd_job_close_all(d);
+    d->closing = 2;
+    uv_close((uv_handle_t *)&d->drain, NULL);
     if (d->cfg.state_dir[0] != '\0') {
         char why[512];
         if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
@@ -145,13 +211,58 @@ void obd_daemon_close(struct obd_daemon *d)
     }
     obd_ctl_close(d);
     obd_peers_close(d);
+    obd_efstore_close(d);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+/* Polls the drain: running ops may finish until the grace ends, after
+ * which they fail; either way the handles close only once no pool task
+ * runs any more, so the snapshot never races a task writing the state. */
+static void on_drain(uv_timer_t *t)
+{
+    struct obd_daemon *d = container_of(t, struct obd_daemon, drain);
+    if (d->closing != 1)
+        return;
+    if (obd_daemon_now(d) >= d->drain_deadline)
+        obd_job_fail_all(d, "obcommd is shutting down");
+    if (obd_job_busy(d) == 0)
+        close_handles(d);
+}
+
+void obd_daemon_close(struct obd_daemon *d)
+{
+    if (d->closing)
+        return;
+    d->closing = 1;
+    sd_notify_state("STOPPING=1");
+    obd_job_shutdown(d);
+    uint64_t grace = (uint64_t)d->cfg.timeout_ms;
+    if (grace > OBD_SHUTDOWN_GRACE_MS)
+        grace = OBD_SHUTDOWN_GRACE_MS;
+    d->drain_deadline = obd_daemon_now(d) + grace;
+    uv_timer_start(&d->drain, on_drain, 0, 10);
 }
 
 void obd_daemon_fini(struct obd_daemon *d)
 {
     /* Close callbacks of handles closed last still need a turn. */
+    if (d->closing != 2 && d->closing != 0)
+        close_handles(d);
+    if (d->closing == 0) {
+        /* Start failed before the loop ran: close what init opened. */
+        d->closing = 2;
+        uv_close((uv_handle_t *)&d->drain, NULL);
+        obd_ctl_close(d);
+        obd_peers_close(d);
+        obd_efstore_close(d);
+        uv_close((uv_handle_t *)&d->sigterm, NULL);
+        uv_close((uv_handle_t *)&d->sigint, NULL);
+        uv_close((uv_handle_t *)&d->sighup, NULL);
+    }
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    obd_runq_close(&d->runq);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     uv_loop_close(&d->loop);
     free(d->peers);

@@ -11,16 +11,68 @@
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
+#include "runq.h"
 
 #define container_of(ptr, type, member) \
     ((type *)((char *)(ptr)-offsetof(type, member)))
 
+struct obd_daemon;
 struct obd_client;
 struct obd_job;
 struct obd_peer;
 struct obd_link;
 struct obd_ef;
 struct obd_shm;
+struct obd_frame;
+struct Obcomm__PeerMsg;
+
+/* Where a data frame's payload goes (obd_hooks.data_begin). */
+enum obd_data_dest {
+    OBD_DATA_DISCARD, /* read and drop it: its op is gone or failed */
+    OBD_DATA_PARK,    /* stop reading until the op starts here */
+    OBD_DATA_INTO,    /* read it into *dst; data_end follows */
+};
+
+/* How modules reach the ones above them. The daemon wires these at init
+ * (daemon.c), so the modules form a tree: ctl and the collectives call
+ * into job, job calls into peers, and peers and job reach back only
+ * through these pointers, never by including each other. Tests replace
+ * them to drive a module without sockets. No hook may free anything its
+ * caller holds: whatever must be released is posted to the ready queue.
+ */
+struct obd_hooks {
+    /* job -> a trainer's connection: Complete{seq, status, message}. */
+    void (*answer)(struct obd_client *c, uint64_t seq, int status,
+                   const char *message);
+    /* job -> the mesh: a control message to node `to`; 0 or an error. */
+    int (*send_ctrl)(struct obd_daemon *d, int to,
+                     const struct Obcomm__PeerMsg *msg);
+    /* job -> the mesh: a data frame, as obd_peers_send_data. */
+    int (*send_data)(struct obd_daemon *d, int to, struct obd_frame *f,
+                     const void *payload, void (*done)(void *arg, int status),
+                     void *arg);
+    /* peers -> jobs: a node's link came up, or went down. */
+    void (*peer_up)(struct obd_daemon *d, int node);
+    void (*peer_lost)(struct obd_daemon *d, int node, const char *why);
+    /* peers -> jobs: a control message past the handshake. */
+    void (*peer_msg)(struct obd_daemon *d, int from,
+                     const struct Obcomm__PeerMsg *msg);
+    /* peers -> jobs: where frame f's payload goes. OBD_DATA_INTO sets
+     * *dst (exactly f->len bytes) and *token, which holds a reference
+     * until data_end. */
+    enum obd_data_dest (*data_begin)(struct obd_daemon *d, int from,
+                                     const struct obd_frame *f, void **dst,
+                                     void **token);
+    /* 0 once the destination must not be written any more (its op failed):
+     * the rest of the payload is then discarded. */
+    int (*data_live)(void *token);
+    /* The payload is in (complete) or the link gave up on it. */
+    void (*data_end)(void *token, int from, const struct obd_frame *f,
+                     int complete);
+};
+
+/* Longest a shutdown waits for running ops to finish. */
+#define OBD_SHUTDOWN_GRACE_MS 5000
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -28,8 +80,25 @@ struct obd_daemon {
     struct obd_log log;
     uv_signal_t sigterm;
     uv_signal_t sigint;
+    uv_signal_t sighup;
     uint64_t start_ms;
+    /* Shutdown: 1 while running ops drain and the pool empties, 2 once
+     * the handles are closing (daemon.c). */
     int closing;
+    uv_timer_t drain;
+    uint64_t drain_deadline;
+    /* The command line, re-read on SIGHUP. */
+    int argc;
+    char **argv;
+
+    struct obd_hooks hooks;
+    struct obd_runq runq;
+    /* Posted whenever an op starts or ends: links parked on a frame of an
+     * op that had not started look at it again (peers.c owns it). */
+    struct obd_ready *ops_changed;
+    struct obd_ready links_resume;
+    /* Pool tasks in flight, all ops together (job.c counts them). */
+    int pool_tasks;
 
     /* Unix socket for trainers and obcommctl (ctl.c). */
     int ctl_fd;
@@ -48,14 +117,12 @@ struct obd_daemon {
     int listening;
     struct obd_link *unbound; /* accepted links before their Hello */
 
-    /* Error-feedback states of the 1-bit allreduce (efstore.c). */
+    /* Error-feedback states of the 1-bit allreduce (efstore.c), and the
+     * timer that evicts states of jobs that went idle. */
     struct obd_ef *efs;
+    uv_timer_t evict;
 
-    /* Worker-pool tasks that touch trainer memory, and buffers whose
-     * trainer left while such a task ran: unmapped when none runs. */
     int threads;
-    int shm_tasks;
-    struct obd_shm *zombies;
 
     /* An accumulation buffer kept between ops (coll_ring.c). */
     void *scratch;
@@ -68,10 +135,16 @@ struct obd_daemon {
 int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg);
 /* Opens the Unix socket, the TCP listener and starts dialing peers. */
 int obd_daemon_start(struct obd_daemon *d);
+/* Keeps the command line for SIGHUP, which re-reads it (borrowed: must
+ * stay valid while the daemon runs). */
+void obd_daemon_set_args(struct obd_daemon *d, int argc, char **argv);
+
 /* Runs until obd_daemon_close() and every handle is closed. */
 int obd_daemon_run(struct obd_daemon *d);
-/* Begins a clean shutdown: fails ops in flight, closes every handle.
- * Idempotent and non-blocking. */
+/* Begins a clean shutdown: ops still collecting fail at once, running ops
+ * get a moment to finish, then, once the worker pool has drained, the
+ * error feedback is saved and every handle closed. Idempotent and
+ * non-blocking. */
 void obd_daemon_close(struct obd_daemon *d);
 void obd_daemon_fini(struct obd_daemon *d);
 

@@ -52,12 +52,24 @@ struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
     return ef;
 }
 
+static void work_free(struct obd_ef_work *w, int nodes)
+{
+    if (w == NULL)
+        return;
+    for (int k = 0; w->in && k < nodes; k++)
+        if (k != w->rank)
+            free(w->in[k]);
+    free(w->in);
+    free(w->bits);
+    free(w->out);
+    free(w);
+}
+
 void obd_ef_free(struct obd_ef *ef)
 {
     if (ef == NULL)
         return;
-    if (ef->work_free != NULL)
-        ef->work_free(ef->work);
+    work_free(ef->work, ef->nodes);
     free(ef->werr);
     free(ef->serr);
     free(ef);
@@ -69,10 +81,52 @@ void obd_ef_zero(struct obd_ef *ef)
     memset(ef->serr, 0, ef->padded / (size_t)ef->nodes * sizeof(float));
 }
 
+/* Two error buffers, then our bits, the results' bits and the other
+ * nodes' bits of our chunk. */
+static size_t bytes_of(size_t padded, int nodes, int with_work)
+{
+    size_t chunk = padded / (size_t)nodes;
+    size_t b = (padded + chunk) * sizeof(float);
+    if (with_work)
+        b += 2 * padded / 8 + (size_t)(nodes - 1) * chunk / 8;
+    return b;
+}
+
 size_t obd_ef_bytes(const struct obd_ef *ef)
 {
-    return (ef->padded + ef->padded / (size_t)ef->nodes) * sizeof(float) +
-           ef->work_bytes;
+    return bytes_of(ef->padded, ef->nodes, ef->work != NULL);
+}
+
+size_t obd_ef_bytes_for(uint64_t count, int nodes)
+{
+    size_t padded = obd_codec_padded_len(count, nodes);
+    return padded ? bytes_of(padded, nodes, 1) : 0;
+}
+
+const struct obd_ef_work *obd_ef_work(struct obd_ef *ef, int rank)
+{
+    if (ef->work != NULL)
+        return ef->work;
+    size_t chunk = ef->padded / (size_t)ef->nodes;
+    struct obd_ef_work *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    w->rank = rank;
+    w->bits = malloc(ef->padded / 8);
+    w->out = malloc(ef->padded / 8);
+    w->in = calloc((size_t)ef->nodes, sizeof(*w->in));
+    int ok = w->bits && w->out && w->in;
+    for (int k = 0; ok && k < ef->nodes; k++) {
+        w->in[k] =
+            k == rank ? w->bits + (size_t)rank * chunk / 8 : malloc(chunk / 8);
+        ok = w->in[k] != NULL;
+    }
+    if (!ok) {
+        work_free(w, ef->nodes);
+        return NULL;
+    }
+    ef->work = w;
+    return w;
 }
 
 void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,

@@ -27,15 +27,32 @@ struct obd_ef {
     float *werr; /* padded elements */
     float *serr; /* padded / nodes elements */
 
-    /* Owned by the 1-bit op (coll_onebit.c): ops using the state and work
-     * buffers kept between ops. */
+    /* The packed buffers of an op on this key, kept between ops (fresh
+     * ones would cost a page fault per 4 KiB on every op); allocated by
+     * obd_ef_work, freed with the state. */
+    struct obd_ef_work *work;
+
+    /* Kept by efstore.c: 1-bit ops using the state (one at a time), a
+     * reset that came while one did, and when the last one ended. */
     int users;
     int doomed; /* reset while in use: freed when the last user leaves */
-    void *work;
-    size_t work_bytes;
-    void (*work_free)(void *work);
+    int active; /* its job has a trainer on this node */
+    /* Set while a 1-bit op has begun to change the state (worker error)
+     * and has not yet committed to change all of it (server error): a
+     * failure in between leaves it torn, and it is then reset at its next
+     * op and never saved (efstore.c). */
+    int torn;
+    uint64_t idle_since_ms;
 
     struct obd_ef *next;
+};
+
+struct obd_ef_work {
+    uint8_t *bits; /* our signs of every chunk, padded / 8 bytes */
+    uint8_t *out;  /* every server's result bits, padded / 8 bytes */
+    uint8_t **in;  /* in[k]: node k's signs of our chunk; in[rank] points
+                      into bits */
+    int rank;
 };
 
 /* Who wrote a snapshot, checked on load. */
@@ -61,6 +78,14 @@ void obd_ef_free(struct obd_ef *ef);
 void obd_ef_zero(struct obd_ef *ef);
 /* Memory the state holds, work buffers included. */
 size_t obd_ef_bytes(const struct obd_ef *ef);
+
+/* Memory a state of count elements among nodes would hold with its work
+ * buffers (0 when count cannot be padded): for bounds before allocating. */
+size_t obd_ef_bytes_for(uint64_t count, int nodes);
+
+/* The work buffers of ef as seen by node `rank`, allocated on first use;
+ * NULL when out of memory. */
+const struct obd_ef_work *obd_ef_work(struct obd_ef *ef, int rank);
 
 /* The snapshot file name of (job, key) inside dir. */
 void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,

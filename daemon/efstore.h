@@ -11,12 +11,29 @@
 #include "daemon.h"
 #include "efstate.h"
 
-/* The state of (job, key), created at zero on first use. A key that holds
- * state for another count is an error (OBCOMM_E_STATE), never silently
- * re-initialised. */
+/* The state of (job, key): in memory, else from its snapshot in state_dir
+ * (after an idle eviction), else created at zero. A key that holds state
+ * for another count is an error (OBCOMM_E_STATE), never silently
+ * re-initialised; a new state that would pass ef_max_bytes is refused
+ * (OBCOMM_E_NOMEM, why names the bound). */
 int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t key,
                     uint64_t count, struct obd_ef **out, char *why,
                     size_t whylen);
+
+/* A 1-bit op begins or ends using ef (one at a time: see
+ * obd_efstore_idle). Begin resets a state a failed op left torn (counted
+ * in ef_resets); end frees a state reset meanwhile and starts its idle
+ * clock. */
+void obd_efstore_begin(struct obd_daemon *d, struct obd_ef *ef);
+void obd_efstore_end(struct obd_daemon *d, struct obd_ef *ef);
+
+/* A job got its first trainer here (active) or lost its last one: an idle
+ * job's states are evicted after ef_idle_ms. */
+void obd_efstore_job_active(struct obd_daemon *d, const char *job, int active);
+
+/* The eviction timer (ef_idle_ms): started by init, closed by close. */
+void obd_efstore_init(struct obd_daemon *d);
+void obd_efstore_close(struct obd_daemon *d);
 
 /* Forgets the state of (job, key) and its snapshot file; the next op on the
  * key starts at zero, with any count. */

@@ -8,14 +8,13 @@
 #include <string.h>
 
 #include "coll.h"
-#include "ctl.h"
+#include "efstore.h"
 #include "ops.h"
-#include "peers.h"
 #include "wire.h"
 
-static void job_kick(struct obd_job *job);
 static void job_start_next(struct obd_job *job);
-static void job_maybe_free(struct obd_job *job);
+static void job_run(struct obd_ready *r);
+static void op_run(struct obd_ready *r);
 static void op_check_ready(struct obd_op *op);
 
 struct obd_job *obd_job_find(struct obd_daemon *d, const char *name)
@@ -63,15 +62,16 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
     strcpy(job->name, name);
     job->id = id;
     job->timeout_ms = (int)d->cfg.timeout_ms;
+    job->ready.run = job_run;
     job->next = d->jobs;
     d->jobs = job;
     d->njobs++;
     return job;
 }
 
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, const char *name,
-                 int local_rank, int local_size, int timeout_ms,
-                 struct obd_job **out, char *why, size_t whylen)
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+                 const char *name, int local_rank, int local_size,
+                 int timeout_ms, struct obd_job **out, char *why, size_t whylen)
 {
     if (local_size < 1 || local_size > OBD_MAX_LOCAL || local_rank < 0 ||
         local_rank >= local_size) {
@@ -88,71 +88,89 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, const char *name,
         snprintf(why, whylen,
                  "job %s has local size %d on this node, the trainer said %d",
                  name, job->local_size, local_size);
-        job_maybe_free(job);
+        obd_runq_post(&d->runq, &job->ready);
         return OBCOMM_E_MISMATCH;
     }
     if (job->trainer[local_rank] != NULL) {
         snprintf(why, whylen, "local rank %d of job %s is taken by pid %d",
-                 local_rank, name, (int)job->trainer[local_rank]->pid);
+                 local_rank, name, (int)job->pid[local_rank]);
         return OBCOMM_E_BUSY;
     }
     if (job->joined == 0 && timeout_ms > 0)
         job->timeout_ms = timeout_ms;
     job->local_size = local_size;
     job->trainer[local_rank] = c;
-    job->joined++;
+    job->pid[local_rank] = pid;
+    if (job->joined++ == 0)
+        obd_efstore_job_active(d, name, 1);
     *out = job;
     return 0;
 }
 
-/* ---- ops ---- */
+/* ---- ops: references and the ready queue ---- */
 
-static void op_maybe_free(struct obd_op *op)
+void obd_op_schedule(struct obd_op *op)
 {
-    if (op->refs > 0 || op->timer_live || op->state != OBD_OP_DONE ||
-        op->job != NULL)
-        return;
-    if (op->coll != NULL)
-        obd_coll_algo(op->desc.kind)->free(op);
-    free(op->ann);
-    free(op);
+    if (!op->timer_live)
+        return; /* being freed: nothing is left to run */
+    obd_runq_post(&op->job->d->runq, &op->ready);
+}
+
+void obd_op_task_begin(struct obd_op *op)
+{
+    op->refs++;
+    op->tasks++;
+    op->job->d->pool_tasks++;
+}
+
+void obd_op_task_end(struct obd_op *op)
+{
+    op->refs--;
+    op->tasks--;
+    op->job->d->pool_tasks--;
+    obd_op_schedule(op);
+}
+
+static void on_op_written(void *arg, int status)
+{
+    struct obd_op *op = arg;
+    (void)status; /* a lost link fails the op through peer_lost */
+    op->refs--;
+    obd_op_schedule(op);
+}
+
+int obd_op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
+                const void *payload, uint32_t len)
+{
+    struct obd_frame f = {.job = op->job->id,
+                          .seq = op->seq,
+                          .fingerprint = op->fingerprint,
+                          .step = step,
+                          .segment = segment,
+                          .len = len};
+    struct obd_daemon *d = op->job->d;
+    int rc = d->hooks.send_data(d, to, &f, payload, on_op_written, op);
+    if (rc == 0)
+        op->refs++;
+    return rc;
 }
 
 static void on_timer_closed(uv_handle_t *h)
 {
     struct obd_op *op = container_of(h, struct obd_op, deadline);
-    op->timer_live = 0;
-    op_maybe_free(op);
-}
-
-void obd_op_unref(struct obd_op *op)
-{
-    op->refs--;
-    if (op->state == OBD_OP_DONE)
-        op_maybe_free(op);
-    else if (op->state == OBD_OP_RUN && op->coll != NULL)
-        obd_coll_algo(op->desc.kind)->progress(op);
-}
-
-/* Unlinks the op from its job once every local trainer has its answer. A
- * trainer that has not submitted yet still gets the op's result when it
- * does, so a failed op lingers until then. */
-static void op_retire(struct obd_op *op)
-{
     struct obd_job *job = op->job;
-    for (int i = 0; i < job->local_size; i++)
-        if (job->trainer[i] != NULL && !op->submitted[i])
-            return;
-
-    for (struct obd_op **pp = &job->ops; *pp; pp = &(*pp)->next)
-        if (*pp == op) {
-            *pp = op->next;
-            break;
-        }
-    op->job = NULL;
-    if (op->timer_live)
-        uv_close((uv_handle_t *)&op->deadline, on_timer_closed);
-    op_maybe_free(op);
+    struct obd_algo const *algo = obd_coll_algo(op->desc.kind);
+    if (op->coll != NULL && algo != NULL)
+        algo->free(op);
+    for (int i = 0; i < OBD_MAX_LOCAL; i++)
+        obd_shm_unref(op->buf[i]);
+    free(op->ann);
+    free(op);
+    job->live--;
+    obd_runq_post(&job->d->runq, &job->ready);
+    /* A state that this op held may let another job's op start. */
+    if (job->d->ops_changed != NULL)
+        obd_runq_post(&job->d->runq, job->d->ops_changed);
 }
 
 static void job_advance_seq(struct obd_job *job)
@@ -171,15 +189,12 @@ static void job_advance_seq(struct obd_job *job)
     job->next_seq = next;
 }
 
-static void op_complete(struct obd_op *op)
+static void account_done(struct obd_op *op)
 {
-    struct obd_job *job = op->job;
-    struct obd_daemon *d = job->d;
-    if (op->state == OBD_OP_DONE)
+    struct obd_daemon *d = op->job->d;
+    if (op->accounted)
         return;
-    op->state = OBD_OP_DONE;
-    uv_timer_stop(&op->deadline);
-
+    op->accounted = 1;
     uint64_t us = (uv_hrtime() - op->created_ns) / 1000;
     obd_metric_add(&d->metrics, OBD_M_OP_LATENCY_US_SUM, us);
     obd_metric_max(&d->metrics, OBD_M_OP_LATENCY_US_MAX, us);
@@ -191,22 +206,113 @@ static void op_complete(struct obd_op *op)
     }
     if (op->status == 0 && op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT)
         obd_metric_add(&d->metrics, OBD_M_ONEBIT_LATENCY_US_SUM, us);
+}
 
-    for (int i = 0; i < job->local_size; i++)
-        if (op->submitted[i] && job->trainer[i] != NULL)
-            obd_ctl_complete(job->trainer[i], op->seq, op->status, op->message);
-
-    job_advance_seq(job);
-    op_retire(op);
-    job_kick(job);
-    job_maybe_free(job);
+/* Marks the op DONE with its verdict; the ready queue does the rest. */
+static void op_done(struct obd_op *op)
+{
+    op->state = OBD_OP_DONE;
+    uv_timer_stop(&op->deadline);
+    account_done(op);
+    obd_op_schedule(op);
 }
 
 void obd_op_finish(struct obd_op *op)
 {
+    if (op->state == OBD_OP_DONE)
+        return;
     op->status = 0;
     op->message[0] = '\0';
-    op_complete(op);
+    op_done(op);
+}
+
+/* Answers every trainer that submitted and has no answer yet. A failed
+ * op answers only once no pool task touches the trainers' memory. */
+static void op_answer(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    struct obd_daemon *d = job->d;
+    if (op->state != OBD_OP_DONE || op->tasks > 0)
+        return;
+    for (int i = 0; i < job->local_size; i++)
+        if (op->submitted[i] && !op->answered[i]) {
+            op->answered[i] = 1;
+            if (job->trainer[i] != NULL)
+                d->hooks.answer(job->trainer[i], op->seq, op->status,
+                                op->message);
+        }
+}
+
+/* An op leaves the job's list once every local trainer still joined has
+ * its answer: a trainer that has not submitted yet gets the op's result
+ * when it does, so a failed op lingers until then. */
+static int op_retirable(const struct obd_op *op)
+{
+    const struct obd_job *job = op->job;
+    if (op->state != OBD_OP_DONE || op->tasks > 0)
+        return 0;
+    for (int i = 0; i < job->local_size; i++)
+        if (job->trainer[i] != NULL && !op->answered[i])
+            return 0;
+    return 1;
+}
+
+static void op_unlink(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    for (struct obd_op **pp = &job->ops; *pp; pp = &(*pp)->next)
+        if (*pp == op) {
+            *pp = op->next;
+            break;
+        }
+    op->next = NULL;
+    op->linked = 0;
+}
+
+/* Runs an op that was posted: its algorithm's progress while it runs;
+ * once DONE the answers, retiring from the job and, when nothing refers
+ * to it any more, its free (through the deadline timer's close). This is
+ * the only place that ends an op, always on a turn of its own. */
+static void op_run(struct obd_ready *r)
+{
+    struct obd_op *op = container_of(r, struct obd_op, ready);
+    struct obd_job *job = op->job;
+
+    if (op->state == OBD_OP_RUN && op->coll != NULL)
+        obd_coll_algo(op->desc.kind)->progress(op);
+    if (op->state != OBD_OP_DONE)
+        return;
+    op_answer(op);
+    if (op->linked && op_retirable(op)) {
+        op_unlink(op);
+        job_advance_seq(job);
+        obd_runq_post(&job->d->runq, &job->ready);
+    }
+    if (!op->linked && op->refs == 0 && op->timer_live) {
+        /* It may have posted itself while it ran (its finish does). */
+        obd_runq_cancel(&job->d->runq, &op->ready);
+        op->timer_live = 0;
+        uv_close((uv_handle_t *)&op->deadline, on_timer_closed);
+    }
+}
+
+/* Starts ready ops, retires what can go and frees the job once it has
+ * neither trainers nor ops. */
+static void job_run(struct obd_ready *r)
+{
+    struct obd_job *job = container_of(r, struct obd_job, ready);
+    struct obd_daemon *d = job->d;
+    job_advance_seq(job);
+    job_start_next(job);
+    if (job->joined > 0 || job->live > 0)
+        return;
+    for (struct obd_job **pp = &d->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == job) {
+            *pp = job->next;
+            break;
+        }
+    d->njobs--;
+    free(job);
 }
 
 static void announce_to(struct obd_op *op, const struct obd_announce *a,
@@ -231,7 +337,7 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
         if (i != d->cfg.rank && (only < 0 || i == only))
-            (void)obd_peers_send_ctrl(d, i, &msg.base);
+            (void)d->hooks.send_ctrl(d, i, &msg);
 }
 
 /* Announces to every node whose link is up; a link that comes up later
@@ -273,7 +379,7 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
         snprintf(a.message, sizeof(a.message), "%s", op->message);
         announce_to_all(op, &a);
     }
-    op_complete(op);
+    op_done(op);
 }
 
 /* Lists the global ranks of the job that have not submitted or announced:
@@ -310,7 +416,7 @@ static void on_deadline(uv_timer_t *t)
     struct obd_op *op = container_of(t, struct obd_op, deadline);
     struct obd_job *job = op->job;
     char who[320];
-    if (job == NULL || op->state == OBD_OP_DONE)
+    if (op->state == OBD_OP_DONE)
         return;
 
     if (op->state == OBD_OP_RUN && op->coll != NULL) {
@@ -346,27 +452,6 @@ static struct obd_op *op_find(struct obd_job *job, uint64_t seq)
     return NULL;
 }
 
-static struct obd_op *first_open(struct obd_job *job)
-{
-    for (struct obd_op *o = job->ops; o; o = o->next)
-        if (o->state != OBD_OP_DONE)
-            return o;
-    return NULL;
-}
-
-/* Retires every done op whose trainers all have their answer. */
-static void retire_done(struct obd_job *job)
-{
-    /* op_retire may unlink the op but never frees it here (its timer
-     * closes asynchronously), so its successor stays valid. */
-    struct obd_op *next;
-    for (struct obd_op *o = job->ops; o; o = next) {
-        next = o->next;
-        if (o->state == OBD_OP_DONE)
-            op_retire(o);
-    }
-}
-
 static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
 {
     struct obd_daemon *d = job->d;
@@ -386,22 +471,29 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     }
     op->job = job;
     op->seq = seq;
+    op->ready.run = op_run;
     op->created_ns = uv_hrtime();
     uv_timer_init(&d->loop, &op->deadline);
     op->timer_live = 1;
     uv_timer_start(&op->deadline, on_deadline, (uint64_t)job->timeout_ms, 0);
+    job->live++;
 
     struct obd_op **pp = &job->ops;
     while (*pp && (*pp)->seq < seq)
         pp = &(*pp)->next;
     op->next = *pp;
     *pp = op;
+    op->linked = 1;
 
-    /* Once a trainer has left, the job cannot complete a collective
-     * again: every later op fails at once instead of on its deadline. */
-    if (job->gone[0] != '\0')
+    /* Once a rank has left, the job cannot complete a collective again:
+     * every later op fails at once instead of on its deadline. */
+    if (job->gone[0] != '\0' && seq >= job->gone_seq)
         obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
                     (unsigned long long)seq, job->name, job->gone);
+    else if (d->closing)
+        obd_op_fail(op, OBCOMM_E_PEER_LOST, 0,
+                    "op %llu of job %s: obcommd on node %d is shutting down",
+                    (unsigned long long)seq, job->name, (int)d->cfg.rank);
     return op;
 }
 
@@ -569,25 +661,18 @@ static void op_check_ready(struct obd_op *op)
         return;
     op->fingerprint = obd_coll_fingerprint(&op->desc);
     op->agreed = 1;
-    job_kick(job);
+    obd_runq_post(&d->runq, &job->ready);
 }
 
 /* Starts the oldest op that is ready, when no op of the job is running:
  * a job's ops run one after another, in sequence order, on every node. */
-static void job_kick(struct obd_job *job)
-{
-    job_start_next(job);
-    obd_peers_resume(job->d);
-}
-
 static void job_start_next(struct obd_job *job)
 {
+    struct obd_daemon *d = job->d;
     for (struct obd_op *o = job->ops; o; o = o->next) {
         if (o->state == OBD_OP_DONE)
             continue;
-        if (o->state == OBD_OP_RUN)
-            return;
-        if (!o->agreed)
+        if (o->state == OBD_OP_RUN || !o->agreed)
             return;
         const struct obd_algo *algo = obd_coll_algo(o->desc.kind);
         if (algo == NULL) {
@@ -599,27 +684,26 @@ static void job_start_next(struct obd_job *job)
             return;
         o->state = OBD_OP_RUN;
         algo->start(o);
+        if (d->ops_changed != NULL)
+            obd_runq_post(&d->runq, d->ops_changed);
         return;
     }
 }
 
-void obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
-                    const struct obd_opdesc *desc, void *data, int status,
-                    const char *why)
+int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
+                   const struct obd_opdesc *desc, struct obd_shm *buf,
+                   void *data, int status, char *why, size_t whylen)
 {
-    struct obd_client *c = job->trainer[local_rank];
     struct obd_op *op = op_get(job, seq);
     if (op == NULL) {
-        char msg[160];
-        snprintf(msg, sizeof(msg),
+        snprintf(why, whylen,
                  "op %llu is outside the job's window (next op is %llu)",
                  (unsigned long long)seq, (unsigned long long)job->next_seq);
-        obd_ctl_complete(c, seq, OBCOMM_E_PROTO, msg);
-        return;
+        return OBCOMM_E_PROTO;
     }
     if (op->submitted[local_rank]) {
-        obd_ctl_complete(c, seq, OBCOMM_E_PROTO, "op submitted twice");
-        return;
+        snprintf(why, whylen, "op submitted twice");
+        return OBCOMM_E_PROTO;
     }
     op->submitted[local_rank] = 1;
     op->nsubmitted++;
@@ -632,113 +716,221 @@ void obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
     }
     op->sub[local_rank] = *desc;
     op->data[local_rank] = data;
+    if (buf != NULL) {
+        obd_shm_ref(buf);
+        op->buf[local_rank] = buf;
+    }
 
     if (op->state == OBD_OP_DONE) {
         /* The op failed before this trainer arrived: it gets the same
-         * answer as everybody else. */
-        obd_ctl_complete(c, seq, op->status, op->message);
-        op_retire(op);
-        job_maybe_free(job);
-        return;
+         * answer as everybody else, from the ready queue. */
+        obd_op_schedule(op);
+        return 0;
     }
     if (status != 0) {
         obd_op_fail(op, status, 1, "op %llu of job %s: %s",
                     (unsigned long long)seq, job->name, why);
-        return;
+        return 0;
     }
     op_check_local(op);
+    return 0;
 }
 
-void obd_job_on_announce(struct obd_daemon *d, int from,
-                         const struct obd_announce *a, const char *name,
-                         uint64_t seq)
+static void on_announce(struct obd_daemon *d, int from,
+                        const Obcomm__OpAnnounce *m)
 {
     char why[160];
-    struct obd_job *job = obd_job_find(d, name);
+    struct obd_announce a = {
+        .have = 1,
+        .status = m->status,
+        .local_size = m->local_size,
+        .desc = {.kind = m->kind,
+                 .dtype = m->dtype,
+                 .redop = m->redop,
+                 .count = m->count,
+                 .key = m->key,
+                 .root = m->root},
+    };
+    snprintf(a.message, sizeof(a.message), "%s", m->message);
+    if (a.status != 0 && a.message[0] == '\0')
+        snprintf(a.message, sizeof(a.message), "node %d failed the op", from);
+
+    struct obd_job *job = obd_job_find(d, m->job);
     if (job == NULL) {
-        if (a->status != 0)
+        if (a.status != 0)
             return; /* a failure of an op nobody here waits for */
-        job = job_create(d, name, why, sizeof(why));
+        job = job_create(d, m->job, why, sizeof(why));
         if (job == NULL) {
             obd_log_warn(&d->log, "announce from node %d for job %s: %s", from,
-                         name, why);
+                         m->job, why);
             return;
         }
     }
-    struct obd_op *op = op_get(job, seq);
-    if (op == NULL || op->state == OBD_OP_DONE) {
-        job_maybe_free(job);
+    struct obd_op *op = op_get(job, m->seq);
+    obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
+    if (op == NULL || op->state == OBD_OP_DONE)
         return;
-    }
-    if (a->status != 0) {
-        obd_op_fail(op, a->status, 0, "%s", a->message);
+    if (a.status != 0) {
+        obd_op_fail(op, a.status, 0, "%s", a.message);
         return;
     }
     if (op->ann[from].have)
         return;
-    op->ann[from] = *a;
+    op->ann[from] = a;
     op->nann++;
     op_check_ready(op);
+}
+
+/* Fails every open op of job from seq `from` on. */
+static void fail_open(struct obd_job *job, uint64_t from, int announce,
+                      const char *reason)
+{
+    for (struct obd_op *op = job->ops; op; op = op->next)
+        if (op->state != OBD_OP_DONE && op->seq >= from)
+            obd_op_fail(op, OBCOMM_E_PEER_LOST, announce,
+                        "op %llu of job %s: %s", (unsigned long long)op->seq,
+                        job->name, reason);
+}
+
+/* Another node's trainer of the job left: its ops from `from_seq` on can
+ * never complete, here either. */
+static void on_job_left(struct obd_daemon *d, int from,
+                        const Obcomm__JobLeft *m)
+{
+    struct obd_job *job = obd_job_find(d, m->job);
+    if (job == NULL)
+        return;
+    if (job->gone[0] == '\0' || m->from_seq < job->gone_seq) {
+        snprintf(job->gone, sizeof(job->gone), "%s", m->message);
+        job->gone_seq = m->from_seq;
+    }
+    obd_log_info(&d->log, "job %s: node %d reports: %s", job->name, from,
+                 m->message);
+    /* Announced, so that a node that learnt of the op only from us (no
+     * trainer of the job there any more) drops it too. */
+    fail_open(job, m->from_seq, 1, m->message);
+}
+
+void obd_job_on_peer_msg(struct obd_daemon *d, int from,
+                         const Obcomm__PeerMsg *m)
+{
+    switch (m->body_case) {
+    case OBCOMM__PEER_MSG__BODY_ANNOUNCE:
+        on_announce(d, from, m->announce);
+        break;
+    case OBCOMM__PEER_MSG__BODY_JOB_LEFT:
+        on_job_left(d, from, m->job_left);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Tells every other node that a rank of the job left: they fail the job's
+ * ops from `from_seq` on at once instead of waiting for our announce. Ops
+ * before it completed or failed here already, so the others finish them
+ * as they would have. */
+static void tell_left(struct obd_job *job, uint64_t from_seq,
+                      const char *message)
+{
+    struct obd_daemon *d = job->d;
+    Obcomm__JobLeft jl = OBCOMM__JOB_LEFT__INIT;
+    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    jl.job = job->name;
+    jl.from_seq = from_seq;
+    jl.message = (char *)message;
+    msg.body_case = OBCOMM__PEER_MSG__BODY_JOB_LEFT;
+    msg.job_left = &jl;
+    for (int i = 0; i < d->cfg.nodes; i++)
+        if (i != d->cfg.rank)
+            (void)d->hooks.send_ctrl(d, i, &msg);
 }
 
 void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
 {
     struct obd_daemon *d = job->d;
     int rank = obd_job_rank(job, (int)d->cfg.rank, local_rank);
+    char gone[256];
+    snprintf(gone, sizeof(gone), "rank %d (node %d local %d) left the job: %s",
+             rank, (int)d->cfg.rank, local_rank, reason);
     job->trainer[local_rank] = NULL;
-    job->joined--;
+    if (--job->joined == 0)
+        obd_efstore_job_active(d, job->name, 0);
     obd_log_info(&d->log, "job %s: rank %d (local %d) left: %s", job->name,
                  rank, local_rank, reason);
-    if (job->joined > 0 && job->gone[0] == '\0')
-        snprintf(job->gone, sizeof(job->gone),
-                 "rank %d (node %d local %d) left the job: %s", rank,
-                 (int)d->cfg.rank, local_rank, reason);
 
-    job->busy++;
-    struct obd_op *op;
-    while ((op = first_open(job)) != NULL)
-        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                    "op %llu of job %s: rank %d (node %d local %d) "
-                    "vanished: %s",
-                    (unsigned long long)op->seq, job->name, rank,
-                    (int)d->cfg.rank, local_rank, reason);
-    retire_done(job);
-    job->busy--;
-    job_maybe_free(job);
-}
-
-/* Fails every open op of every job with PEER_LOST and `reason`. */
-static void fail_all_open(struct obd_daemon *d, int announce,
-                          const char *reason)
-{
-    struct obd_job *jnext;
-    for (struct obd_job *job = d->jobs; job; job = jnext) {
-        jnext = job->next;
-        job->busy++;
-        struct obd_op *op;
-        while ((op = first_open(job)) != NULL)
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, announce,
-                        "op %llu of job %s: %s", (unsigned long long)op->seq,
-                        job->name, reason);
-        job->busy--;
-        job_maybe_free(job);
+    /* The first op this trainer has no answer for: ops before it are over
+     * here, ops from it on can never complete. */
+    uint64_t from = job->next_seq;
+    for (struct obd_op *op = job->ops; op; op = op->next)
+        if (op->state != OBD_OP_DONE || !op->answered[local_rank]) {
+            from = op->seq < from ? op->seq : from;
+            break;
+        }
+    if (job->joined > 0 && job->gone[0] == '\0') {
+        snprintf(job->gone, sizeof(job->gone), "%s", gone);
+        job->gone_seq = from;
     }
+    for (struct obd_op *op = job->ops; op; op = op->next)
+        if (op->state != OBD_OP_DONE)
+            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
+                        "op %llu of job %s: rank %d (node %d local %d) "
+                        "vanished: %s",
+                        (unsigned long long)op->seq, job->name, rank,
+                        (int)d->cfg.rank, local_rank, reason);
+    if (d->cfg.nodes > 1 && !d->closing)
+        tell_left(job, from, gone);
+    /* Failed ops that waited only for this trainer may retire now. */
+    for (struct obd_op *op = job->ops; op; op = op->next)
+        obd_op_schedule(op);
+    obd_runq_post(&d->runq, &job->ready);
 }
 
+void obd_job_fail_all(struct obd_daemon *d, const char *reason)
+{
+    for (struct obd_job *job = d->jobs; job; job = job->next)
+        fail_open(job, 0, 1, reason);
+}
+
+/* Fails the open ops that still need the node: a running op that has
+ * everything it needs from it (its last frames arrived before the link
+ * closed, as when a node shuts down right after the op) finishes. */
 void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
 {
     char reason[320];
     snprintf(reason, sizeof(reason), "node %d was lost: %s", node, why);
-    fail_all_open(d, 1, reason);
+    for (struct obd_job *job = d->jobs; job; job = job->next)
+        for (struct obd_op *op = job->ops; op; op = op->next) {
+            if (op->state == OBD_OP_DONE)
+                continue;
+            const struct obd_algo *algo = obd_coll_algo(op->desc.kind);
+            if (op->state == OBD_OP_RUN && op->coll != NULL && algo &&
+                algo->needs_node && !algo->needs_node(op, node))
+                continue;
+            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                        (unsigned long long)op->seq, job->name, reason);
+        }
 }
 
-void obd_job_kick_all(struct obd_daemon *d)
+void obd_job_shutdown(struct obd_daemon *d)
 {
-    struct obd_job *next;
-    for (struct obd_job *job = d->jobs; job; job = next) {
-        next = job->next;
-        job_kick(job);
-    }
+    char reason[96];
+    snprintf(reason, sizeof(reason), "obcommd on node %d is shutting down",
+             (int)d->cfg.rank);
+    for (struct obd_job *job = d->jobs; job; job = job->next)
+        for (struct obd_op *op = job->ops; op; op = op->next)
+            if (op->state == OBD_OP_COLLECT)
+                obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                            (unsigned long long)op->seq, job->name, reason);
+}
+
+int obd_job_busy(const struct obd_daemon *d)
+{
+    int busy = d->pool_tasks;
+    for (const struct obd_job *job = d->jobs; job; job = job->next)
+        for (const struct obd_op *op = job->ops; op; op = op->next)
+            busy += op->state != OBD_OP_DONE;
+    return busy;
 }
 
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq)
@@ -747,29 +939,51 @@ struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq)
     return job ? op_find(job, seq) : NULL;
 }
 
-/* A job without trainers and without ops is forgotten. */
-static void job_maybe_free(struct obd_job *job)
+/* ---- data frames from the mesh ---- */
+
+enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
+                                      const struct obd_frame *f, void **dst,
+                                      void **token)
 {
-    struct obd_daemon *d = job->d;
-    if (job->joined > 0 || job->busy > 0)
-        return;
-    /* Failed ops that only wait for trainers who are gone are dropped. */
-    retire_done(job);
-    if (job->ops != NULL)
-        return;
-    for (struct obd_job **pp = &d->jobs; *pp; pp = &(*pp)->next)
-        if (*pp == job) {
-            *pp = job->next;
-            break;
-        }
-    d->njobs--;
-    free(job);
+    struct obd_op *op = obd_job_op(d, f->job, f->seq);
+    if (op == NULL)
+        return OBD_DATA_DISCARD;
+    if (op->state == OBD_OP_COLLECT)
+        /* The sender has every announce, this node not yet: the op starts
+         * here soon (or fails on its deadline). Until then the link stops
+         * reading, which pushes back on the sender through TCP. */
+        return OBD_DATA_PARK;
+    if (op->state != OBD_OP_RUN || op->fingerprint != f->fingerprint)
+        return OBD_DATA_DISCARD;
+    const char *why = "unexpected frame";
+    void *p = obd_coll_algo(op->desc.kind)->recv_dest(op, from, f, &why);
+    if (p == NULL) {
+        obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
+        obd_op_fail(op, OBCOMM_E_PROTO, 1,
+                    "op %llu of job %s: node %d sent step %u segment %u of "
+                    "%u bytes: %s",
+                    (unsigned long long)op->seq, op->job->name, from, f->step,
+                    f->segment, f->len, why);
+        return OBD_DATA_DISCARD;
+    }
+    op->refs++;
+    *dst = p;
+    *token = op;
+    return OBD_DATA_INTO;
 }
 
-void obd_job_close_all(struct obd_daemon *d)
+int obd_job_data_live(void *token)
 {
-    char reason[96];
-    snprintf(reason, sizeof(reason), "obcommd on node %d is shutting down",
-             (int)d->cfg.rank);
-    fail_all_open(d, 0, reason);
+    const struct obd_op *op = token;
+    return op->state == OBD_OP_RUN;
+}
+
+void obd_job_data_end(void *token, int from, const struct obd_frame *f,
+                      int complete)
+{
+    struct obd_op *op = token;
+    if (complete && op->state == OBD_OP_RUN)
+        obd_coll_algo(op->desc.kind)->recv_done(op, from, f);
+    op->refs--;
+    obd_op_schedule(op);
 }

@@ -9,11 +9,28 @@
  *            when every node's announce is in, all nodes compare the same
  *            set and reach the same verdict;
  *   RUN      the algorithm (coll.h) moves data;
- *   then every local trainer gets a Complete message and the op is freed
- *   once no write references its memory.
+ *   DONE     finished or failed; every local trainer gets its Complete
+ *            once no pool task touches the op's memory any more, and the
+ *            op is freed once nothing refers to it.
  * A failure anywhere (mismatch, deadline, lost peer or trainer) is
  * announced to every node, so the op fails on every rank with the same
  * message.
+ *
+ * Lifetime rules (DESIGN.md section 5):
+ *   - Nothing here completes, frees or calls back synchronously. obd_op_fail
+ *     and obd_op_finish only record the verdict and post the op to the
+ *     daemon's ready queue (runq.h); answers to trainers, retiring, the
+ *     next op's start and every free happen when the queue runs the op, on
+ *     a later loop turn. So a caller may keep using an op after failing it.
+ *   - Reference counts only count. op->refs counts callbacks still to come
+ *     (writes, reads, pool tasks); op->tasks the pool tasks among them.
+ *     Whoever drops a reference posts the op (obd_op_schedule) if it wants
+ *     progress; unref never runs anything.
+ *   - An op holds a reference on every trainer buffer it was given
+ *     (struct obd_shm), until it is freed; a trainer's release or
+ *     disconnect drops only the trainer's own reference.
+ *   - A job lives while a trainer is joined or an op of it exists
+ *     (job->live), so op->job is valid for the op's whole life.
  */
 #ifndef OBD_JOB_H
 #define OBD_JOB_H
@@ -22,6 +39,7 @@
 #include <uv.h>
 
 #include "daemon.h"
+#include "frame.h"
 #include "shm.h"
 
 #define OBD_MAX_LOCAL 64
@@ -49,17 +67,20 @@ struct obd_announce {
 enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
 
 struct obd_op {
-    struct obd_job *job;
+    struct obd_job *job; /* valid while the op exists */
     uint64_t seq;
     enum obd_op_state state;
-    uint64_t created_ns; /* uv_hrtime() at creation */
+    struct obd_ready ready; /* in the daemon's ready queue */
+    uint64_t created_ns;    /* uv_hrtime() at creation */
 
     /* Local trainers' submissions. */
     int nsubmitted;
     int submitted[OBD_MAX_LOCAL];
+    int answered[OBD_MAX_LOCAL];
     struct obd_opdesc sub[OBD_MAX_LOCAL];
-    void *data[OBD_MAX_LOCAL]; /* into the trainers' shared memory */
-    int local_done;            /* all local trainers in and agreed */
+    void *data[OBD_MAX_LOCAL];          /* into the trainers' shared memory */
+    struct obd_shm *buf[OBD_MAX_LOCAL]; /* holding data; a reference each */
+    int local_done;                     /* all local trainers in and agreed */
 
     /* One announce per node, ours included. */
     struct obd_announce *ann;
@@ -75,8 +96,11 @@ struct obd_op {
     int status;
     char message[512];
 
-    void *coll; /* the algorithm's own state while RUN */
-    int refs;   /* writes in flight that read this op's memory */
+    void *coll;    /* the algorithm's own state while RUN */
+    int refs;      /* callbacks to come: writes, reads, pool tasks */
+    int tasks;     /* pool tasks in flight (among refs) */
+    int linked;    /* in job->ops; unlinked once every trainer has its answer */
+    int accounted; /* DONE was counted in the metrics */
     struct obd_op *next;
 };
 
@@ -86,12 +110,18 @@ struct obd_job {
     uint32_t id;
     int local_size; /* 0 until the first trainer joins */
     int timeout_ms;
-    struct obd_client *trainer[OBD_MAX_LOCAL];
+    struct obd_client *trainer[OBD_MAX_LOCAL]; /* opaque: for hooks.answer */
+    int pid[OBD_MAX_LOCAL];
     int joined;
     uint64_t next_seq;  /* ops below it have completed */
-    struct obd_op *ops; /* ascending seq */
-    int busy;           /* > 0 while a loop walks ops: do not free */
-    char gone[256];     /* set when a trainer left while others stay */
+    struct obd_op *ops; /* linked ops, ascending seq */
+    int live;           /* ops that exist, linked or not */
+    struct obd_ready ready;
+    /* Once a rank of the job is gone (a local trainer left while others
+     * stay, or another node said its trainers left), ops from gone_seq on
+     * fail at once with `gone` instead of waiting for their deadline. */
+    char gone[256];
+    uint64_t gone_seq;
     struct obd_job *next;
 };
 
@@ -100,50 +130,76 @@ struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id);
 
 /* A trainer joins: checks local rank and size against the job. On failure
  * returns a negative code with a reason in why. */
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, const char *name,
-                 int local_rank, int local_size, int timeout_ms,
-                 struct obd_job **out, char *why, size_t whylen);
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+                 const char *name, int local_rank, int local_size,
+                 int timeout_ms, struct obd_job **out, char *why,
+                 size_t whylen);
 
-/* A trainer leaves (disconnect): fails its ops for everyone. */
+/* A trainer leaves (disconnect): fails its job's open ops on every node
+ * and tells the other nodes, whose later ops of the job then fail at once.
+ * The job may be freed on a later turn: the caller forgets it. */
 void obd_job_leave(struct obd_job *job, int local_rank, const char *reason);
 
-/* A trainer submits op `seq`; data points into its shared memory (NULL for
- * barrier). A non-zero status means the daemon refused the request (reason
- * in why): the op then fails on every rank with that message. */
-void obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
-                    const struct obd_opdesc *desc, void *data, int status,
-                    const char *why);
+/* A trainer submits op `seq`; data points into its shared memory buffer
+ * buf (both NULL for ops without data; the op takes its own reference on
+ * buf). A non-zero status means the daemon refused the request (reason in
+ * why): the op then fails on every rank with that message. Returns 0, or a
+ * negative code when the submission itself is invalid (outside the op
+ * window, twice): the caller answers that trainer directly with why. */
+int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
+                   const struct obd_opdesc *desc, struct obd_shm *buf,
+                   void *data, int status, char *why, size_t whylen);
 
-/* A node's announce arrived. */
-void obd_job_on_announce(struct obd_daemon *d, int from,
-                         const struct obd_announce *a, const char *job,
-                         uint64_t seq);
-
-/* A node's link came up: it gets our announces of ops still collecting. */
+/* The hooks peers.c calls through (struct obd_hooks). */
 void obd_job_on_peer_up(struct obd_daemon *d, int node);
-
-/* A node's link went down: fails the ops that needed it. */
 void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why);
+void obd_job_on_peer_msg(struct obd_daemon *d, int from,
+                         const struct Obcomm__PeerMsg *msg);
+enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
+                                      const struct obd_frame *f, void **dst,
+                                      void **token);
+int obd_job_data_live(void *token);
+void obd_job_data_end(void *token, int from, const struct obd_frame *f,
+                      int complete);
 
-/* Starts every job's next op that has become ready. */
-void obd_job_kick_all(struct obd_daemon *d);
+/* Shutdown: ops still collecting fail at once (and ops submitted from now
+ * on); running ops go on. */
+void obd_job_shutdown(struct obd_daemon *d);
+/* Fails every open op (the end of the shutdown grace). */
+void obd_job_fail_all(struct obd_daemon *d, const char *reason);
+/* Ops not yet DONE plus pool tasks in flight: 0 when the daemon is quiet. */
+int obd_job_busy(const struct obd_daemon *d);
 
 /* The op (job id, seq) this node knows, in any state, or NULL. */
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 
+/* ---- what algorithms (coll.h) use ---- */
+
 /* Fails op with status and message, announces the failure to every node
- * (unless it came from one) and completes the trainers. */
+ * (unless it came from one) and posts the op: its trainers get the answer
+ * on a later turn, once no pool task touches their memory. */
 void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
                  ...) __attribute__((format(printf, 4, 5)));
 
-/* The algorithm finished: completes the trainers with success. */
+/* The algorithm finished: posts the op to answer its trainers. */
 void obd_op_finish(struct obd_op *op);
 
-/* Drops a reference taken for a write; frees a finished op at zero. */
-void obd_op_unref(struct obd_op *op);
+/* Posts the op to the ready queue: its algorithm's progress runs on a
+ * later turn while it runs; answers, retiring and freeing follow once it
+ * is DONE. */
+void obd_op_schedule(struct obd_op *op);
 
-/* Fails every op and forgets every job (shutdown). */
-void obd_job_close_all(struct obd_daemon *d);
+/* A pool task that touches the op's memory (trainer buffers, state)
+ * begins or ends; task_end posts the op. */
+void obd_op_task_begin(struct obd_op *op);
+void obd_op_task_end(struct obd_op *op);
+
+/* Sends a data frame of this op to node `to`, with payload `len` bytes at
+ * `payload`, which stays valid because the op holds a reference until the
+ * write completes (the op is then posted). Returns 0 or a negative code;
+ * on failure nothing was sent and no reference taken. */
+int obd_op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
+                const void *payload, uint32_t len);
 
 /* Global rank of a node's local trainer. */
 static inline int obd_job_rank(const struct obd_job *job, int node, int local)

@@ -51,6 +51,7 @@ int main(int argc, char **argv)
 
     struct obd_daemon d;
     int rc = obd_daemon_init(&d, &cfg);
+    obd_daemon_set_args(&d, argc, argv);
     if (rc == 0)
         rc = obd_daemon_start(&d);
     if (rc == 0)

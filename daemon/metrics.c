@@ -74,4 +74,12 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                            "counter"},
     [OBD_M_EF_SAVED] = {"ef_saved", "Error-feedback snapshots written",
                         "counter"},
+    [OBD_M_EF_EVICTIONS] = {"ef_evictions",
+                            "Error-feedback states freed after their job "
+                            "was idle for ef_idle_ms",
+                            "counter"},
+    [OBD_M_EF_LIMIT_REFUSALS] = {"ef_limit_refusals",
+                                 "1-bit ops refused because a new key's "
+                                 "state would pass ef_max_bytes",
+                                 "counter"},
 };

@@ -35,6 +35,8 @@ enum obd_metric_id {
     OBD_M_EF_RESETS,
     OBD_M_EF_REJECTED,
     OBD_M_EF_SAVED,
+    OBD_M_EF_EVICTIONS,
+    OBD_M_EF_LIMIT_REFUSALS,
     OBD_M_COUNT
 };
 

@@ -8,8 +8,6 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "coll.h"
-#include "job.h"
 #include "wire.h"
 
 /* A link that has not said Hello by then is closed. */
@@ -34,8 +32,8 @@ struct obd_link {
     struct obd_frame f;
     uint8_t *ctrl;
     uint8_t *dst;
-    struct obd_op *rop; /* op the payload goes to; holds a reference */
-    int parked;         /* reading paused until the frame's op starts */
+    void *token; /* from data_begin, until data_end */
+    int parked;  /* reading paused until the frame's op starts */
     uint8_t discard[DISCARD_BYTES];
 
     struct obd_link *next; /* in d->unbound */
@@ -44,7 +42,8 @@ struct obd_link {
 struct data_write {
     uv_write_t req;
     uint8_t hdr[OBD_FRAME_HDR];
-    struct obd_op *op;
+    void (*done)(void *arg, int status);
+    void *arg;
     struct obd_peer *peer;
     size_t bytes;
 };
@@ -133,12 +132,12 @@ static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
 }
 
 int obd_peers_send_ctrl(struct obd_daemon *d, int to,
-                        const ProtobufCMessage *msg)
+                        const Obcomm__PeerMsg *msg)
 {
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
         return OBCOMM_E_PEER_LOST;
-    return link_send_ctrl(p->link, msg);
+    return link_send_ctrl(p->link, &msg->base);
 }
 
 static void on_data_written(uv_write_t *req, int status)
@@ -148,14 +147,15 @@ static void on_data_written(uv_write_t *req, int status)
         w->peer->bytes_sent += w->bytes;
         obd_metric_add(&w->peer->d->metrics, OBD_M_BYTES_SENT, w->bytes);
     }
-    struct obd_op *op = w->op;
+    void (*done)(void *, int) = w->done;
+    void *arg = w->arg;
     free(w);
-    obd_op_unref(op);
+    done(arg, status);
 }
 
-int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
-                        uint32_t step, uint32_t segment, const void *payload,
-                        uint32_t len)
+int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
+                        const void *payload,
+                        void (*done)(void *arg, int status), void *arg)
 {
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
@@ -163,28 +163,22 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
     struct data_write *w = malloc(sizeof(*w));
     if (w == NULL)
         return OBCOMM_E_NOMEM;
-    struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
-                          .type = OBD_FRAME_DATA,
-                          .job = op->job->id,
-                          .seq = op->seq,
-                          .fingerprint = op->fingerprint,
-                          .step = step,
-                          .segment = segment,
-                          .len = len};
-    obd_frame_encode(&f, w->hdr);
-    w->op = op;
+    f->version = OBCOMM_PROTO_VERSION;
+    f->type = OBD_FRAME_DATA;
+    obd_frame_encode(f, w->hdr);
+    w->done = done;
+    w->arg = arg;
     w->peer = p;
-    w->bytes = OBD_FRAME_HDR + (size_t)len;
+    w->bytes = OBD_FRAME_HDR + (size_t)f->len;
 
     uv_buf_t bufs[2] = {uv_buf_init((char *)w->hdr, OBD_FRAME_HDR),
-                        uv_buf_init((char *)payload, len)};
-    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs, len ? 2 : 1,
-                      on_data_written);
+                        uv_buf_init((char *)payload, f->len)};
+    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs,
+                      f->len ? 2 : 1, on_data_written);
     if (rc) {
         free(w);
         return rc;
     }
-    op->refs++;
     return 0;
 }
 
@@ -294,35 +288,28 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     obd_log_info(&d->log, "link to node %d (%s:%u) is up%s", r,
                  d->cfg.world[r].host, d->cfg.world[r].port,
                  obd_peers_complete(d) ? "; the world is complete" : "");
-    obd_job_on_peer_up(d, r);
+    d->hooks.peer_up(d, r);
 }
 
-static void handle_announce(struct obd_link *l, const Obcomm__OpAnnounce *m)
+/* Messages past the handshake go to the jobs; a name longer than a job
+ * name can be is malformed. */
+static void handle_job_msg(struct obd_link *l, const Obcomm__PeerMsg *m)
 {
+    const char *job = m->body_case == OBCOMM__PEER_MSG__BODY_ANNOUNCE
+                          ? m->announce->job
+                          : m->job_left->job;
     if (l->state != L_UP) {
-        link_close(l, "announce before the handshake");
+        link_close(l, "job message before the handshake");
         return;
     }
-    if (m->node_rank != (uint32_t)l->peer || strlen(m->job) >= OBD_JOB_NAME) {
-        link_close(l, "announce with a wrong node rank or job name");
+    if (strlen(job) >= OBD_PEER_JOB_NAME ||
+        (m->body_case == OBCOMM__PEER_MSG__BODY_ANNOUNCE &&
+         m->announce->node_rank != (uint32_t)l->peer)) {
+        obd_metric_add(&l->d->metrics, OBD_M_FRAMES_REJECTED, 1);
+        link_close(l, "job message with a wrong node rank or job name");
         return;
     }
-    struct obd_announce a = {
-        .have = 1,
-        .status = m->status,
-        .local_size = m->local_size,
-        .desc = {.kind = m->kind,
-                 .dtype = m->dtype,
-                 .redop = m->redop,
-                 .count = m->count,
-                 .key = m->key,
-                 .root = m->root},
-    };
-    snprintf(a.message, sizeof(a.message), "%s", m->message);
-    if (a.status != 0 && a.message[0] == '\0')
-        snprintf(a.message, sizeof(a.message), "node %d failed the op",
-                 l->peer);
-    obd_job_on_announce(l->d, l->peer, &a, m->job, m->seq);
+    l->d->hooks.peer_msg(l->d, l->peer, m);
 }
 
 static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
@@ -346,7 +333,8 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         break;
     }
     case OBCOMM__PEER_MSG__BODY_ANNOUNCE:
-        handle_announce(l, m->announce);
+    case OBCOMM__PEER_MSG__BODY_JOB_LEFT:
+        handle_job_msg(l, m);
         break;
     default:
         link_close(l, "empty PeerMsg");
@@ -376,38 +364,32 @@ static void start_payload(struct obd_link *l)
         return;
     }
 
-    struct obd_op *op = obd_job_op(d, l->f.job, l->f.seq);
-    if (op != NULL && op->state == OBD_OP_COLLECT) {
-        /* The sender has every announce, this node not yet: the op starts
-         * here soon (or fails on its deadline). Until then the link stops
-         * reading, which pushes back on the sender through TCP. */
+    void *dst = NULL;
+    switch (d->hooks.data_begin(d, l->peer, &l->f, &dst, &l->token)) {
+    case OBD_DATA_PARK:
         l->parked = 1;
         uv_read_stop((uv_stream_t *)&l->tcp);
         return;
+    case OBD_DATA_INTO:
+        l->dst = dst;
+        l->rs = R_DATA;
+        return;
+    case OBD_DATA_DISCARD:
+        /* Frames of an op that failed here (or never ran) are read and
+         * dropped: the link itself is fine. */
+        l->rs = R_DISCARD;
+        return;
     }
-    if (op != NULL && op->state == OBD_OP_RUN &&
-        op->fingerprint == l->f.fingerprint) {
-        const char *why = "unexpected frame";
-        void *dst =
-            obd_coll_algo(op->desc.kind)->recv_dest(op, l->peer, &l->f, &why);
-        if (dst == NULL) {
-            obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-            obd_op_fail(op, OBCOMM_E_PROTO, 1,
-                        "op %llu of job %s: node %d sent step %u segment %u "
-                        "of %u bytes: %s",
-                        (unsigned long long)op->seq, op->job->name, l->peer,
-                        l->f.step, l->f.segment, l->f.len, why);
-        } else {
-            op->refs++;
-            l->rop = op;
-            l->dst = dst;
-            l->rs = R_DATA;
-            return;
-        }
-    }
-    /* Frames of an op that failed here (or never ran) are read and
-     * dropped: the link itself is fine. */
+}
+
+/* The payload's destination went away (its op failed): what is left of
+ * the frame is read and dropped. */
+static void give_up_payload(struct obd_link *l)
+{
+    void *token = l->token;
+    l->token = NULL;
     l->rs = R_DISCARD;
+    l->d->hooks.data_end(token, l->peer, &l->f, 0);
 }
 
 static void finish_payload(struct obd_link *l)
@@ -421,11 +403,9 @@ static void finish_payload(struct obd_link *l)
         handle_ctrl(l, buf, l->f.len);
         free(buf);
     } else if (rs == R_DATA) {
-        struct obd_op *op = l->rop;
-        l->rop = NULL;
-        if (op->state == OBD_OP_RUN)
-            obd_coll_algo(op->desc.kind)->recv_done(op, l->peer, &l->f);
-        obd_op_unref(op);
+        void *token = l->token;
+        l->token = NULL;
+        l->d->hooks.data_end(token, l->peer, &l->f, 1);
     }
 }
 
@@ -433,6 +413,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct obd_link *l = container_of(h, struct obd_link, tcp);
     (void)suggested;
+    if (l->rs == R_DATA && !l->d->hooks.data_live(l->token))
+        give_up_payload(l);
     switch (l->rs) {
     case R_HDR:
         *buf = uv_buf_init((char *)l->hdr + l->got,
@@ -495,8 +477,11 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     finish_payload(l);
 }
 
-void obd_peers_resume(struct obd_daemon *d)
+/* Links that paused on a frame of an op that had not started look at it
+ * again; posted (d->ops_changed) whenever an op starts or ends. */
+static void resume_links(struct obd_ready *r)
 {
+    struct obd_daemon *d = container_of(r, struct obd_daemon, links_resume);
     for (int i = 0; i < d->cfg.nodes; i++) {
         struct obd_link *l = d->peers[i].link;
         if (l == NULL || !l->parked || l->state != L_UP)
@@ -534,10 +519,10 @@ static void link_close(struct obd_link *l, const char *why)
     int was_up = l->state == L_UP;
     l->state = L_CLOSING;
 
-    if (l->rop != NULL) {
-        struct obd_op *op = l->rop;
-        l->rop = NULL;
-        obd_op_unref(op);
+    if (l->token != NULL) {
+        void *token = l->token;
+        l->token = NULL;
+        d->hooks.data_end(token, l->peer, &l->f, 0);
     }
     unbind_unbound(l);
 
@@ -554,7 +539,7 @@ static void link_close(struct obd_link *l, const char *why)
                 obd_metric_add(&d->metrics, OBD_M_LINK_ERRORS, 1);
                 obd_log_warn(&d->log, "link to node %d is down: %s", p->rank,
                              why);
-                obd_job_on_peer_lost(d, p->rank, why);
+                d->hooks.peer_lost(d, p->rank, why);
             }
         } else if (!was_up && !d->closing) {
             obd_log_debug(&d->log, "connection to node %d closed: %s", l->peer,
@@ -687,6 +672,8 @@ static void on_incoming(uv_stream_t *server, int status)
 
 int obd_peers_start(struct obd_daemon *d)
 {
+    d->links_resume.run = resume_links;
+    d->ops_changed = &d->links_resume;
     d->peers = calloc((size_t)d->cfg.nodes, sizeof(*d->peers));
     if (d->peers == NULL)
         return OBCOMM_E_NOMEM;

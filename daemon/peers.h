@@ -2,7 +2,10 @@
  * node; rank order defines the ring. A higher rank dials a lower one, with
  * backoff, until the world is complete. Links start with a Hello exchange
  * (protocol version, cluster, rank, world size, world fingerprint) and
- * carry frames (frame.h) afterwards. */
+ * carry frames (frame.h) afterwards.
+ *
+ * This module knows nothing of jobs and ops: what arrives goes up through
+ * the daemon's hooks (daemon.h), which may not free the link's state. */
 #ifndef OBD_PEERS_H
 #define OBD_PEERS_H
 
@@ -13,9 +16,11 @@
 #include "daemon.h"
 #include "frame.h"
 
-#include <protobuf-c/protobuf-c.h>
+#include "obcomm.pb-c.h"
 
-struct obd_op;
+/* Longest job name a peer may send, terminator included (as job.h's). */
+#define OBD_PEER_JOB_NAME 64
+
 struct obd_link;
 
 enum obd_peer_state { OBD_PEER_DOWN, OBD_PEER_CONNECTING, OBD_PEER_UP };
@@ -41,18 +46,16 @@ int obd_peers_complete(const struct obd_daemon *d);
 /* Sends a control message to node `to` (not ourselves). Returns 0 or a
  * negative code when the link is down. */
 int obd_peers_send_ctrl(struct obd_daemon *d, int to,
-                        const ProtobufCMessage *msg);
+                        const Obcomm__PeerMsg *msg);
 
-/* Sends a data frame whose payload is `len` bytes at `payload`, which must
- * stay valid until the write completes: the op holds a reference until
- * then and progress runs after it. */
-int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_op *op,
-                        uint32_t step, uint32_t segment, const void *payload,
-                        uint32_t len);
-
-/* Links that paused on a frame of an op that had not started yet look at
- * it again; called whenever an op starts or ends. */
-void obd_peers_resume(struct obd_daemon *d);
+/* Sends a data frame to node `to`: the header f (version and type are
+ * filled in here) and f->len bytes at `payload`, which must stay valid
+ * until done(arg, status) runs, from the write's callback on a later
+ * turn. Returns 0, or a negative code when nothing was sent (done then
+ * never runs). */
+int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
+                        const void *payload,
+                        void (*done)(void *arg, int status), void *arg);
 
 /* Names a peer's state. */
 const char *obd_peer_state_name(enum obd_peer_state s);

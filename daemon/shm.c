@@ -52,6 +52,7 @@ int obd_shm_map(int fd, uint64_t id, uint64_t bytes, uint64_t max_bytes,
     b->id = id;
     b->base = base;
     b->size = bytes;
+    b->refs = 1;
     *out = b;
     close(fd);
     return 0;
@@ -63,9 +64,14 @@ out:
     return rc;
 }
 
-void obd_shm_unmap(struct obd_shm *b)
+void obd_shm_ref(struct obd_shm *b)
 {
-    if (b == NULL)
+    b->refs++;
+}
+
+void obd_shm_unref(struct obd_shm *b)
+{
+    if (b == NULL || --b->refs > 0)
         return;
     munmap(b->base, b->size);
     free(b);

@@ -1,0 +1,509 @@
+/* The op state machine without sockets: several in-process daemons whose
+ * hooks (daemon.h) are replaced by a fake transport that carries control
+ * messages and data frames between them in order, and fake trainers that
+ * record their answers. It checks matching, the deferred completion rule
+ * (no answer from inside the call that decided it), a rank that leaves,
+ * and the 1-bit op's phases end to end against the algorithm of DESIGN.md
+ * section 2. */
+#include <check.h>
+
+#include "ck_run.h"
+#include <math.h>
+#include <stddef.h>
+#include <obcomm.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "daemon.h"
+#include "job.h"
+#include "obcomm.pb-c.h"
+#include "ops.h"
+
+#define MAXN 4
+#define MAXL 3
+
+/* A fake trainer: the daemon sees its address as a struct obd_client *. */
+struct fake {
+    int answers;
+    int status;
+    uint64_t seq;
+    char message[512];
+};
+
+/* A message in flight on the link from -> to: control (packed PeerMsg) or
+ * data (frame header and a copy of the payload). */
+struct msg {
+    int from, to;
+    int is_data;
+    uint8_t *buf;
+    size_t len;
+    struct obd_frame f;
+    void (*done)(void *arg, int status);
+    void *arg;
+    struct msg *next;
+};
+
+static struct obd_daemon nodes[MAXN];
+static int nnodes;
+static struct fake trainers[MAXN][MAXL];
+static struct obd_job *jobs[MAXN];
+static struct msg *queue_head, *queue_tail;
+static int in_call; /* > 0 while the test is inside a call into job.c */
+
+static void answer(struct obd_client *c, uint64_t seq, int status,
+                   const char *message)
+{
+    struct fake *t = (struct fake *)c;
+    /* DESIGN.md section 5: never from inside the call that caused it. */
+    ck_assert_int_eq(in_call, 0);
+    t->answers++;
+    t->status = status;
+    t->seq = seq;
+    snprintf(t->message, sizeof(t->message), "%s", message);
+}
+
+static int node_of(const struct obd_daemon *d)
+{
+    return (int)(d - nodes);
+}
+
+static void enqueue(struct msg *m)
+{
+    m->next = NULL;
+    if (queue_tail)
+        queue_tail->next = m;
+    else
+        queue_head = m;
+    queue_tail = m;
+}
+
+static int send_ctrl(struct obd_daemon *d, int to, const Obcomm__PeerMsg *pm)
+{
+    struct msg *m = calloc(1, sizeof(*m));
+    m->from = node_of(d);
+    m->to = to;
+    m->len = obcomm__peer_msg__get_packed_size(pm);
+    m->buf = malloc(m->len ? m->len : 1);
+    obcomm__peer_msg__pack(pm, m->buf);
+    enqueue(m);
+    return 0;
+}
+
+static int send_data(struct obd_daemon *d, int to, struct obd_frame *f,
+                     const void *payload, void (*done)(void *, int), void *arg)
+{
+    struct msg *m = calloc(1, sizeof(*m));
+    m->from = node_of(d);
+    m->to = to;
+    m->is_data = 1;
+    m->f = *f;
+    m->len = f->len;
+    m->buf = malloc(m->len ? m->len : 1);
+    memcpy(m->buf, payload, m->len);
+    m->done = done;
+    m->arg = arg;
+    enqueue(m);
+    return 0;
+}
+
+/* Delivers one message; 0 if its destination parks it (the op has not
+ * started there yet): the link then waits, as a real one stops reading. */
+static int deliver(struct msg *m)
+{
+    struct obd_daemon *d = &nodes[m->to];
+    if (!m->is_data) {
+        Obcomm__PeerMsg *pm = obcomm__peer_msg__unpack(NULL, m->len, m->buf);
+        ck_assert_ptr_nonnull(pm);
+        in_call++;
+        obd_job_on_peer_msg(d, m->from, pm);
+        in_call--;
+        obcomm__peer_msg__free_unpacked(pm, NULL);
+        return 1;
+    }
+    void *dst = NULL, *token = NULL;
+    in_call++;
+    enum obd_data_dest where =
+        obd_job_data_begin(d, m->from, &m->f, &dst, &token);
+    if (where == OBD_DATA_INTO) {
+        memcpy(dst, m->buf, m->len);
+        obd_job_data_end(token, m->from, &m->f, 1);
+    }
+    in_call--;
+    if (where == OBD_DATA_PARK)
+        return 0;
+    m->done(m->arg, 0); /* the write completed, on the sender's side */
+    return 1;
+}
+
+/* Delivers every message whose link is not parked; returns how many.
+ * What the deliveries send goes behind what stays parked. */
+static int deliver_all(void)
+{
+    int parked[MAXN][MAXN] = {{0}};
+    int n = 0;
+    struct msg *list = queue_head, *kept = NULL, **kept_tail = &kept;
+    queue_head = queue_tail = NULL;
+    while (list) {
+        struct msg *m = list;
+        list = m->next;
+        if (!parked[m->from][m->to] && deliver(m)) {
+            free(m->buf);
+            free(m);
+            n++;
+            continue;
+        }
+        parked[m->from][m->to] = 1;
+        m->next = NULL;
+        *kept_tail = m;
+        kept_tail = &m->next;
+    }
+    if (kept != NULL) {
+        *kept_tail = queue_head;
+        if (queue_head == NULL)
+            queue_tail =
+                (struct msg *)((char *)kept_tail - offsetof(struct msg, next));
+        queue_head = kept;
+    }
+    return n;
+}
+
+/* Turns every loop and the transport until `done` holds; fails the test
+ * after a bound instead of hanging. */
+static void pump_until(int (*done)(void))
+{
+    for (int i = 0; i < 200000; i++) {
+        int moved = deliver_all();
+        for (int k = 0; k < nnodes; k++)
+            uv_run(&nodes[k].loop, UV_RUN_NOWAIT);
+        if (done())
+            return;
+        if (!moved)
+            usleep(50);
+    }
+    ck_abort_msg("the ops did not finish");
+}
+
+static int nlocal;
+static int all_answered(void)
+{
+    for (int n = 0; n < nnodes; n++)
+        for (int l = 0; l < nlocal; l++)
+            if (trainers[n][l].answers == 0)
+                return 0;
+    return 1;
+}
+
+static void reset_answers(void)
+{
+    memset(trainers, 0, sizeof(trainers));
+}
+
+static void start(int n, int ls)
+{
+    char peers[256] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(peers + strlen(peers), sizeof(peers) - strlen(peers),
+                 "%s127.0.0.1:%d", i ? "," : "", 7000 + i);
+    nnodes = n;
+    nlocal = ls;
+    reset_answers();
+    for (int i = 0; i < n; i++) {
+        struct obd_config cfg;
+        char err[256], rank[8];
+        obd_config_defaults(&cfg);
+        snprintf(rank, sizeof(rank), "%d", i);
+        ck_assert_int_eq(obd_config_set(&cfg, "peers", peers, err, 256), 0);
+        ck_assert_int_eq(obd_config_set(&cfg, "rank", rank, err, 256), 0);
+        ck_assert_int_eq(obd_config_set(&cfg, "log_level", "error", err, 256),
+                         0);
+        ck_assert_int_eq(obd_config_finish(&cfg, err, sizeof(err)), 0);
+        ck_assert_int_eq(obd_daemon_init(&nodes[i], &cfg), 0);
+        nodes[i].hooks.answer = answer;
+        nodes[i].hooks.send_ctrl = send_ctrl;
+        nodes[i].hooks.send_data = send_data;
+        jobs[i] = NULL;
+        for (int l = 0; l < ls; l++) {
+            char why[256];
+            struct obd_job *job;
+            ck_assert_int_eq(obd_job_join(&nodes[i],
+                                          (struct obd_client *)&trainers[i][l],
+                                          100 + l, "j", l, ls, 20000, &job, why,
+                                          sizeof(why)),
+                             0);
+            jobs[i] = job;
+        }
+    }
+}
+
+static void leave_all(void)
+{
+    for (int i = 0; i < nnodes; i++)
+        for (int l = 0; jobs[i] != NULL && l < nlocal; l++)
+            if (jobs[i]->trainer[l] != NULL)
+                obd_job_leave(jobs[i], l, "test over");
+}
+
+static int nothing_left(void)
+{
+    for (int i = 0; i < nnodes; i++)
+        if (nodes[i].jobs != NULL)
+            return 0;
+    return queue_head == NULL;
+}
+
+/* Everything freed: jobs, ops, messages; then the loops close clean. */
+static void stop(void)
+{
+    leave_all();
+    pump_until(nothing_left);
+    for (int i = 0; i < nnodes; i++) {
+        obd_daemon_close(&nodes[i]);
+        uv_run(&nodes[i].loop, UV_RUN_DEFAULT);
+        obd_daemon_fini(&nodes[i]);
+    }
+}
+
+static void submit(int node, int local, uint64_t seq,
+                   const struct obd_opdesc *desc, void *data)
+{
+    char why[256];
+    in_call++;
+    int rc = obd_job_submit(jobs[node], local, seq, desc, NULL, data, 0, why,
+                            sizeof(why));
+    in_call--;
+    ck_assert_int_eq(rc, 0);
+}
+
+START_TEST(answers_are_deferred)
+{
+    start(1, 2);
+    struct obd_opdesc bar = {.kind = OBCOMM_KIND_BARRIER};
+    submit(0, 0, 0, &bar, NULL);
+    submit(0, 1, 0, &bar, NULL);
+    /* Decided inside the second submit, answered only on a later turn. */
+    ck_assert_int_eq(trainers[0][0].answers, 0);
+    ck_assert_int_eq(trainers[0][1].answers, 0);
+    pump_until(all_answered);
+    ck_assert_int_eq(trainers[0][0].status, 0);
+    ck_assert_int_eq(trainers[0][1].status, 0);
+    stop();
+}
+END_TEST
+
+START_TEST(mismatch_names_both)
+{
+    start(2, 1);
+    float x[16] = {0};
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = 10};
+    struct obd_opdesc b = a;
+    b.count = 11;
+    submit(0, 0, 0, &a, x);
+    submit(1, 0, 0, &b, x);
+    pump_until(all_answered);
+    for (int n = 0; n < 2; n++) {
+        ck_assert_int_eq(trainers[n][0].status, OBCOMM_E_MISMATCH);
+        ck_assert_ptr_nonnull(strstr(trainers[n][0].message,
+                                     "count differs: rank 0 (node 0) "
+                                     "has 10, rank 1 (node 1) has 11"));
+    }
+    stop();
+}
+END_TEST
+
+START_TEST(allreduce_exact)
+{
+    static const int shape[][2] = {{2, 1}, {2, 2}, {3, 3}, {4, 1}};
+    int n = shape[_i][0], ls = shape[_i][1];
+    enum { COUNT = 100003 };
+    start(n, ls);
+    static float buf[MAXN][MAXL][COUNT];
+    for (int k = 0; k < n; k++)
+        for (int l = 0; l < ls; l++)
+            for (int i = 0; i < COUNT; i++)
+                buf[k][l][i] = (float)((k * ls + l + 1) * (i % 7));
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = COUNT};
+    for (int k = 0; k < n; k++)
+        for (int l = 0; l < ls; l++)
+            submit(k, l, 0, &a, buf[k][l]);
+    pump_until(all_answered);
+    int world = n * ls;
+    float sum_ranks = (float)(world * (world + 1) / 2);
+    for (int k = 0; k < n; k++)
+        for (int l = 0; l < ls; l++) {
+            ck_assert_int_eq(trainers[k][l].status, 0);
+            for (int i = 0; i < COUNT; i++)
+                ck_assert_float_eq(buf[k][l][i], sum_ranks * (float)(i % 7));
+        }
+    stop();
+}
+END_TEST
+
+/* Node 1's only trainer completes op 0 and leaves; node 0's op 1 fails at
+ * once with PEER_LOST naming rank 1, not at its 20 s deadline. */
+START_TEST(leave_fails_remote_ops)
+{
+    start(2, 1);
+    struct obd_opdesc bar = {.kind = OBCOMM_KIND_BARRIER};
+    submit(0, 0, 0, &bar, NULL);
+    submit(1, 0, 0, &bar, NULL);
+    pump_until(all_answered);
+    ck_assert_int_eq(trainers[0][0].status, 0);
+    in_call++;
+    obd_job_leave(jobs[1], 0, "killed");
+    in_call--;
+    jobs[1] = NULL; /* freed on a later turn */
+    reset_answers();
+    nlocal = 1;
+    submit(0, 0, 1, &bar, NULL);
+    /* Only node 0 waits for an answer now. */
+    for (int i = 0; i < 100000 && trainers[0][0].answers == 0; i++) {
+        deliver_all();
+        uv_run(&nodes[0].loop, UV_RUN_NOWAIT);
+        uv_run(&nodes[1].loop, UV_RUN_NOWAIT);
+    }
+    ck_assert_int_eq(trainers[0][0].answers, 1);
+    ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
+    ck_assert_ptr_nonnull(strstr(trainers[0][0].message, "rank 1"));
+    ck_assert_ptr_nonnull(strstr(trainers[0][0].message, "killed"));
+    stop();
+}
+END_TEST
+
+/* The reference of DESIGN.md section 2 for one op among n nodes, keeping
+ * every node's worker error and every server's error. */
+static void reference(int n, size_t count, float *const *x, float **werr,
+                      float **serr, float *out)
+{
+    size_t N = obd_codec_padded_len(count, n), C = N / (size_t)n;
+    float *scales = calloc((size_t)n, sizeof(float));
+    uint8_t *s = calloc((size_t)n * N, 1);
+    for (int k = 0; k < n; k++) {
+        double sum = 0;
+        for (size_t i = 0; i < N; i++) {
+            float b = (i < count ? x[k][i] : 0.0f) + werr[k][i];
+            sum += (double)b * b;
+        }
+        scales[k] = (float)sqrt(sum / (double)N);
+        for (size_t i = 0; i < N; i++) {
+            float b = (i < count ? x[k][i] : 0.0f) + werr[k][i];
+            s[(size_t)k * N + i] = b >= 0;
+            werr[k][i] = b - scales[k] * (b >= 0 ? 1.0f : -1.0f);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        float *m = calloc(C, sizeof(float));
+        double sum = 0;
+        for (size_t i = 0; i < C; i++) {
+            float acc = 0;
+            for (int k = 0; k < n; k++)
+                acc +=
+                    scales[k] * (s[(size_t)k * N + r * C + i] ? 1.0f : -1.0f);
+            m[i] = acc / (float)n + serr[r][i];
+            sum += (double)m[i] * m[i];
+        }
+        float ss = (float)sqrt(sum / (double)C);
+        for (size_t i = 0; i < C; i++) {
+            float t = m[i] >= 0 ? 1.0f : -1.0f;
+            serr[r][i] = m[i] - ss * t;
+            if (r * C + i < count)
+                out[r * C + i] = ss * t;
+        }
+        free(m);
+    }
+    free(scales);
+    free(s);
+}
+
+static uint32_t rng = 12345;
+static float rnd(void)
+{
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((int32_t)(rng >> 8) - (1 << 23)) / (float)(1 << 23);
+}
+
+/* Three 1-bit steps through the whole machine (norm, scales, signs, the
+ * parameter-server phase, the server, the allgather, decoding): every rank
+ * ends with the same bits, which match the reference up to the rounding
+ * of the norm (scales within 1e-5, at most count/10000 + 2 sign flips). */
+START_TEST(onebit_phases)
+{
+    static const int shape[][2] = {{2, 1}, {2, 2}, {3, 2}, {4, 1}};
+    int n = shape[_i][0], ls = shape[_i][1];
+    enum { COUNT = 300007 };
+    start(n, ls);
+    static float buf[MAXN][MAXL][COUNT];
+    size_t N = obd_codec_padded_len(COUNT, n);
+    float *werr[MAXN], *serr[MAXN], *avg[MAXN];
+    float *want = malloc(COUNT * sizeof(float));
+    for (int k = 0; k < n; k++) {
+        werr[k] = calloc(N, sizeof(float));
+        serr[k] = calloc(N / (size_t)n, sizeof(float));
+        avg[k] = malloc(COUNT * sizeof(float));
+    }
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_AVG,
+                           .count = COUNT,
+                           .key = 7};
+    for (uint64_t step = 0; step < 3; step++) {
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < COUNT; i++) {
+                float sum = 0;
+                for (int l = 0; l < ls; l++) {
+                    buf[k][l][i] = rnd();
+                    sum += buf[k][l][i];
+                }
+                avg[k][i] = sum / (float)ls;
+            }
+        reference(n, COUNT, avg, werr, serr, want);
+        reset_answers();
+        for (int k = 0; k < n; k++)
+            for (int l = 0; l < ls; l++)
+                submit(k, l, step, &a, buf[k][l]);
+        pump_until(all_answered);
+        int flips = 0;
+        for (int k = 0; k < n; k++)
+            for (int l = 0; l < ls; l++) {
+                ck_assert_int_eq(trainers[k][l].status, 0);
+                ck_assert_int_eq(
+                    memcmp(buf[k][l], buf[0][0], COUNT * sizeof(float)), 0);
+            }
+        for (int i = 0; i < COUNT; i++) {
+            float got = buf[0][0][i];
+            ck_assert(fabsf(fabsf(got) - fabsf(want[i])) <=
+                      1e-5f * fabsf(want[i]));
+            flips += (got >= 0) != (want[i] >= 0);
+        }
+        ck_assert_int_le(flips, COUNT / 10000 + 2);
+    }
+    for (int k = 0; k < n; k++) {
+        free(werr[k]);
+        free(serr[k]);
+        free(avg[k]);
+    }
+    free(want);
+    stop();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("job");
+    TCase *tc = tcase_create("machine");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, answers_are_deferred);
+    tcase_add_test(tc, mismatch_names_both);
+    tcase_add_loop_test(tc, allreduce_exact, 0, 4);
+    tcase_add_test(tc, leave_fails_remote_ops);
+    tcase_add_loop_test(tc, onebit_phases, 0, 4);
+    suite_add_tcase(s, tc);
+    return ck_run(s);
+}
