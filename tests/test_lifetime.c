@@ -463,6 +463,7 @@ static int trainer_loop_exact(obcomm_t *c, void *arg)
 static int flood(const char *sock, int wait_ms, long *sent)
 {
     struct raw r;
+    *sent = 0;
     if (raw_open(&r, sock) < 0)
         return -1;
     Obcomm__StatusRequest st = OBCOMM__STATUS_REQUEST__INIT;
@@ -473,7 +474,6 @@ static int flood(const char *sock, int wait_ms, long *sent)
     uint8_t *frame = obcomm_wire_pack(&m.base, &len);
     int64_t end = obc_now_ms() + wait_ms;
     int rc = -1;
-    *sent = 0;
     size_t off = 0;
     while (obc_now_ms() < end) {
         ssize_t w = send(r.fd, frame + off, len - off, MSG_NOSIGNAL);
