@@ -182,18 +182,32 @@ static int raw_register(struct raw *r, size_t bytes, float **base)
     return rc;
 }
 
-/* Sends a Submit of buffer 1 at offset 0 (not waiting for Complete). */
+/* Sends a Submit of buffer 1 at offset 0 (not waiting for Complete), with
+ * the fields libobcomm sends for that kind (client/coll.c). */
 static int raw_submit(struct raw *r, uint64_t seq, unsigned kind,
                       uint64_t count, uint64_t key)
 {
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
     s.seq = seq;
     s.kind = kind;
-    s.dtype = OBCOMM_FLOAT32;
-    s.redop = OBCOMM_SUM;
     s.count = count;
-    s.key = key;
-    s.buffer_id = kind == OBCOMM_KIND_BARRIER ? 0 : 1;
+    s.buffer_id = 1;
+    switch (kind) {
+    case OBCOMM_KIND_ALLREDUCE:
+        s.dtype = OBCOMM_FLOAT32;
+        s.redop = OBCOMM_SUM;
+        break;
+    case OBCOMM_KIND_ALLREDUCE_1BIT:
+        s.dtype = OBCOMM_FLOAT32;
+        s.redop = OBCOMM_AVG;
+        s.key = key;
+        break;
+    case OBCOMM_KIND_BROADCAST: /* root 0 */
+        break;
+    default: /* barrier: no buffer */
+        s.buffer_id = 0;
+        s.count = 0;
+    }
     Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
     m.body_case = OBCOMM__CLIENT_MSG__BODY_SUBMIT;
     m.submit = &s;
@@ -292,6 +306,8 @@ struct one_op {
     size_t count;
     int want; /* expected rc; 1: 0 or any error but TIMEOUT */
     const char *needle;
+    int wait_go; /* submit only once sh->go is set */
+    int again;   /* after a success, repeat the op until one fails */
 };
 
 /* Sets its flag, issues one op and checks its result code. */
@@ -304,9 +320,15 @@ static int trainer_one_op(obcomm_t *c, void *arg)
     for (size_t i = 0; i < o->count; i++)
         x[i] = pattern(obcomm_rank(c), 0, i);
     o->sh->flag[obcomm_rank(c)] = 1;
-    int rc = o->kind == OBCOMM_KIND_ALLREDUCE
+    for (int t = 0; o->wait_go && !o->sh->go && t < 60000; t += 5)
+        sleep_ms(5);
+    int rc;
+    int n = 0;
+    do
+        rc = o->kind == OBCOMM_KIND_ALLREDUCE
                  ? obcomm_allreduce(c, x, o->count, OBCOMM_FLOAT32, OBCOMM_SUM)
                  : obcomm_allreduce_1bit(c, 5, x, o->count);
+    while (rc == 0 && o->again && ++n < 1000);
     if (o->want == 1 ? rc == OBCOMM_E_TIMEOUT : rc != o->want)
         return hx_fail(c, "got %d (%s): %s; want %s", rc, obcomm_strerror(rc),
                        obcomm_last_error(c),
@@ -331,6 +353,18 @@ START_TEST(release_before_start)
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, nodes, NULL), 0);
 
+    /* The second trainer has joined (so the job exists on every node)
+     * and submits only when told. */
+    struct one_op o = {.sh = sh,
+                       .kind = kind,
+                       .count = BIG,
+                       .want = close_it ? OBCOMM_E_PEER_LOST : 1,
+                       .wait_go = 1,
+                       .again = close_it};
+    pid_t pid = hx_spawn(&cl, nodes - 1, ls - 1, ls, "rbs", TIMEOUT_MS,
+                         trainer_one_op, &o);
+    ck_assert_int_eq(wait_flags(sh, nodes * ls - 1, 1, 30000), 0);
+
     struct raw r;
     float *base;
     ck_assert_int_eq(raw_join(&r, cl.sock[0], "rbs", 0, ls), 0);
@@ -345,13 +379,7 @@ START_TEST(release_before_start)
         ck_assert_int_eq(raw_release(&r), 0);
         munmap(base, BIG * 4);
     }
-
-    struct one_op o = {.sh = sh,
-                       .kind = kind,
-                       .count = BIG,
-                       .want = close_it ? OBCOMM_E_PEER_LOST : 1};
-    pid_t pid = hx_spawn(&cl, nodes - 1, ls - 1, ls, "rbs", TIMEOUT_MS,
-                         trainer_one_op, &o);
+    sh->go = 1;
     int status = hx_wait(pid, WAIT_MS);
     if (!close_it) {
         /* The releasing trainer gets an answer (any status) or is
@@ -384,15 +412,11 @@ START_TEST(disconnect_mid_op)
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
 
-    struct raw r;
-    float *base;
-    ck_assert_int_eq(raw_join(&r, cl.sock[raw_node], "dmo", raw_lr, ls), 0);
-    ck_assert_int_eq(raw_register(&r, BIG * 4, &base), 0);
-    for (size_t i = 0; i < BIG; i++)
-        base[i] = pattern(7, 0, i);
-
-    struct one_op o = {
-        .sh = sh, .kind = kind, .count = BIG, .want = OBCOMM_E_PEER_LOST};
+    struct one_op o = {.sh = sh,
+                       .kind = kind,
+                       .count = BIG,
+                       .want = OBCOMM_E_PEER_LOST,
+                       .again = 1};
     pid_t pid[4];
     int n = 0;
     for (int node = 0; node < 2; node++)
@@ -400,6 +424,15 @@ START_TEST(disconnect_mid_op)
             if (node != raw_node || lr != raw_lr)
                 pid[n++] = hx_spawn(&cl, node, lr, ls, "dmo", TIMEOUT_MS,
                                     trainer_one_op, &o);
+    /* The raw client connects after the fork, so that no trainer process
+     * inherits its socket and keeps it open. */
+    struct raw r;
+    float *base;
+    ck_assert_int_eq(raw_join(&r, cl.sock[raw_node], "dmo", raw_lr, ls), 0);
+    ck_assert_int_eq(raw_register(&r, BIG * 4, &base), 0);
+    for (size_t i = 0; i < BIG; i++)
+        base[i] = pattern(7, 0, i);
+
     /* Every other trainer is about to submit or has submitted; the raw
      * one's submit starts the op and its close lands in it. */
     int ready = 0;
@@ -543,8 +576,16 @@ START_TEST(submit_and_close_one_node)
         snprintf(job, sizeof(job), "sac-%d", k);
         struct raw r;
         float *base;
-        ck_assert_int_eq(raw_join(&r, cl.sock[0], job, 0, 1), 0);
-        ck_assert_int_eq(raw_register(&r, (size_t)1 << 20, &base), 0);
+        int rc = raw_join(&r, cl.sock[0], job, 0, 1);
+        if (rc == 0)
+            rc = raw_register(&r, (size_t)1 << 20, &base);
+        if (rc) {
+            int alive = hx_alive(&cl, 0), st = cl.status[0];
+            hx_stop(&cl);
+            ck_abort_msg("submit-and-close %d: join/register: %d (%s); "
+                         "daemon %s (status %#x)",
+                         k, rc, r.err, alive ? "alive" : "dead", st);
+        }
         unsigned kind = kinds[k % 4];
         uint64_t count = kind == OBCOMM_KIND_BARRIER     ? 0
                          : kind == OBCOMM_KIND_BROADCAST ? (1u << 20)
