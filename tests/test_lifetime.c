@@ -580,11 +580,9 @@ START_TEST(submit_and_close_one_node)
         if (rc == 0)
             rc = raw_register(&r, (size_t)1 << 20, &base);
         if (rc) {
-            int alive = hx_alive(&cl, 0), st = cl.status[0];
-            hx_stop(&cl);
-            ck_abort_msg("submit-and-close %d: join/register: %d (%s); "
-                         "daemon %s (status %#x)",
-                         k, rc, r.err, alive ? "alive" : "dead", st);
+            hx_stop(&cl); /* prints how a daemon that died exited */
+            ck_abort_msg("submit-and-close %d: join/register: %d (%s)", k, rc,
+                         r.err);
         }
         unsigned kind = kinds[k % 4];
         uint64_t count = kind == OBCOMM_KIND_BARRIER     ? 0
@@ -858,9 +856,12 @@ START_TEST(sigterm_during_onebit_restores_exactly)
         pid[i] =
             hx_spawn(&cl, i / 2, i % 2, 2, "ef", TIMEOUT_MS, trainer_ef, &p);
     ck_assert_int_eq(wait_flags(sh, 0, withhold ? 3 : 4, 120000), 0);
+    /* A random moment: with the op withheld, node 0 may be in its codec
+     * work; without, the op may be anywhere, even done. */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    sleep_ms(withhold ? 300 : (int)(ts.tv_nsec % 200));
+    int delay = (int)(ts.tv_nsec / 1000 % 300);
+    sleep_ms(delay);
     int unclean = hx_halt(&cl, SIGTERM);
     sh->go = 1;
     int bad = 0;
@@ -881,7 +882,8 @@ START_TEST(sigterm_during_onebit_restores_exactly)
         is_before &= sh->hash[st] == before[st];
         is_after &= sh->hash[st] == after[st];
     }
-    fprintf(stderr, "SIGTERM during a 1-bit op: restored the state %s\n",
+    fprintf(stderr, "SIGTERM %d ms into a 1-bit op%s: restored the state %s\n",
+            delay, withhold ? " (withheld)" : "",
             is_before  ? "before the op"
             : is_after ? "after the op"
                        : "of neither (torn)");

@@ -46,6 +46,7 @@
 struct shared {
     volatile int ready[MAX_TRAINERS];
     volatile long ops[MAX_TRAINERS];
+    volatile int in_op[MAX_TRAINERS]; /* enum kind of the op in progress */
     char msg[MAX_TRAINERS][MSG_LEN];
 };
 
@@ -80,6 +81,10 @@ static int note(obcomm_t *c, struct shared *sh, const char *fmt, ...)
     return 1;
 }
 
+enum kind { K_NONE, K_FP32, K_ONEBIT, K_BCAST, K_BARRIER, K_KINDS };
+static const char *const kind_name[K_KINDS] = {"between ops", "fp32", "1-bit",
+                                               "broadcast", "barrier"};
+
 /* 1-bit keys: each key keeps its count. */
 static const size_t onebit_count[] = {(size_t)1 << 20, (size_t)2 << 20,
                                       MAX_FLOATS};
@@ -96,6 +101,7 @@ static int one_op(obcomm_t *c, struct shared *sh, float *x, uint64_t *rng,
         size_t n = 1 + (size_t)((r >> 8) % ((size_t)1 << 20));
         for (size_t i = 0; i < n; i++)
             x[i] = (float)(rank + 1 + (int)(i % 5));
+        sh->in_op[rank] = K_FP32;
         *rc = obcomm_allreduce(c, x, n, OBCOMM_FLOAT32, OBCOMM_SUM);
         if (*rc)
             return 0;
@@ -117,6 +123,7 @@ static int one_op(obcomm_t *c, struct shared *sh, float *x, uint64_t *rng,
                                  201) -
                            100) /
                    64.0f;
+        sh->in_op[rank] = K_ONEBIT;
         *rc = obcomm_allreduce_1bit(c, 10 + k, x, n);
         if (*rc)
             return 0;
@@ -131,6 +138,7 @@ static int one_op(obcomm_t *c, struct shared *sh, float *x, uint64_t *rng,
         uint8_t *b = (uint8_t *)x;
         for (size_t i = 0; i < bytes; i++)
             b[i] = rank == root ? (uint8_t)(i * 7 + (size_t)step) : 0;
+        sh->in_op[rank] = K_BCAST;
         *rc = obcomm_broadcast(c, x, bytes, root);
         if (*rc)
             return 0;
@@ -140,6 +148,7 @@ static int one_op(obcomm_t *c, struct shared *sh, float *x, uint64_t *rng,
                             step, root, i);
         return 0;
     }
+    sh->in_op[rank] = K_BARRIER;
     *rc = obcomm_barrier(c);
     return 0;
 }
@@ -160,6 +169,7 @@ static int trainer_loop(obcomm_t *c, void *arg)
         int rc = 0;
         if (one_op(c, sh, x, &rng, step, &rc))
             return 1;
+        sh->in_op[rank] = K_NONE;
         sh->ops[rank] = step + 1;
         if (rc == 0)
             continue;
@@ -193,7 +203,7 @@ static void describe(char *buf, size_t len, int status)
 
 /* One round: returns the number of trainers killed. */
 static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
-                     int round, uint64_t *rng, int tag)
+                     int round, uint64_t *rng, int tag, int *by_kind)
 {
     int nodes = cl->nodes, total = nodes * ls;
     struct round rd = {.seed = splitmix(rng), .sh = sh};
@@ -243,8 +253,10 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
     victim[1] =
         (victim[0] + 1 + (int)((r >> 16) % (uint64_t)(total - 1))) % total;
     sleep_ms((int)((r >> 32) % 400));
-    for (int k = 0; k < kills; k++)
+    for (int k = 0; k < kills; k++) {
+        by_kind[sh->in_op[victim[k]]]++; /* filling or in the call */
         kill(pid[victim[k]], SIGKILL);
+    }
     for (int k = 0; k < kills; k++)
         hx_wait(pid[victim[k]], 5000);
 
@@ -361,23 +373,26 @@ START_TEST(trainers_die_daemons_live)
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, nodes, NULL), 0);
 
-    int kills = 0;
+    int kills = 0, by_kind[K_KINDS] = {0};
     /* 1 trainer per node last: there a kill is also "the last trainer of
      * the job on a node leaves", a separate bug (issue 9 item 6). */
     static const int shapes[] = {2, 3, 1};
     for (int k = 0; k < 3; k++)
         for (int round = 0; round < per_shape; round++)
-            kills += run_round(&cl, sh, shapes[k], round, &rng, nodes);
+            kills += run_round(&cl, sh, shapes[k], round, &rng, nodes, by_kind);
 
     int failed = hx_run(&cl, 2, "fresh", TIMEOUT_MS, 300, trainer_fresh, NULL);
     for (int i = 0; i < nodes; i++)
         ck_assert_msg(hx_alive(&cl, i), "daemon %d died in the fresh job", i);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
+    fprintf(stderr, "torture %d nodes: %d rounds, %d trainers killed (", nodes,
+            3 * per_shape, kills);
+    for (int k = 0; k < K_KINDS; k++)
+        fprintf(stderr, "%s%d %s", k ? ", " : "", by_kind[k], kind_name[k]);
     fprintf(stderr,
-            "torture %d nodes: %d rounds, %d trainers killed, all survivors "
-            "got PEER_LOST, fresh job exact (seed %#llx)\n",
-            nodes, 3 * per_shape, kills, (unsigned long long)seed);
+            "), all survivors got PEER_LOST, fresh job exact (seed %#llx)\n",
+            (unsigned long long)seed);
     munmap(sh, sizeof(*sh));
 }
 END_TEST
