@@ -389,6 +389,16 @@ START_TEST(release_before_start)
                                sizeof(r.err));
         ck_assert_msg(rc == 0 || rc == OBCOMM_E_PEER_LOST,
                       "raw trainer: %d: %s", rc, r.err);
+        if (d && d->body_case == OBCOMM__DAEMON_MSG__BODY_COMPLETE)
+            fprintf(stderr,
+                    "release-before-start %d: the releasing trainer's "
+                    "op completed with %d '%s'\n",
+                    _i, (int)d->complete->status, d->complete->message);
+        else
+            fprintf(stderr,
+                    "release-before-start %d: the releasing trainer "
+                    "got %d: %s\n",
+                    _i, rc, rc ? r.err : "(not a Complete)");
         if (d)
             obcomm__daemon_msg__free_unpacked(d, NULL);
         close(r.fd);
