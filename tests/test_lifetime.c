@@ -14,7 +14,9 @@
  *    a large fp32 or 1-bit allreduce: every other trainer gets PEER_LOST,
  *    the daemons live, the next fresh job is exact.
  * c. a client that never reads its replies is dropped once its reply queue
- *    passes the bound (1 MiB), and a job running meanwhile is exact.
+ *    passes the bound (1 MiB), and a job running meanwhile is exact; a
+ *    trainer that never reads is dropped too, also when its Complete is
+ *    what overflows the queue, and its job fails with PEER_LOST.
  * d. a trainer that submits and closes at once on a one-node daemon, 50
  *    times: the daemon lives and then serves a fresh job exactly.
  * e. the last trainer of a job on a node leaves between ops: the other
@@ -501,14 +503,11 @@ static int trainer_loop_exact(obcomm_t *c, void *arg)
     return hx_fail(c, "never told to stop");
 }
 
-/* Floods StatusRequests without reading a reply. Returns 0 once the daemon
- * dropped the connection, -1 at the deadline. */
-static int flood(const char *sock, int wait_ms, long *sent)
+/* Sends StatusRequests on fd without reading a reply, `limit` of them at
+ * most (0: no limit), adding to *sent. Returns 0 once the daemon dropped
+ * the connection, 1 at the limit, -1 at the deadline. */
+static int flood(int fd, long limit, int wait_ms, long *sent)
 {
-    struct raw r;
-    *sent = 0;
-    if (raw_open(&r, sock) < 0)
-        return -1;
     Obcomm__StatusRequest st = OBCOMM__STATUS_REQUEST__INIT;
     Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
     m.body_case = OBCOMM__CLIENT_MSG__BODY_STATUS;
@@ -519,7 +518,11 @@ static int flood(const char *sock, int wait_ms, long *sent)
     int rc = -1;
     size_t off = 0;
     while (obc_now_ms() < end) {
-        ssize_t w = send(r.fd, frame + off, len - off, MSG_NOSIGNAL);
+        if (limit > 0 && *sent >= limit && off == 0) {
+            rc = 1;
+            break;
+        }
+        ssize_t w = send(fd, frame + off, len - off, MSG_NOSIGNAL);
         if (w > 0) {
             off += (size_t)w;
             if (off == len) {
@@ -534,7 +537,7 @@ static int flood(const char *sock, int wait_ms, long *sent)
         }
         if (w < 0 && errno != EAGAIN && errno != EINTR)
             break;
-        struct pollfd p = {.fd = r.fd, .events = POLLOUT};
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
         poll(&p, 1, 100);
         if (p.revents & (POLLHUP | POLLERR)) {
             rc = 0;
@@ -542,7 +545,6 @@ static int flood(const char *sock, int wait_ms, long *sent)
         }
     }
     free(frame);
-    close(r.fd);
     return rc;
 }
 
@@ -556,8 +558,11 @@ START_TEST(never_reading_client_is_dropped)
         pid[node] = hx_spawn(&cl, node, 0, 1, "busy", TIMEOUT_MS,
                              trainer_loop_exact, sh);
     ck_assert_int_eq(wait_flags(sh, 0, 2, 30000), 0);
-    long sent;
-    int dropped = flood(cl.sock[0], 60000, &sent);
+    struct raw r;
+    ck_assert_int_eq(raw_open(&r, cl.sock[0]), 0);
+    long sent = 0;
+    int dropped = flood(r.fd, 0, 60000, &sent);
+    close(r.fd);
     sh->go = 1;
     int bad = 0;
     for (int i = 0; i < 2; i++)
@@ -569,6 +574,56 @@ START_TEST(never_reading_client_is_dropped)
     ck_assert_msg(dropped == 0, "not dropped after %ld requests in 60 s", sent);
     ck_assert_int_eq(bad, 0);
     finish(&cl, 1, "busy-after");
+}
+END_TEST
+
+/* The same by a trainer of a job with an op in flight: its reply queue is
+ * filled to about where a client was dropped before, then the op's
+ * Complete joins the queue (the drop may then happen inside completion).
+ * The other trainer's op or next op fails with PEER_LOST; the daemon
+ * serves on. */
+START_TEST(never_reading_trainer_is_dropped)
+{
+    struct shared *sh = shared_new();
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    struct raw probe;
+    ck_assert_int_eq(raw_open(&probe, cl.sock[0]), 0);
+    long needed = 0;
+    ck_assert_int_eq(flood(probe.fd, 0, 60000, &needed), 0);
+    close(probe.fd);
+
+    struct one_op o = {.sh = sh,
+                       .kind = OBCOMM_KIND_ALLREDUCE,
+                       .count = (size_t)1 << 18,
+                       .want = OBCOMM_E_PEER_LOST,
+                       .wait_go = 1,
+                       .again = 1};
+    pid_t pid =
+        hx_spawn(&cl, 0, 1, 2, "noread", TIMEOUT_MS, trainer_one_op, &o);
+    ck_assert_int_eq(wait_flags(sh, 1, 1, 30000), 0);
+    struct raw r;
+    float *base;
+    ck_assert_int_eq(raw_join(&r, cl.sock[0], "noread", 0, 2), 0);
+    ck_assert_int_eq(raw_register(&r, (size_t)1 << 20, &base), 0);
+    /* The split between kernel buffers and the daemon's queue varies, so
+     * the drop may come before the submit: a trainer that left. */
+    long sent = 0;
+    int dropped = flood(r.fd, needed - needed / 4, 60000, &sent);
+    if (dropped == 1 &&
+        raw_submit(&r, 0, OBCOMM_KIND_ALLREDUCE, 1u << 18, 0) == 0) {
+        sh->go = 1;
+        dropped = flood(r.fd, 0, 60000, &sent);
+    } else if (dropped == 1) {
+        dropped = 0; /* the submit found the connection closed */
+    }
+    sh->go = 1;
+    close(r.fd);
+    munmap(base, (size_t)1 << 20);
+    int status = hx_wait(pid, WAIT_MS);
+    ck_assert_msg(dropped == 0, "not dropped after %ld requests in 60 s", sent);
+    ck_assert_msg(exited_ok(status), "other trainer: status %#x", status);
+    finish(&cl, 2, "noread-after");
 }
 END_TEST
 
@@ -1016,6 +1071,7 @@ Suite *lifetime_suite(void)
     add(s, "release", release_before_start, 8);
     add(s, "disconnect", disconnect_mid_op, 4);
     add(s, "noread", never_reading_client_is_dropped, 1);
+    add(s, "noread_trainer", never_reading_trainer_is_dropped, 1);
     add(s, "close1", submit_and_close_one_node, 1);
     add(s, "leave", last_trainer_on_a_node_leaves, 1);
     add(s, "hup", sighup_reloads_and_ops_go_on, 1);
