@@ -14,6 +14,10 @@
  * every daemon exits cleanly at SIGTERM (no sanitizer report: the suite
  * also runs under ASan/UBSan with abort_on_error).
  *
+ * Job names: two per shape, alternating, so a name is reused two rounds
+ * after a kill (a restarted job) and the daemons' 1-bit state stays
+ * bounded (3 keys x 2 names x 3 shapes).
+ *
  * Randomness: one seed, printed; $OBCOMM_TORTURE_SEED replays a run. The
  * kills happen after every trainer of the round has joined and allocated
  * its buffer (a trainer that never joined is not "lost"), after a random
@@ -208,7 +212,14 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
     int nodes = cl->nodes, total = nodes * ls;
     struct round rd = {.seed = splitmix(rng), .sh = sh};
     char job[48];
-    snprintf(job, sizeof(job), "torture-%d-%d-%d", tag, ls, round);
+    /* Two names per shape, alternating: a round never shares its name
+     * with the previous round, and reuses the one of two rounds ago, as a
+     * training job restarted after a crash does. The daemons keep 1-bit
+     * state per (job, key), so fresh names every round would pile up
+     * gigabytes of it. */
+    snprintf(job, sizeof(job), "torture-%d-%d-%d", tag, ls, round % 2);
+    char where[80];
+    snprintf(where, sizeof(where), "%s round %d", job, round);
     memset(sh, 0, sizeof(*sh));
 
     pid_t pid[MAX_TRAINERS];
@@ -235,13 +246,13 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
                 ROUND_FAIL(cl,
                            "%s: trainer %d exited before it was ready "
                            "(status %#x): %s",
-                           job, i, status, sh->msg[i]);
+                           where, i, status, sh->msg[i]);
             }
         }
         if (t > 6000) {
             for (int j = 0; j < total; j++)
                 hx_wait(pid[j], 0);
-            ROUND_FAIL(cl, "%s: trainers not ready after 30 s", job);
+            ROUND_FAIL(cl, "%s: trainers not ready after 30 s", where);
         }
         sleep_ms(5);
     }
@@ -282,12 +293,12 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
             snprintf(killed, sizeof(killed), "rank %d", victim[0]);
         describe(why, sizeof(why), bad_status);
         ROUND_FAIL(cl, "%s: killed %s after %ld ops; survivor rank %d: %s: %s",
-                   job, killed, sh->ops[victim[0]], bad, why,
+                   where, killed, sh->ops[victim[0]], bad, why,
                    sh->msg[bad][0] ? sh->msg[bad] : "(no message)");
     }
     for (int i = 0; i < nodes; i++)
         if (!hx_alive(cl, i))
-            ROUND_FAIL(cl, "%s: daemon %d died (status %#x)", job, i,
+            ROUND_FAIL(cl, "%s: daemon %d died (status %#x)", where, i,
                        cl->status[i]);
     return kills;
 }
