@@ -14,9 +14,10 @@
  * every daemon exits cleanly at SIGTERM (no sanitizer report: the suite
  * also runs under ASan/UBSan with abort_on_error).
  *
- * Job names: two per shape, alternating, so a name is reused two rounds
- * after a kill (a restarted job) and the daemons' 1-bit state stays
- * bounded (3 keys x 2 names x 3 shapes).
+ * Job names: two, alternating, so a name is reused two rounds after a kill
+ * (a restarted job, possibly with another number of trainers per node) and
+ * the daemons' 1-bit state stays bounded (3 keys x 2 names, at most 84 MB
+ * per daemon).
  *
  * Randomness: one seed, printed; $OBCOMM_TORTURE_SEED replays a run. The
  * kills happen after every trainer of the round has joined and allocated
@@ -212,14 +213,15 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
     int nodes = cl->nodes, total = nodes * ls;
     struct round rd = {.seed = splitmix(rng), .sh = sh};
     char job[48];
-    /* Two names per shape, alternating: a round never shares its name
-     * with the previous round, and reuses the one of two rounds ago, as a
-     * training job restarted after a crash does. The daemons keep 1-bit
-     * state per (job, key), so fresh names every round would pile up
-     * gigabytes of it. */
-    snprintf(job, sizeof(job), "torture-%d-%d-%d", tag, ls, round % 2);
+    /* Two names, alternating over all rounds of the cluster: a round never
+     * shares its name with the previous round, and reuses the one of two
+     * rounds ago, as a training job restarted after a crash does. The
+     * daemons keep 1-bit state per (job, key), so a fresh name every round
+     * would pile up gigabytes of it. */
+    snprintf(job, sizeof(job), "torture-%d-%d", tag, round % 2);
     char where[80];
-    snprintf(where, sizeof(where), "%s round %d", job, round);
+    snprintf(where, sizeof(where), "%s round %d (%d x %d)", job, round, nodes,
+             ls);
     memset(sh, 0, sizeof(*sh));
 
     pid_t pid[MAX_TRAINERS];
@@ -388,8 +390,9 @@ START_TEST(trainers_die_daemons_live)
     /* 1 trainer per node last: there a kill is also "the last trainer of
      * the job on a node leaves", a separate bug (issue 9 item 6). */
     static const int shapes[] = {2, 3, 1};
+    int round = 0;
     for (int k = 0; k < 3; k++)
-        for (int round = 0; round < per_shape; round++)
+        for (int r = 0; r < per_shape; r++, round++)
             kills += run_round(&cl, sh, shapes[k], round, &rng, nodes, by_kind);
 
     int failed = hx_run(&cl, 2, "fresh", TIMEOUT_MS, 300, trainer_fresh, NULL);
