@@ -245,10 +245,18 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
                 for (int j = 0; j < total; j++)
                     if (j != i)
                         hx_wait(pid[j], 0);
+                int dead = -1;
+                for (int k = 0; k < nodes && dead < 0; k++)
+                    if (!hx_alive(cl, k))
+                        dead = k;
                 ROUND_FAIL(cl,
                            "%s: trainer %d exited before it was ready "
-                           "(status %#x): %s",
-                           where, i, status, sh->msg[i]);
+                           "(status %#x): %s; %s %d",
+                           where, i, status,
+                           sh->msg[i][0] ? sh->msg[i] : "its error is above",
+                           dead < 0 ? "no daemon dead, checked up to node"
+                                    : "daemon dead: node",
+                           dead < 0 ? nodes - 1 : dead);
             }
         }
         if (t > 6000) {
