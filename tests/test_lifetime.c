@@ -935,9 +935,8 @@ START_TEST(sigterm_during_onebit_restores_exactly)
     ck_assert_msg(unclean == 0, "%d daemons did not exit cleanly", unclean);
     ck_assert_msg(bad == 0, "%d trainers did not get PEER_LOST", bad);
 
+    /* Restored at start or on first use: the results below tell. */
     ck_assert_int_eq(hx_restart(&cl), 0);
-    for (int i = 0; i < 2; i++)
-        ck_assert_int_eq(hx_metric(&cl, i, "ef_restored"), 1);
     struct efplan q = {.sh = sh, .count = EF_COUNT, .first = 5, .last = 7};
     int failed = hx_run(&cl, 2, "ef", TIMEOUT_MS, 300, trainer_ef, &q);
     ck_assert_int_eq(hx_stop(&cl), 0);
@@ -952,6 +951,8 @@ START_TEST(sigterm_during_onebit_restores_exactly)
             is_before  ? "before the op"
             : is_after ? "after the op"
                        : "of neither (torn)");
+    /* Neither: the state was torn, lost, or one node kept the op and the
+     * other did not (a shutdown must not split a 1-bit op's commit). */
     ck_assert_msg(is_before || is_after,
                   "the restored error feedback matches no reference");
     remove_tree(base);
