@@ -59,8 +59,9 @@ typedef int (*hx_trainer_fn)(obcomm_t *comm, void *arg);
 /* Starts one trainer process: local rank lr of per_node on node `node`,
  * joining `job` with the given op deadline, that runs fn and exits with
  * status 0 when fn returned 0, 1 when it failed or could not connect. It
- * dies with the test process. Returns its pid, or -1 when fork failed. The
- * caller reaps it with hx_wait. */
+ * dies with the test process and inherits its descriptors (open a raw
+ * client connection after spawning, or the trainer keeps it open). Returns
+ * its pid, or -1 when fork failed. The caller reaps it with hx_wait. */
 pid_t hx_spawn(struct hx_cluster *c, int node, int lr, int per_node,
                const char *job, int timeout_ms, hx_trainer_fn fn, void *arg);
 
