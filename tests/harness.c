@@ -113,6 +113,14 @@ int hx_start_each(struct hx_cluster *c, int nodes,
     return 0;
 }
 
+static int has_config(const char *const *flags)
+{
+    for (int k = 0; flags && flags[k]; k++)
+        if (strcmp(flags[k], "-c") == 0 || strcmp(flags[k], "--config") == 0)
+            return 1;
+    return 0;
+}
+
 int hx_restart(struct hx_cluster *c)
 {
     const char *bin = getenv("OBCOMMD");
@@ -124,8 +132,10 @@ int hx_restart(struct hx_cluster *c)
         argv[n++] = bin;
         argv[n++] = "--socket";
         argv[n++] = c->sock[i];
-        argv[n++] = "--log-level";
-        argv[n++] = "info";
+        if (!has_config(c->each[i])) {
+            argv[n++] = "--log-level";
+            argv[n++] = "info";
+        }
         if (c->nodes > 1) {
             argv[n++] = "--rank";
             argv[n++] = rank;
@@ -257,39 +267,68 @@ int hx_fail(obcomm_t *comm, const char *fmt, ...)
     return 1;
 }
 
+pid_t hx_spawn(struct hx_cluster *c, int node, int lr, int per_node,
+               const char *job, int timeout_ms, hx_trainer_fn fn, void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    obcomm_options_t o = {.socket_path = c->sock[node],
+                          .job = job,
+                          .local_rank = lr,
+                          .local_size = per_node,
+                          .timeout_ms = timeout_ms};
+    obcomm_t *comm;
+    int rc = obcomm_connect(&o, &comm);
+    if (rc) {
+        fprintf(stderr, "trainer node %d local %d: connect: %s\n", node, lr,
+                obcomm_last_error(NULL)[0] ? obcomm_last_error(NULL)
+                                           : obcomm_strerror(rc));
+        fflush(NULL);
+        _exit(1);
+    }
+    rc = fn(comm, arg);
+    obcomm_close(comm);
+    fflush(NULL);
+    _exit(rc ? 1 : 0);
+}
+
+int hx_wait(pid_t pid, int wait_ms)
+{
+    int status;
+    for (int t = 0;; t += 5) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (t >= wait_ms)
+            break;
+        sleep_ms(5);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
 int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
            int wait_s, hx_trainer_fn fn, void *arg)
 {
     int total = c->nodes * per_node;
     pid_t pids[HX_MAX_NODES * 8];
-    fflush(NULL);
     for (int node = 0; node < c->nodes; node++)
-        for (int lr = 0; lr < per_node; lr++) {
-            pid_t pid = fork();
-            if (pid == 0) {
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
-                obcomm_options_t o = {.socket_path = c->sock[node],
-                                      .job = job,
-                                      .local_rank = lr,
-                                      .local_size = per_node,
-                                      .timeout_ms = timeout_ms};
-                obcomm_t *comm;
-                int rc = obcomm_connect(&o, &comm);
-                if (rc) {
-                    fprintf(stderr, "trainer node %d local %d: connect: %s\n",
-                            node, lr, obcomm_strerror(rc));
-                    _exit(1);
-                }
-                rc = fn(comm, arg);
-                obcomm_close(comm);
-                fflush(NULL);
-                _exit(rc ? 1 : 0);
-            }
-            pids[node * per_node + lr] = pid;
-        }
-
+        for (int lr = 0; lr < per_node; lr++)
+            pids[node * per_node + lr] =
+                hx_spawn(c, node, lr, per_node, job, timeout_ms, fn, arg);
     int failed = 0;
     int left = total;
+    for (int i = 0; i < total; i++)
+        if (pids[i] < 0) {
+            failed++;
+            left--;
+        }
     for (int t = 0; left > 0 && t < wait_s * 50; t++) {
         for (int i = 0; i < total; i++) {
             int status;

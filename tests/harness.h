@@ -23,7 +23,9 @@ struct hx_cluster {
 
 /* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with free
  * ports, each with its own socket, plus `extra` flags (may be NULL), and
- * waits until every socket answers. Returns 0 or -1 (message on stderr). */
+ * waits until every socket answers. Returns 0 or -1 (message on stderr).
+ * Daemons log at info, unless their flags name a config file (-c/--config):
+ * then the file decides (a flag would override it, also on reload). */
 int hx_start(struct hx_cluster *c, int nodes, const char *const *extra);
 
 /* As hx_start, with flags per node: each[i] is NULL or NULL-terminated. */
@@ -53,6 +55,20 @@ int hx_alive(struct hx_cluster *c, int i);
 
 /* A trainer's body; returns 0 on success. rank and size are obcomm's. */
 typedef int (*hx_trainer_fn)(obcomm_t *comm, void *arg);
+
+/* Starts one trainer process: local rank lr of per_node on node `node`,
+ * joining `job` with the given op deadline, that runs fn and exits with
+ * status 0 when fn returned 0, 1 when it failed or could not connect. It
+ * dies with the test process and inherits its descriptors (open a raw
+ * client connection after spawning, or the trainer keeps it open). Returns
+ * its pid, or -1 when fork failed. The caller reaps it with hx_wait. */
+pid_t hx_spawn(struct hx_cluster *c, int node, int lr, int per_node,
+               const char *job, int timeout_ms, hx_trainer_fn fn, void *arg);
+
+/* Waits at most wait_ms for process pid (from hx_spawn) to exit and returns
+ * its wait status; -1 when it was still running, in which case it has been
+ * SIGKILLed and reaped. */
+int hx_wait(pid_t pid, int wait_ms);
 
 /* Runs fn in per_node trainer processes on every node of job `job`, with
  * the given op deadline, and waits for all of them (at most wait_s
