@@ -283,9 +283,11 @@ static void op_run(struct obd_ready *r)
     if (op->state != OBD_OP_DONE)
         return;
     op_answer(op);
+    /* Advanced while the op is still linked, so that it counts as the
+     * newest op the job has seen. */
+    job_advance_seq(job);
     if (op->linked && op_retirable(op)) {
         op_unlink(op);
-        job_advance_seq(job);
         obd_runq_post(&job->d->runq, &job->ready);
     }
     if (!op->linked && op->refs == 0 && op->timer_live) {
