@@ -56,7 +56,7 @@ enum res_seg { RS_WAIT, RS_IN, RS_DECODING, RS_DONE };
 struct onebit {
     struct obd_daemon *d;
     struct obd_ef *ef;
-    struct obd_ob_ctx ctx; /* what the tasks read and write */
+    struct obd_onebit_ctx ctx; /* what the tasks read and write */
     int n, r, ls;
     size_t count, N, C; /* elements; padded; per chunk */
     size_t seg, nseg;   /* elements per segment; segments per chunk */
@@ -94,7 +94,7 @@ struct task {
     uv_work_t req;
     struct obd_op *op;
     struct onebit *ob;
-    struct obd_ob_task t;
+    struct obd_onebit_task t;
     int chunk; /* SIGNS, DECODE */
     size_t seg;
 };
@@ -110,7 +110,7 @@ static size_t seg_elems(const struct onebit *ob, size_t j)
 static void run_task(uv_work_t *req)
 {
     struct task *t = container_of(req, struct task, req);
-    obd_ob_task_run(&t->ob->ctx, &t->t);
+    obd_onebit_task_run(&t->ob->ctx, &t->t);
 }
 
 /* Records what the task did; step() acts on it on the op's next turn. */
@@ -122,20 +122,20 @@ static void task_done(uv_work_t *req, int status)
     (void)status;
     ob->tasks--;
     switch (t->t.pass) {
-    case OBD_OB_NORM:
+    case OBD_ONEBIT_NORM:
         ob->norm_left--;
         break;
-    case OBD_OB_SIGNS:
+    case OBD_ONEBIT_SIGNS:
         ob->sign[(size_t)t->chunk * ob->nseg + t->seg] = SG_PACKED;
         break;
-    case OBD_OB_SRV_NORM:
+    case OBD_ONEBIT_SRV_NORM:
         ob->srv[t->seg] = SV_SUMMED;
         break;
-    case OBD_OB_SRV_SIGNS:
+    case OBD_ONEBIT_SRV_SIGNS:
         ob->srv[t->seg] = SV_PACKED;
         ob->res[(size_t)ob->r * ob->nseg + t->seg] = RS_IN;
         break;
-    case OBD_OB_DECODE:
+    case OBD_ONEBIT_DECODE:
         ob->res[(size_t)t->chunk * ob->nseg + t->seg] = RS_DONE;
         break;
     }
@@ -153,7 +153,7 @@ static void fail(struct obd_op *op, int status, const char *what)
 }
 
 /* Queues a task; on failure fails the op and returns non-zero. */
-static int queue(struct obd_op *op, enum obd_ob_pass pass, int chunk,
+static int queue(struct obd_op *op, enum obd_onebit_pass pass, int chunk,
                  size_t seg, size_t begin, size_t end, float scale)
 {
     struct onebit *ob = op->coll;
@@ -162,7 +162,7 @@ static int queue(struct obd_op *op, enum obd_ob_pass pass, int chunk,
     if (t != NULL) {
         t->op = op;
         t->ob = ob;
-        t->t = (struct obd_ob_task){
+        t->t = (struct obd_onebit_task){
             .pass = pass, .begin = begin, .end = end, .scale = scale};
         t->chunk = chunk;
         t->seg = seg;
@@ -251,8 +251,8 @@ static int queue_signs(struct obd_op *op)
         int c = obd_ring_mod(ob->r + i, ob->n);
         for (size_t j = 0; j < ob->nseg; j++) {
             size_t begin = (size_t)c * ob->C + j * ob->seg;
-            if (queue(op, OBD_OB_SIGNS, c, j, begin, begin + seg_elems(ob, j),
-                      ob->scale))
+            if (queue(op, OBD_ONEBIT_SIGNS, c, j, begin,
+                      begin + seg_elems(ob, j), ob->scale))
                 return -1;
             ob->sign[(size_t)c * ob->nseg + j] = SG_PACKING;
         }
@@ -278,7 +278,7 @@ static int serve(struct obd_op *op)
     int summed = 0;
     for (size_t j = 0; j < ob->nseg; j++) {
         if (ob->srv[j] == SV_INPUTS && server_inputs_ready(ob, j)) {
-            if (queue(op, OBD_OB_SRV_NORM, ob->r, j, j * ob->seg,
+            if (queue(op, OBD_ONEBIT_SRV_NORM, ob->r, j, j * ob->seg,
                       j * ob->seg + seg_elems(ob, j), 0))
                 return -1;
             ob->srv[j] = SV_SUMMING;
@@ -297,7 +297,7 @@ static int serve(struct obd_op *op)
     ob->sscales[ob->r] = ob->sscale;
     ob->have_sscale[ob->r] = 1;
     for (size_t j = 0; j < ob->nseg; j++) {
-        if (queue(op, OBD_OB_SRV_SIGNS, ob->r, j, j * ob->seg,
+        if (queue(op, OBD_ONEBIT_SRV_SIGNS, ob->r, j, j * ob->seg,
                   j * ob->seg + seg_elems(ob, j), ob->sscale))
             return -1;
         ob->srv[j] = SV_PACKING;
@@ -355,7 +355,7 @@ static int decode(struct obd_op *op, size_t *done)
             uint8_t *st = &ob->res[(size_t)c * ob->nseg + j];
             if (*st == RS_IN) {
                 size_t begin = (size_t)c * ob->C + j * ob->seg;
-                if (queue(op, OBD_OB_DECODE, c, j, begin,
+                if (queue(op, OBD_ONEBIT_DECODE, c, j, begin,
                           begin + seg_elems(ob, j), ob->sscales[c]))
                     return -1;
                 *st = RS_DECODING;
@@ -616,7 +616,7 @@ static int begin(struct obd_op *op)
         fail(op, OBCOMM_E_NOMEM, "out of memory for codec buffers");
         return OBCOMM_E_NOMEM;
     }
-    ob->ctx = (struct obd_ob_ctx){
+    ob->ctx = (struct obd_onebit_ctx){
         .impl = obd_codec_best(),
         .n = ob->n,
         .ls = ob->ls,
@@ -644,7 +644,7 @@ static int begin(struct obd_op *op)
         size_t b0 = nblocks * p / parts, b1 = nblocks * (p + 1) / parts;
         size_t end =
             b1 * OBD_CODEC_BLOCK < ob->N ? b1 * OBD_CODEC_BLOCK : ob->N;
-        if (queue(op, OBD_OB_NORM, 0, 0, b0 * OBD_CODEC_BLOCK, end, 0))
+        if (queue(op, OBD_ONEBIT_NORM, 0, 0, b0 * OBD_CODEC_BLOCK, end, 0))
             return OBCOMM_E_NOMEM;
         ob->norm_left++;
     }

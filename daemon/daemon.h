@@ -1,6 +1,27 @@
 /* The daemon: one libuv loop that owns every handle, and the state the
  * modules share. Modules get a struct obd_daemon * explicitly; there are no
- * mutable globals. */
+ * mutable globals.
+ *
+ * The house (an arrow is "calls into"; tests/check_layers.sh keeps it):
+ *
+ *                         main.c
+ *                           |
+ *                        daemon.c ------------------------+
+ *              (wires struct obd_hooks, signals, shutdown) |
+ *               /           |              \               |
+ *           ctl.c         job.c          peers.c        efstore.c
+ *     (trainers, status) (ops, matching)  (the mesh)    (EF states)
+ *               \        /     \            |               |
+ *                +-> job.c   coll_ring.c  frame.c       efstate.c
+ *                            coll_onebit.c -> onebit_task.c -> codec.c
+ *                                  |               reduce.c, ring.h
+ *                              efstore.c
+ *
+ * Upward traffic goes only through the hooks below: job answers trainers
+ * (hooks.answer, served by ctl.c) and sends to nodes (hooks.send_ctrl,
+ * hooks.send_data, served by peers.c); peers hands what arrives to the
+ * jobs (hooks.peer_*, hooks.data_*). runq.c, shm.c, log.c, metrics.c and
+ * config.c are leaves that everyone uses. */
 #ifndef OBD_DAEMON_H
 #define OBD_DAEMON_H
 

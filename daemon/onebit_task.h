@@ -26,16 +26,16 @@
 
 #include "codec.h"
 
-enum obd_ob_pass {
-    OBD_OB_NORM,
-    OBD_OB_SIGNS,
-    OBD_OB_SRV_NORM,
-    OBD_OB_SRV_SIGNS,
-    OBD_OB_DECODE
+enum obd_onebit_pass {
+    OBD_ONEBIT_NORM,
+    OBD_ONEBIT_SIGNS,
+    OBD_ONEBIT_SRV_NORM,
+    OBD_ONEBIT_SRV_SIGNS,
+    OBD_ONEBIT_DECODE
 };
 
 /* What every task of one op shares (borrowed from the op). */
-struct obd_ob_ctx {
+struct obd_onebit_ctx {
     const struct obd_codec_impl *impl;
     int n;                    /* nodes */
     int ls;                   /* local trainers */
@@ -53,8 +53,8 @@ struct obd_ob_ctx {
     size_t chunk_begin;       /* our chunk's first element (r * C) */
 };
 
-struct obd_ob_task {
-    enum obd_ob_pass pass;
+struct obd_onebit_task {
+    enum obd_onebit_pass pass;
     size_t begin, end; /* elements: of the padded tensor, or (SRV_*) of
                           our chunk */
     float scale;       /* SIGNS: worker scale; SRV_SIGNS: server scale;
@@ -62,6 +62,7 @@ struct obd_ob_task {
 };
 
 /* Runs one task (on a worker thread). */
-void obd_ob_task_run(const struct obd_ob_ctx *ctx, const struct obd_ob_task *t);
+void obd_onebit_task_run(const struct obd_onebit_ctx *ctx,
+                         const struct obd_onebit_task *t);
 
 #endif
