@@ -621,6 +621,49 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+void obd_config_world_entry(const struct obd_config *cfg, int i, char *buf,
+                            size_t len)
+{
+    snprintf(buf, len, "%s:%u", cfg->world[i].host, cfg->world[i].port);
+}
+
+int obd_config_world_diff(const struct obd_config *cfg,
+                          const char *const *world, size_t n, char *out,
+                          size_t len)
+{
+    char mine[OBD_HOST_MAX + 8];
+    size_t nodes = (size_t)cfg->nodes;
+    if (n == 0) {
+        snprintf(out, len, "the peer does not say its peers list");
+        return 1;
+    }
+    for (size_t i = 0; i < n && i < nodes; i++) {
+        obd_config_world_entry(cfg, (int)i, mine, sizeof(mine));
+        if (strcmp(mine, world[i]) != 0) {
+            snprintf(out, len, "rank %zu is %s here, %.80s at the peer", i,
+                     mine, world[i]);
+            return 1;
+        }
+    }
+    if (n < nodes) {
+        obd_config_world_entry(cfg, (int)n, mine, sizeof(mine));
+        snprintf(out, len,
+                 "%d nodes here, %zu at the peer: rank %zu (%s) is missing "
+                 "at the peer",
+                 cfg->nodes, n, n, mine);
+        return 1;
+    }
+    if (n > nodes) {
+        snprintf(out, len,
+                 "%d nodes here, %zu at the peer: rank %zu (%.80s) is missing "
+                 "here",
+                 cfg->nodes, n, nodes, world[nodes]);
+        return 1;
+    }
+    out[0] = '\0';
+    return 0;
+}
+
 /* ---- what needs the system ---- */
 
 /* The IP addresses one world entry resolves to. */

@@ -105,6 +105,17 @@ void obd_config_print(const struct obd_config *cfg, FILE *out);
  * deploy/obcommd.conf.example). */
 void obd_config_print_help(FILE *out, int as_config_file);
 
+/* Writes world entry i as "host:port". */
+void obd_config_world_entry(const struct obd_config *cfg, int i, char *buf,
+                            size_t len);
+
+/* Compares this node's world with a peer's `n` entries (borrowed, as its
+ * Hello carries them) and writes the first difference into out ("rank 2
+ * is a:7000 here, b:7000 at the peer"). Returns 0 when the lists agree. */
+int obd_config_world_diff(const struct obd_config *cfg,
+                          const char *const *world, size_t n, char *out,
+                          size_t len);
+
 /* Parses "host:port" (decimal port 1..65535). */
 int obd_config_parse_addr(const char *text, struct obd_addr *out);
 

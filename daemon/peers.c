@@ -200,6 +200,16 @@ static void send_hello(struct obd_link *l)
     h.rank = (uint32_t)d->cfg.rank;
     h.world_size = (uint32_t)d->cfg.nodes;
     h.world_fingerprint = d->cfg.fingerprint;
+    /* ops: the list itself, so that a peer that disagrees can name the
+     * first entry that differs. */
+    char text[OBD_MAX_NODES][OBD_HOST_MAX + 8];
+    char *world[OBD_MAX_NODES];
+    for (int i = 0; i < d->cfg.nodes; i++) {
+        obd_config_world_entry(&d->cfg, i, text[i], sizeof(text[i]));
+        world[i] = text[i];
+    }
+    h.n_world = (size_t)d->cfg.nodes;
+    h.world = world;
     msg.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
     msg.hello = &h;
     (void)link_send_ctrl(l, &msg.base);
@@ -214,7 +224,9 @@ static void refuse(struct obd_link *l, const char *reason)
     msg.refuse = &r;
     (void)link_send_ctrl(l, &msg.base);
     obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
-    obd_log_error(&l->d->log, "refusing a peer: %s", reason);
+    /* ops: a refused peer dials again every second or so: once a minute. */
+    obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "refusing a peer: %s",
+                    reason);
     link_close(l, reason);
 }
 
@@ -252,13 +264,16 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     }
     if (h->world_size != (uint32_t)d->cfg.nodes ||
         h->world_fingerprint != d->cfg.fingerprint) {
+        char diff[256];
+        obd_config_world_diff(&d->cfg, (const char *const *)h->world,
+                              h->n_world, diff, sizeof(diff));
         snprintf(why, sizeof(why),
                  "world of %d nodes with fingerprint %016llx here (rank "
                  "%lld), %u nodes with fingerprint %016llx at rank %u: the "
-                 "peers lists differ",
+                 "peers lists differ: %s",
                  d->cfg.nodes, (unsigned long long)d->cfg.fingerprint,
                  (long long)d->cfg.rank, h->world_size,
-                 (unsigned long long)h->world_fingerprint, h->rank);
+                 (unsigned long long)h->world_fingerprint, h->rank, diff);
         refuse(l, why);
         return;
     }
@@ -338,10 +353,11 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         handle_hello(l, m->hello);
         break;
     case OBCOMM__PEER_MSG__BODY_REFUSE: {
-        char why[300];
+        char why[512];
         snprintf(why, sizeof(why), "refused by the peer: %s",
                  m->refuse->reason);
-        obd_log_error(&l->d->log, "node %d %s", l->peer, why);
+        obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "node %d %s", l->peer,
+                        why);
         link_close(l, why);
         break;
     }
@@ -563,7 +579,8 @@ static void link_close(struct obd_link *l, const char *why)
         if (l->dialed && p->link == NULL && !d->closing)
             dial(p);
     } else if (!d->closing) {
-        obd_log_warn(&d->log, "unidentified connection closed: %s", why);
+        obd_log_limited(&d->log, OBD_LOG_WARN, 60000,
+                        "unidentified connection closed: %s", why);
     }
 }
 

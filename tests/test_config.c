@@ -395,6 +395,30 @@ START_TEST(check_config_is_strict)
 }
 END_TEST
 
+START_TEST(world_diff_names_the_first_entry_that_differs)
+{
+    struct obd_config c;
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "a:1,b:2,c:3", err, sizeof(err));
+    obd_config_set(&c, "rank", "0", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    char out[256];
+    const char *same[] = {"a:1", "b:2", "c:3"};
+    ck_assert_int_eq(obd_config_world_diff(&c, same, 3, out, sizeof(out)), 0);
+    const char *other[] = {"a:1", "b:20", "c:3"};
+    ck_assert_int_eq(obd_config_world_diff(&c, other, 3, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "rank 1 is b:2 here, b:20 at the peer");
+    ck_assert_int_eq(obd_config_world_diff(&c, same, 2, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "3 nodes here, 2 at the peer: rank 2 (c:3) is "
+                          "missing at the peer");
+    const char *longer[] = {"a:1", "b:2", "c:3", "d:4"};
+    ck_assert_int_eq(obd_config_world_diff(&c, longer, 4, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "3 nodes here, 4 at the peer: rank 3 (d:4) is "
+                          "missing here");
+    ck_assert_int_eq(obd_config_world_diff(&c, NULL, 0, out, sizeof(out)), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -408,6 +432,7 @@ int main(void)
     tcase_add_test(tc, long_worlds_fit_in_a_line_and_in_peers_file);
     tcase_add_test(tc, resolve_finds_the_rank_and_refuses_two_spellings);
     tcase_add_test(tc, check_config_is_strict);
+    tcase_add_test(tc, world_diff_names_the_first_entry_that_differs);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
