@@ -191,6 +191,9 @@ static void op_complete(struct obd_op *op)
     }
     if (op->status == 0 && op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT)
         obd_metric_add(&d->metrics, OBD_M_ONEBIT_LATENCY_US_SUM, us);
+    if (op->status == 0) /* ops: latency histograms */
+        obd_metrics_observe(&d->metrics, op->desc.kind, op->desc.dtype,
+                            op->desc.count, us);
 
     for (int i = 0; i < job->local_size; i++)
         if (op->submitted[i] && job->trainer[i] != NULL)
@@ -772,4 +775,14 @@ void obd_job_close_all(struct obd_daemon *d)
     snprintf(reason, sizeof(reason), "obcommd on node %d is shutting down",
              (int)d->cfg.rank);
     fail_all_open(d, 0, reason);
+}
+
+/* ops: for obcommctl's `ops`, who an open op waits for, in the words of
+ * its timeout message. */
+void obd_job_op_waiting(const struct obd_op *op, char *buf, size_t len)
+{
+    if (op->state == OBD_OP_RUN && op->coll != NULL)
+        obd_coll_algo(op->desc.kind)->waiting_on(op, buf, len);
+    else
+        describe_missing(op, buf, len);
 }

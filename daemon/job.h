@@ -145,6 +145,10 @@ void obd_op_unref(struct obd_op *op);
 /* Fails every op and forgets every job (shutdown). */
 void obd_job_close_all(struct obd_daemon *d);
 
+/* Writes who open op `op` waits for ("rank 3 (node 1 local 1)", "node 2
+ * (ranks 4-5)") into buf; empty when nobody. */
+void obd_job_op_waiting(const struct obd_op *op, char *buf, size_t len);
+
 /* Global rank of a node's local trainer. */
 static inline int obd_job_rank(const struct obd_job *job, int node, int local)
 {

@@ -3,6 +3,8 @@
 #include <obcomm.h>
 
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +305,7 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     p->link = l;
     p->state = OBD_PEER_UP;
     p->epoch++;
+    p->up_since_unix_ms = obd_metrics_unix_ms();
     p->backoff_ms = 0;
     l->state = L_UP;
     obd_metric_add(&d->metrics, OBD_M_LINKS_UP, 1);
@@ -562,6 +565,10 @@ static void link_close(struct obd_link *l, const char *why)
 
     if (l->peer >= 0) {
         struct obd_peer *p = &d->peers[l->peer];
+        if (!d->closing) {
+            snprintf(p->last_error, sizeof(p->last_error), "%s", why);
+            p->last_error_unix_ms = obd_metrics_unix_ms();
+        }
         if (p->link == l) {
             p->link = NULL;
             p->state = OBD_PEER_DOWN;
@@ -647,6 +654,9 @@ static void on_retry(uv_timer_t *t)
     if (resolve(&d->cfg.world[p->rank], &sa) != 0) {
         obd_log_warn(&d->log, "cannot resolve node %d's host %s", p->rank,
                      d->cfg.world[p->rank].host);
+        snprintf(p->last_error, sizeof(p->last_error), "cannot resolve %s",
+                 d->cfg.world[p->rank].host);
+        p->last_error_unix_ms = obd_metrics_unix_ms();
         dial(p);
         return;
     }
@@ -757,4 +767,23 @@ void obd_peers_close(struct obd_daemon *d)
         d->listening = 0;
         uv_close((uv_handle_t *)&d->listener, NULL);
     }
+}
+
+/* ops: for obcommctl's `peers`. */
+void obd_peers_tcp_info(const struct obd_daemon *d, int rank, uint32_t *rtt_us,
+                        uint32_t *rttvar_us)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    uv_os_fd_t fd;
+    const struct obd_link *l = d->peers[rank].link;
+    *rtt_us = 0;
+    *rttvar_us = 0;
+    if (l == NULL || uv_fileno((const uv_handle_t *)&l->tcp, &fd) != 0)
+        return;
+    memset(&ti, 0, sizeof(ti));
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return;
+    *rtt_us = ti.tcpi_rtt;
+    *rttvar_us = ti.tcpi_rttvar;
 }
