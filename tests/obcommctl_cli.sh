@@ -29,8 +29,9 @@ ctl --format yaml metrics 2>/dev/null; [ $? = 2 ] || fail "bad format: not 2"
 ctl --format prometheus peers 2>/dev/null; [ $? = 2 ] || fail "prom peers: not 2"
 ctl -s "$dir/none.sock" status 2>/dev/null; [ $? = 3 ] || fail "no daemon: not 3"
 set -e
-ctl --version | grep -q '^obcommctl [0-9.]*$' || fail "version"
-ctl --version | grep -q '^protocol 1$' || fail "version protocol"
+v=$(ctl --version)
+grep -q "^obcommctl [0-9.]*$" <<<"$v" || fail "version: $v"
+grep -q "^protocol 1$" <<<"$v" || fail "version protocol: $v"
 
 base=$((20000 + ($$ + 7) % 20000))
 peers="127.0.0.1:$base,127.0.0.1:$((base + 1))"
