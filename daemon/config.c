@@ -7,7 +7,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -696,24 +695,27 @@ static int is_loopback(const struct sockaddr_storage *s)
     return 0;
 }
 
-/* 1 when `s` is an address of this machine: loopback or an interface's. */
-static int is_local(const struct sockaddr_storage *s, const struct ifaddrs *ifs)
+/* 1 when `s` is an address of this machine: one a socket can bind to.
+ * Binding (port 0, closed at once) needs no netlink socket, which the
+ * systemd unit does not allow, and agrees with what listen would do. */
+static int is_local(const struct sockaddr_storage *s)
 {
     if (is_loopback(s))
         return 1;
-    for (const struct ifaddrs *i = ifs; i; i = i->ifa_next) {
-        if (i->ifa_addr == NULL || (i->ifa_addr->sa_family != AF_INET &&
-                                    i->ifa_addr->sa_family != AF_INET6))
-            continue;
-        struct sockaddr_storage a;
-        memset(&a, 0, sizeof(a));
-        memcpy(&a, i->ifa_addr,
-               i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
-                                                 : sizeof(struct sockaddr_in6));
-        if (same_ip(&a, s))
-            return 1;
+    int fd = socket(s->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_storage a = *s;
+    socklen_t len = sizeof(struct sockaddr_in);
+    if (a.ss_family == AF_INET) {
+        ((struct sockaddr_in *)&a)->sin_port = 0;
+    } else {
+        ((struct sockaddr_in6 *)&a)->sin6_port = 0;
+        len = sizeof(struct sockaddr_in6);
     }
-    return 0;
+    int ok = bind(fd, (struct sockaddr *)&a, len) == 0;
+    close(fd);
+    return ok;
 }
 
 static int resolve_host(const char *host, struct resolved *out)
@@ -749,7 +751,7 @@ static void ip_text(const struct sockaddr_storage *s, char *buf, size_t len)
  * they share an address, or both are addresses of this machine (where one
  * daemon listens on all of them). Writes the reason. */
 static int same_node(const struct resolved *x, const struct resolved *y,
-                     const struct ifaddrs *ifs, char *why, size_t len)
+                     char *why, size_t len)
 {
     for (int i = 0; i < x->n; i++)
         for (int j = 0; j < y->n; j++)
@@ -761,9 +763,9 @@ static int same_node(const struct resolved *x, const struct resolved *y,
             }
     int lx = 0, ly = 0;
     for (int i = 0; i < x->n; i++)
-        lx |= is_local(&x->a[i], ifs);
+        lx |= is_local(&x->a[i]);
     for (int j = 0; j < y->n; j++)
-        ly |= is_local(&y->a[j], ifs);
+        ly |= is_local(&y->a[j]);
     if (lx && ly) {
         snprintf(why, len, "both are addresses of this machine");
         return 1;
@@ -809,7 +811,6 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
 {
     char pre[4200];
     int rc = -1;
-    struct ifaddrs *ifs = NULL;
     struct resolved *res = NULL;
     const char *src = cfg->peers_file[0] ? "peers_file" : "peers";
 
@@ -841,8 +842,6 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
         fail(err, errlen, "out of memory");
         return -1;
     }
-    if (getifaddrs(&ifs) != 0)
-        ifs = NULL;
     where(cfg, src, pre, sizeof(pre));
     for (int i = 0; i < cfg->nodes; i++) {
         int g = resolve_host(cfg->world[i].host, &res[i]);
@@ -861,7 +860,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
         for (int j = i + 1; j < cfg->nodes; j++) {
             char why[128];
             if (cfg->world[i].port == cfg->world[j].port &&
-                same_node(&res[i], &res[j], ifs, why, sizeof(why))) {
+                same_node(&res[i], &res[j], why, sizeof(why))) {
                 fail(err, errlen,
                      "%s%s: ranks %d (%s:%u) and %d (%s:%u) are the same "
                      "node: %s",
@@ -879,7 +878,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
         for (int i = 0; i < cfg->nodes; i++) {
             int local = 0;
             for (int k = 0; k < res[i].n; k++)
-                local |= is_local(&res[i].a[k], ifs);
+                local |= is_local(&res[i].a[k]);
             if (!local || (by_port && cfg->world[i].port != want.port))
                 continue;
             if (found >= 0) {
@@ -906,8 +905,6 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
     }
     rc = 0;
 out:
-    if (ifs != NULL)
-        freeifaddrs(ifs);
     free(res);
     return rc;
 }
@@ -946,7 +943,8 @@ static void print_comment(FILE *out, const char *text)
     }
 }
 
-void obd_config_print_help(FILE *out, int as_config_file)
+void obd_config_print_help(FILE *out, int as_config_file,
+                           const struct obd_config *cfg)
 {
     for (size_t i = 0; i < NROWS; i++) {
         const struct row *r = &rows[i];
@@ -963,7 +961,21 @@ void obd_config_print_help(FILE *out, int as_config_file)
             char text[1024];
             snprintf(text, sizeof(text), "%s%s", r->help, bounds);
             print_comment(out, text);
-            fprintf(out, "# %s = %s\n\n", r->name, r->def);
+            if (cfg->src_line[i] == 0) {
+                fprintf(out, "# %s = %s\n\n", r->name, r->def);
+            } else {
+                const char *field = (const char *)cfg + r->offset;
+                if (r->type == T_STR) {
+                    fprintf(out, "%s = %s\n\n", r->name, field);
+                } else {
+                    int64_t v;
+                    memcpy(&v, field, sizeof(v));
+                    if (v < 0) /* rank auto */
+                        fprintf(out, "%s = auto\n\n", r->name);
+                    else
+                        fprintf(out, "%s = %" PRId64 "\n\n", r->name, v);
+                }
+            }
         } else
             fprintf(out, "  --%-24s %s%s (default: %s)\n", r->name, r->help,
                     bounds, r->def[0] ? r->def : "empty");

@@ -102,8 +102,10 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
 void obd_config_print(const struct obd_config *cfg, FILE *out);
 
 /* Prints every option with its default, bounds and help (for --help and
- * deploy/obcommd.conf.example). */
-void obd_config_print_help(FILE *out, int as_config_file);
+ * deploy/obcommd.conf.example). As a config file, the options cfg got from
+ * flags or a file are set lines, the others commented-out defaults. */
+void obd_config_print_help(FILE *out, int as_config_file,
+                           const struct obd_config *cfg);
 
 /* Writes world entry i as "host:port". */
 void obd_config_world_entry(const struct obd_config *cfg, int i, char *buf,

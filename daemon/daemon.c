@@ -77,6 +77,28 @@ static void sd_notify_state(const char *state)
     close(fd);
 }
 
+/* ops: the watchdog period systemd asks for, in microseconds; 0 when
+ * there is none or it is meant for another process. */
+static uint64_t watchdog_usec(void)
+{
+    const char *usec = getenv("WATCHDOG_USEC");
+    const char *pid = getenv("WATCHDOG_PID");
+    if (usec == NULL || usec[0] == '\0')
+        return 0;
+    if (pid != NULL && pid[0] != '\0' &&
+        strtoll(pid, NULL, 10) != (long long)getpid())
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(usec, &end, 10);
+    return *end == '\0' ? (uint64_t)v : 0;
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    sd_notify_state("WATCHDOG=1");
+}
+
 int obd_daemon_start(struct obd_daemon *d)
 {
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
@@ -96,6 +118,14 @@ int obd_daemon_start(struct obd_daemon *d)
     snprintf(ready, sizeof(ready), "READY=1\nSTATUS=node %lld of %d",
              (long long)d->cfg.rank, d->cfg.nodes);
     sd_notify_state(ready);
+    /* ops: a loop that stops turning stops the pings, and systemd restarts
+     * the daemon; half the period leaves room for one late turn. */
+    uint64_t wd = watchdog_usec() / 2000;
+    if (wd > 0) {
+        uv_timer_init(&d->loop, &d->watchdog);
+        uv_timer_start(&d->watchdog, on_watchdog, wd, wd);
+        d->watchdog_on = 1;
+    }
     return 0;
 }
 
@@ -145,6 +175,8 @@ void obd_daemon_close(struct obd_daemon *d)
     }
     obd_ctl_close(d);
     obd_peers_close(d);
+    if (d->watchdog_on) /* ops */
+        uv_close((uv_handle_t *)&d->watchdog, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
 }

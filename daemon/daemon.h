@@ -28,6 +28,9 @@ struct obd_daemon {
     struct obd_log log;
     uv_signal_t sigterm;
     uv_signal_t sigint;
+    /* ops: systemd's watchdog (WatchdogSec=): WATCHDOG=1 from the loop. */
+    uv_timer_t watchdog;
+    int watchdog_on;
     uint64_t start_ms;
     int closing;
 

@@ -19,7 +19,7 @@ static void usage(FILE *out)
                  "[--OPTION VALUE ...]\n"
                  "               [--example-config] [--version]\n\n"
                  "options (also valid as 'name = value' lines in FILE):\n");
-    obd_config_print_help(out, 0);
+    obd_config_print_help(out, 0, NULL);
 }
 
 static void nothing(uv_work_t *req)
@@ -76,7 +76,7 @@ int main(int argc, char **argv)
         printf("# obcommd configuration: 'name = value' lines. Every option "
                "is shown with\n# its default; flags (--name value) override "
                "the file.\n\n");
-        obd_config_print_help(stdout, 1);
+        obd_config_print_help(stdout, 1, &cfg);
         return 0;
     }
     if (help) {
