@@ -498,6 +498,7 @@ static int print_ops(const Obcomm__StatusReply *r, enum format f)
             json_object_array_add(a, e);
         }
         jadd(o, "jobs", a);
+        jadd(o, "jobs_omitted", json_object_new_int64(r->jobs_omitted));
         return jprint(o);
     }
 
@@ -539,6 +540,8 @@ static int print_ops(const Obcomm__StatusReply *r, enum format f)
             printf("%*s  (%" PRIu32 " more open ops)\n", wn, "",
                    j->ops_omitted);
     }
+    if (r->jobs_omitted)
+        printf("(%" PRIu32 " more jobs)\n", r->jobs_omitted);
     return 0;
 }
 

@@ -114,6 +114,10 @@ static void fill_jobs(struct obd_daemon *d, Obcomm__StatusReply *r,
          * because another node announced it: nothing to show. */
         if (j->local_size == 0)
             continue;
+        if (nj == OBD_STATUS_JOBS_MAX) {
+            r->jobs_omitted++;
+            continue;
+        }
         Obcomm__JobStatus *m = &s->js[nj];
         obcomm__job_status__init(m);
         m->name = j->name;
@@ -124,7 +128,7 @@ static void fill_jobs(struct obd_daemon *d, Obcomm__StatusReply *r,
         for (struct obd_op *o = j->ops; o; o = o->next) {
             if (o->state == OBD_OP_DONE)
                 continue;
-            if (m->n_ops == OBD_STATUS_OPS_MAX) {
+            if (m->n_ops == OBD_STATUS_OPS_MAX || no == OBD_STATUS_OPS_TOTAL) {
                 m->ops_omitted++;
                 continue;
             }
@@ -204,8 +208,8 @@ void obd_status_handle(struct obd_client *c)
     Obcomm__StatusReply r = OBCOMM__STATUS_REPLY__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     size_t nodes = (size_t)d->cfg.nodes;
-    size_t jobs = (size_t)d->njobs + 1;
-    size_t ops = jobs * OBD_STATUS_OPS_MAX;
+    size_t jobs = OBD_STATUS_JOBS_MAX;
+    size_t ops = OBD_STATUS_OPS_TOTAL;
 
     struct storage *s = calloc(1, sizeof(*s));
     if (s == NULL)
