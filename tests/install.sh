@@ -15,6 +15,16 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# A sanitizer build's library needs the sanitizer's runtime in every
+# program that links it: not what a package ships, and not what
+# `pkg-config --libs` alone can link.
+sanitize=$("$meson" introspect "$build" --buildoptions |
+    python3 -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"][0])')
+if [ "$sanitize" != none ]; then
+    echo "SKIP: b_sanitize=$sanitize"
+    exit 77
+fi
+
 dest=$dir/dest
 "$meson" install -C "$build" --destdir "$dest" --no-rebuild --quiet \
     >"$dir/install.log" 2>&1 || fail "meson install: $(cat "$dir/install.log")"
