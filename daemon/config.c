@@ -88,6 +88,10 @@ static const struct row rows[] = {
     INT_ROW(threads, U_NONE, 0, 256, "0",
             "Size of the worker pool (UV_THREADPOOL_SIZE) for codec and "
             "reduction work; 0: one per usable core."),
+    INT_ROW(stall_warn_ms, U_MS, 0, 3600000, "10000",
+            "Log an op that has waited this long once, with its fingerprint "
+            "and who has not arrived (a stall inspector, as Horovod's); 0: "
+            "never."),
     STR_ROW(log_level, "info", "error, warn, info or debug."),
     STR_ROW(state_dir, "",
             "Directory for snapshots of 1-bit error feedback, written on "

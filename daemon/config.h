@@ -40,6 +40,7 @@ struct obd_config {
     int64_t connect_backoff_max_ms;
     int64_t keepalive_s;
     int64_t threads;
+    int64_t stall_warn_ms;
     char log_level[8];
     char state_dir[4096];
 

@@ -14,6 +14,7 @@
 #include "efstore.h"
 #include "job.h"
 #include "peers.h"
+#include "stall.h"
 
 uint64_t obd_daemon_now(const struct obd_daemon *d)
 {
@@ -107,6 +108,8 @@ int obd_daemon_start(struct obd_daemon *d)
     int rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
+    if (rc == 0)
+        rc = obd_stall_start(d); /* ops */
     if (rc) {
         obd_daemon_close(d);
         return rc;
@@ -173,6 +176,7 @@ void obd_daemon_close(struct obd_daemon *d)
         if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
             obd_log_error(&d->log, "saving error feedback: %s", why);
     }
+    obd_stall_close(d); /* ops */
     obd_ctl_close(d);
     obd_peers_close(d);
     if (d->watchdog_on) /* ops */

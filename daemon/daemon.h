@@ -21,6 +21,7 @@ struct obd_peer;
 struct obd_link;
 struct obd_ef;
 struct obd_shm;
+struct obd_stall;
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -31,6 +32,7 @@ struct obd_daemon {
     /* ops: systemd's watchdog (WatchdogSec=): WATCHDOG=1 from the loop. */
     uv_timer_t watchdog;
     int watchdog_on;
+    struct obd_stall *stall; /* ops: stall.c */
     uint64_t start_ms;
     int closing;
 

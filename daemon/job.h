@@ -75,8 +75,9 @@ struct obd_op {
     int status;
     char message[512];
 
-    void *coll; /* the algorithm's own state while RUN */
-    int refs;   /* writes in flight that read this op's memory */
+    void *coll;       /* the algorithm's own state while RUN */
+    int refs;         /* writes in flight that read this op's memory */
+    int stall_warned; /* ops: logged by stall.c */
     struct obd_op *next;
 };
 
