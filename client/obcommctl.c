@@ -1,19 +1,28 @@
-/* obcommctl: shows what the node's obcommd is doing, for people (tables)
- * and for scripts (--json). It sends one StatusRequest over the daemon's
- * Unix socket and renders the StatusReply.
+/* obcommctl: shows what the node's obcommd is doing, for people (tables),
+ * for scripts (--json, built with json-c) and for Prometheus (metrics
+ * --format prometheus, the text exposition format that node_exporter's
+ * textfile collector reads). It sends one StatusRequest over the daemon's
+ * Unix socket and renders the StatusReply; metric names, help texts and
+ * Prometheus names all come from the daemon's descriptors.
  *
- * Exit status: 0 on success, 1 when the daemon cannot be reached or answers
- * badly, 2 on a usage error. */
+ * Exit status: 0 on success, 1 when the daemon answers badly or the output
+ * cannot be written, 2 on a usage error, 3 when the daemon cannot be
+ * reached (no socket, refused, or no answer in time). */
 #include <getopt.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <obcomm_build.h>
 
 #include "obcomm.h"
 #include "sock.h"
+#include "wire.h"
 
 /* How long to wait for the daemon's answer. A status query does no
  * collective work, so a healthy daemon answers at once. */
@@ -22,7 +31,18 @@
 /* Widest cell a table column grows to; longer text is cut. */
 #define CELL_MAX 64
 
+/* Version of the --json layout: bumped when a field changes meaning or
+ * goes away (new fields do not bump it). */
+#define JSON_SCHEMA_VERSION 1
+
+enum exit_code {
+    EXIT_OK = 0,
+    EXIT_FAILED = 1,
+    EXIT_USAGE = 2,
+    EXIT_UNREACHABLE = 3
+};
 enum cmd { CMD_STATUS, CMD_PEERS, CMD_OPS, CMD_METRICS };
+enum format { F_TEXT, F_JSON, F_PROMETHEUS };
 
 static const char *const cmd_names[] = {"status", "peers", "ops", "metrics"};
 
@@ -30,17 +50,26 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: obcommctl [-s PATH] [--json] [status|peers|ops|metrics]\n"
+            "       obcommctl [-s PATH] metrics --format prometheus\n"
+            "       obcommctl --version\n"
             "\n"
             "  status   the daemon, its world and one-line summaries "
             "(default)\n"
-            "  peers    links to the other nodes' daemons\n"
-            "  ops      jobs and the op each has in flight\n"
-            "  metrics  counters: name, value, help\n"
+            "  peers    links to the other nodes' daemons: state, up time, "
+            "reconnects,\n"
+            "           round-trip time, bytes, last error\n"
+            "  ops      open ops of every job: op, age, who has not arrived\n"
+            "  metrics  counters and latency histograms\n"
             "\n"
-            "  -s, --socket PATH  the daemon's socket (default: "
+            "  -s, --socket PATH    the daemon's socket (default: "
             "$OBCOMM_SOCKET, else %s)\n"
-            "  --json             print JSON instead of text\n"
-            "  -h, --help         show this help\n",
+            "  --json               print JSON instead of text "
+            "(= --format json)\n"
+            "  --format FORMAT      text, json or prometheus (metrics only)\n"
+            "  -V, --version        print the version and exit\n"
+            "  -h, --help           show this help\n"
+            "\n"
+            "exit status: 0 ok, 1 failed, 2 usage, 3 daemon unreachable\n",
             OBCOMM_DEFAULT_SOCKET);
 }
 
@@ -148,49 +177,70 @@ static int cell_width(const char *s)
     return w > CELL_MAX ? CELL_MAX : w;
 }
 
-static void json_str(const char *s)
+/* ---- JSON (json-c) ---- */
+
+/* A JSON string of daemon text: invalid UTF-8 becomes U+FFFD so that the
+ * output is always valid JSON (json-c passes bytes through). */
+static json_object *jstr(const char *s)
 {
+    size_t n = strlen(s);
+    char *buf = malloc(3 * n + 1);
+    if (buf == NULL)
+        return json_object_new_string("");
     const unsigned char *p = (const unsigned char *)s;
-    putchar('"');
+    size_t o = 0;
     while (*p) {
-        size_t n = utf8_len(p);
-        if (n == 0) {
-            fputs("\\ufffd", stdout);
+        size_t k = utf8_len(p);
+        if (k == 0) {
+            memcpy(buf + o, "\xef\xbf\xbd", 3);
+            o += 3;
             p++;
-        } else if (*p == '"' || *p == '\\') {
-            printf("\\%c", *p++);
-        } else if (*p == '\n') {
-            fputs("\\n", stdout);
-            p++;
-        } else if (*p == '\t') {
-            fputs("\\t", stdout);
-            p++;
-        } else if (*p < 0x20) {
-            printf("\\u%04x", *p++);
         } else {
-            fwrite(p, 1, n, stdout);
-            p += n;
+            memcpy(buf + o, p, k);
+            o += k;
+            p += k;
         }
     }
-    putchar('"');
+    buf[o] = '\0';
+    json_object *j = json_object_new_string(buf);
+    free(buf);
+    return j;
 }
 
-static void json_num(double v)
+/* A JSON number: integers as integers (counters are), others as doubles,
+ * non-finite values as null (JSON has no NaN). */
+static json_object *jnum(double v)
 {
-    if (isfinite(v))
-        printf("%.17g", v);
-    else
-        fputs("null", stdout); /* JSON has no NaN or Inf */
+    if (!isfinite(v))
+        return NULL;
+    if (fabs(v) < 9007199254740992.0 && v == (double)(int64_t)v)
+        return json_object_new_int64((int64_t)v);
+    return json_object_new_double(v);
 }
 
-/* Integers print without a fraction; other values with 6 digits. */
-static void format_value(double v, char *buf, size_t len)
+static void jadd(json_object *o, const char *k, json_object *v)
 {
-    if (v > -1e15 && v < 1e15 && (double)(long long)v == v)
-        snprintf(buf, len, "%lld", (long long)v);
-    else
-        snprintf(buf, len, "%.6g", v);
+    json_object_object_add(o, k, v);
 }
+
+static json_object *jroot(const char *command)
+{
+    json_object *o = json_object_new_object();
+    jadd(o, "schema_version", json_object_new_int(JSON_SCHEMA_VERSION));
+    jadd(o, "command", json_object_new_string(command));
+    return o;
+}
+
+static int jprint(json_object *o)
+{
+    const char *text = json_object_to_json_string_ext(
+        o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    int rc = puts(text) < 0 ? -1 : 0;
+    json_object_put(o);
+    return rc;
+}
+
+/* ---- shared figures ---- */
 
 /* A metric's value by name; 0 when the daemon does not report it. */
 static double metric_value(const Obcomm__StatusReply *r, const char *name)
@@ -201,37 +251,62 @@ static double metric_value(const Obcomm__StatusReply *r, const char *name)
     return 0;
 }
 
-static void print_status(const Obcomm__StatusReply *r, int json)
+/* The compression ratio of the 1-bit allreduce: fp32 bytes covered over
+ * bytes this node put on the wire for it; 0 before the first one. */
+static double compression_ratio(const Obcomm__StatusReply *r, double *logical,
+                                double *wire)
+{
+    *logical = metric_value(r, "onebit_logical_bytes");
+    *wire = metric_value(r, "onebit_bytes_sent");
+    return *logical > 0 && *wire > 0 ? *logical / *wire : 0;
+}
+
+/* "3d04h", "2h05m", "4m10s", "12s", "850ms". */
+static const char *duration(uint64_t ms, char *buf, size_t len)
+{
+    uint64_t s = ms / 1000;
+    if (s >= 86400)
+        snprintf(buf, len, "%" PRIu64 "d%02" PRIu64 "h", s / 86400,
+                 s / 3600 % 24);
+    else if (s >= 3600)
+        snprintf(buf, len, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, s / 60 % 60);
+    else if (s >= 60)
+        snprintf(buf, len, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+    else if (s > 0)
+        snprintf(buf, len, "%" PRIu64 "s", s);
+    else
+        snprintf(buf, len, "%" PRIu64 "ms", ms);
+    return buf;
+}
+
+/* ISO-8601 UTC time of a Unix time in milliseconds; "" for 0. */
+static const char *iso_time(uint64_t unix_ms, char *buf, size_t len)
+{
+    if (unix_ms == 0) {
+        buf[0] = '\0';
+        return buf;
+    }
+    time_t t = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char day[32];
+    strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, len, "%s.%03uZ", day, (unsigned)(unix_ms % 1000));
+    return buf;
+}
+
+static uint64_t age_of(const Obcomm__StatusReply *r, uint64_t unix_ms)
+{
+    return unix_ms && r->now_unix_ms > unix_ms ? r->now_unix_ms - unix_ms : 0;
+}
+
+/* ---- status ---- */
+
+static int print_status(const Obcomm__StatusReply *r, enum format f)
 {
     size_t in_flight = 0;
     for (size_t i = 0; i < r->n_jobs; i++)
-        in_flight += r->jobs[i]->op_in_flight[0] != '\0';
-
-    if (json) {
-        fputs("{\"version\":", stdout);
-        json_str(r->version);
-        fputs(",\"cluster\":", stdout);
-        json_str(r->cluster);
-        printf(",\"rank\":%" PRIu32 ",\"world_size\":%" PRIu32
-               ",\"pid\":%" PRIu32 ",\"uptime_ms\":%" PRIu64 ",\"socket\":",
-               r->rank, r->world_size, r->pid, r->uptime_ms);
-        json_str(r->socket);
-        printf(",\"peer_count\":%zu,\"job_count\":%zu,\"ops_in_flight\":%zu"
-               ",\"metric_count\":%zu}\n",
-               r->n_peers, r->n_jobs, in_flight, r->n_metrics);
-        return;
-    }
-
-    char buf[1024];
-    uint64_t s = r->uptime_ms / 1000;
-    printf("obcommd  %s\n", clean(r->version, buf, sizeof(buf)));
-    printf("cluster  %s\n", clean(r->cluster, buf, sizeof(buf)));
-    printf("rank     %" PRIu32 " of %" PRIu32 "\n", r->rank, r->world_size);
-    printf("pid      %" PRIu32 "\n", r->pid);
-    printf("uptime   %" PRIu64 "d %02u:%02u:%02u\n", s / 86400,
-           (unsigned)(s / 3600 % 24), (unsigned)(s / 60 % 60),
-           (unsigned)(s % 60));
-    printf("socket   %s\n", clean(r->socket, buf, sizeof(buf)));
+        in_flight += r->jobs[i]->n_ops > 0;
 
     /* Peers summarised by state; the first few distinct states are named
      * and the rest counted together, so the work stays linear. */
@@ -252,6 +327,48 @@ static void print_status(const Obcomm__StatusReply *r, int json)
         else
             other++;
     }
+    double logical, wire;
+    double ratio = compression_ratio(r, &logical, &wire);
+
+    if (f == F_JSON) {
+        json_object *o = jroot("status");
+        jadd(o, "version", jstr(r->version));
+        jadd(o, "proto_version", json_object_new_int64(r->proto_version));
+        jadd(o, "codec", jstr(r->codec));
+        jadd(o, "build", jstr(r->build));
+        jadd(o, "cluster", jstr(r->cluster));
+        jadd(o, "rank", json_object_new_int64(r->rank));
+        jadd(o, "world_size", json_object_new_int64(r->world_size));
+        jadd(o, "pid", json_object_new_int64(r->pid));
+        jadd(o, "uptime_ms", json_object_new_uint64(r->uptime_ms));
+        jadd(o, "socket", jstr(r->socket));
+        jadd(o, "peer_count", json_object_new_uint64(r->n_peers));
+        json_object *by = json_object_new_object();
+        for (int k = 0; k < nstates; k++)
+            jadd(by, state[k], json_object_new_uint64(count[k]));
+        if (other)
+            jadd(by, "other", json_object_new_uint64(other));
+        jadd(o, "peers_by_state", by);
+        jadd(o, "job_count", json_object_new_uint64(r->n_jobs));
+        jadd(o, "jobs_with_ops_in_flight", json_object_new_uint64(in_flight));
+        jadd(o, "metric_count", json_object_new_uint64(r->n_metrics));
+        json_object *ob = json_object_new_object();
+        jadd(ob, "logical_bytes", jnum(logical));
+        jadd(ob, "wire_bytes", jnum(wire));
+        jadd(ob, "compression_ratio", ratio > 0 ? jnum(ratio) : NULL);
+        jadd(o, "onebit", ob);
+        return jprint(o);
+    }
+
+    char buf[1024], d[32];
+    printf("obcommd  %s (protocol %" PRIu32 ", codec %s)\n",
+           clean(r->version, buf, sizeof(buf)), r->proto_version,
+           or_dash(r->codec));
+    printf("cluster  %s\n", clean(r->cluster, buf, sizeof(buf)));
+    printf("rank     %" PRIu32 " of %" PRIu32 "\n", r->rank, r->world_size);
+    printf("pid      %" PRIu32 "\n", r->pid);
+    printf("uptime   %s\n", duration(r->uptime_ms, d, sizeof(d)));
+    printf("socket   %s\n", clean(r->socket, buf, sizeof(buf)));
     printf("peers    %zu", r->n_peers);
     for (int k = 0; k < nstates; k++) {
         char sb[CELL_MAX + 1];
@@ -263,34 +380,54 @@ static void print_status(const Obcomm__StatusReply *r, int json)
     printf("%s\n", nstates ? ")" : "");
     printf("jobs     %zu (%zu with an op in flight)\n", r->n_jobs, in_flight);
     printf("metrics  %zu\n", r->n_metrics);
-
-    /* The compression ratio of the 1-bit allreduce: fp32 bytes covered
-     * over bytes this node put on the wire for it. */
-    double logical = metric_value(r, "onebit_logical_bytes");
-    double wire = metric_value(r, "onebit_bytes_sent");
-    if (logical > 0 && wire > 0)
+    if (ratio > 0)
         printf("1-bit    %.0f fp32 bytes in %.0f wire bytes (%.1fx)\n", logical,
-               wire, logical / wire);
+               wire, ratio);
+    return 0;
 }
 
-static void print_peers(const Obcomm__StatusReply *r, int json)
+/* ---- peers ---- */
+
+static int print_peers(const Obcomm__StatusReply *r, enum format f)
 {
-    if (json) {
-        fputs("{\"peers\":[", stdout);
+    if (f == F_JSON) {
+        json_object *o = jroot("peers");
+        json_object *a = json_object_new_array();
         for (size_t i = 0; i < r->n_peers; i++) {
             const Obcomm__PeerStatus *p = r->peers[i];
-            printf("%s{\"rank\":%" PRIu32 ",\"address\":", i ? "," : "",
-                   p->rank);
-            json_str(p->address);
-            fputs(",\"state\":", stdout);
-            json_str(p->state);
-            printf(",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
-                   "}",
-                   p->bytes_sent, p->bytes_received);
+            char t[64];
+            json_object *e = json_object_new_object();
+            jadd(e, "rank", json_object_new_int64(p->rank));
+            jadd(e, "address", jstr(p->address));
+            jadd(e, "state", jstr(p->state));
+            jadd(e, "up_since",
+                 p->up_since_unix_ms
+                     ? jstr(iso_time(p->up_since_unix_ms, t, sizeof(t)))
+                     : NULL);
+            jadd(e, "up_for_ms",
+                 p->up_since_unix_ms
+                     ? json_object_new_uint64(age_of(r, p->up_since_unix_ms))
+                     : NULL);
+            jadd(e, "reconnects", json_object_new_int64(p->reconnects));
+            jadd(e, "rtt_us",
+                 p->rtt_us ? json_object_new_int64(p->rtt_us) : NULL);
+            jadd(e, "rttvar_us",
+                 p->rtt_us ? json_object_new_int64(p->rttvar_us) : NULL);
+            jadd(e, "bytes_sent", json_object_new_uint64(p->bytes_sent));
+            jadd(e, "bytes_received",
+                 json_object_new_uint64(p->bytes_received));
+            jadd(e, "last_error",
+                 p->last_error[0] ? jstr(p->last_error) : NULL);
+            jadd(e, "last_error_at",
+                 p->last_error_unix_ms
+                     ? jstr(iso_time(p->last_error_unix_ms, t, sizeof(t)))
+                     : NULL);
+            json_object_array_add(a, e);
         }
-        fputs("]}\n", stdout);
-        return;
+        jadd(o, "peers", a);
+        return jprint(o);
     }
+
     int wa = 7, ws = 5; /* "ADDRESS", "STATE" */
     for (size_t i = 0; i < r->n_peers; i++) {
         int w = cell_width(r->peers[i]->address);
@@ -298,74 +435,328 @@ static void print_peers(const Obcomm__StatusReply *r, int json)
         w = cell_width(r->peers[i]->state);
         ws = w > ws ? w : ws;
     }
-    printf("RANK  %-*s  %-*s  %20s  %20s\n", wa, "ADDRESS", ws, "STATE",
-           "BYTES_SENT", "BYTES_RECEIVED");
+    printf("RANK  %-*s  %-*s  %8s  %10s  %9s  %14s  %14s  %s\n", wa, "ADDRESS",
+           ws, "STATE", "UP_FOR", "RECONNECTS", "RTT", "BYTES_SENT",
+           "BYTES_RECEIVED", "LAST_ERROR");
     for (size_t i = 0; i < r->n_peers; i++) {
         const Obcomm__PeerStatus *p = r->peers[i];
+        char up[32] = "-", rtt[32] = "-", ago[32];
+        if (p->up_since_unix_ms)
+            duration(age_of(r, p->up_since_unix_ms), up, sizeof(up));
+        if (p->rtt_us)
+            snprintf(rtt, sizeof(rtt), "%.2fms", p->rtt_us / 1000.0);
         printf("%-4" PRIu32 "  ", p->rank);
         cell(or_dash(p->address), wa);
         fputs("  ", stdout);
         cell(or_dash(p->state), ws);
-        printf("  %20" PRIu64 "  %20" PRIu64 "\n", p->bytes_sent,
-               p->bytes_received);
+        printf("  %8s  %10" PRIu32 "  %9s  %14" PRIu64 "  %14" PRIu64 "  ", up,
+               p->reconnects, rtt, p->bytes_sent, p->bytes_received);
+        if (p->last_error[0]) {
+            printf("%s ago: ", duration(age_of(r, p->last_error_unix_ms), ago,
+                                        sizeof(ago)));
+            cell(p->last_error, 0);
+        } else {
+            fputs("-", stdout);
+        }
+        putchar('\n');
     }
+    return 0;
 }
 
-static void print_ops(const Obcomm__StatusReply *r, int json)
+/* ---- ops ---- */
+
+static int print_ops(const Obcomm__StatusReply *r, enum format f)
 {
-    if (json) {
-        fputs("{\"jobs\":[", stdout);
+    if (f == F_JSON) {
+        json_object *o = jroot("ops");
+        json_object *a = json_object_new_array();
         for (size_t i = 0; i < r->n_jobs; i++) {
             const Obcomm__JobStatus *j = r->jobs[i];
-            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
-            json_str(j->name);
-            printf(",\"local_size\":%" PRIu32 ",\"joined\":%" PRIu32
-                   ",\"next_seq\":%" PRIu64 ",\"op_in_flight\":",
-                   j->local_size, j->joined, j->next_seq);
-            json_str(j->op_in_flight);
-            putchar('}');
+            json_object *e = json_object_new_object();
+            jadd(e, "name", jstr(j->name));
+            jadd(e, "local_size", json_object_new_int64(j->local_size));
+            jadd(e, "joined", json_object_new_int64(j->joined));
+            jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
+            json_object *ops = json_object_new_array();
+            for (size_t k = 0; k < j->n_ops; k++) {
+                const Obcomm__OpStatus *p = j->ops[k];
+                json_object *x = json_object_new_object();
+                jadd(x, "seq", json_object_new_uint64(p->seq));
+                jadd(x, "op", jstr(p->op));
+                jadd(x, "state", jstr(p->state));
+                jadd(x, "age_ms", json_object_new_uint64(p->age_ms));
+                jadd(x, "submitted", json_object_new_int64(p->submitted));
+                jadd(x, "count", json_object_new_uint64(p->count));
+                jadd(x, "dtype", p->dtype[0] ? jstr(p->dtype) : NULL);
+                jadd(x, "key", json_object_new_uint64(p->key));
+                jadd(x, "waiting_for",
+                     p->waiting_for[0] ? jstr(p->waiting_for) : NULL);
+                json_object_array_add(ops, x);
+            }
+            jadd(e, "ops", ops);
+            jadd(e, "ops_omitted", json_object_new_int64(j->ops_omitted));
+            json_object_array_add(a, e);
         }
-        fputs("]}\n", stdout);
-        return;
+        jadd(o, "jobs", a);
+        jadd(o, "jobs_omitted", json_object_new_int64(r->jobs_omitted));
+        return jprint(o);
     }
-    int wn = 3; /* "JOB" */
+
+    int wn = 3, wo = 2; /* "JOB", "OP" */
     for (size_t i = 0; i < r->n_jobs; i++) {
         int w = cell_width(r->jobs[i]->name);
         wn = w > wn ? w : wn;
+        for (size_t k = 0; k < r->jobs[i]->n_ops; k++) {
+            w = cell_width(r->jobs[i]->ops[k]->op);
+            wo = w > wo ? w : wo;
+        }
     }
-    printf("%-*s  %6s  %20s  %s\n", wn, "JOB", "JOINED", "NEXT_SEQ",
-           "OP_IN_FLIGHT");
+    printf("%-*s  %6s  %10s  %-*s  %-10s  %8s  %9s  %s\n", wn, "JOB", "JOINED",
+           "SEQ", wo, "OP", "STATE", "AGE", "SUBMITTED", "WAITING_FOR");
     for (size_t i = 0; i < r->n_jobs; i++) {
         const Obcomm__JobStatus *j = r->jobs[i];
-        char buf[1024];
         char joined[32];
         snprintf(joined, sizeof(joined), "%" PRIu32 "/%" PRIu32, j->joined,
                  j->local_size);
-        cell(or_dash(j->name), wn);
-        printf("  %6s  %20" PRIu64 "  %s\n", joined, j->next_seq,
-               or_dash(clean(j->op_in_flight, buf, sizeof(buf))));
+        if (j->n_ops == 0) {
+            cell(or_dash(j->name), wn);
+            printf("  %6s  %10s  %-*s  %-10s  %8s  %9s  %s\n", joined, "-", wo,
+                   "-", "idle", "-", "-", "-");
+        }
+        for (size_t k = 0; k < j->n_ops; k++) {
+            const Obcomm__OpStatus *p = j->ops[k];
+            char age[32], sub[32], wait[1024];
+            snprintf(sub, sizeof(sub), "%" PRIu32 "/%" PRIu32, p->submitted,
+                     j->local_size);
+            cell(or_dash(j->name), wn);
+            printf("  %6s  %10" PRIu64 "  ", joined, p->seq);
+            cell(or_dash(p->op), wo);
+            fputs("  ", stdout);
+            cell(or_dash(p->state), 10);
+            printf("  %8s  %9s  %s\n", duration(p->age_ms, age, sizeof(age)),
+                   sub, or_dash(clean(p->waiting_for, wait, sizeof(wait))));
+        }
+        if (j->ops_omitted)
+            printf("%*s  (%" PRIu32 " more open ops)\n", wn, "",
+                   j->ops_omitted);
+    }
+    if (r->jobs_omitted)
+        printf("(%" PRIu32 " more jobs)\n", r->jobs_omitted);
+    return 0;
+}
+
+/* ---- metrics ---- */
+
+/* The upper bound of the bucket that holds quantile q: a bound, not an
+ * interpolation, so it never claims more precision than the buckets. */
+static double quantile(const Obcomm__Histogram *h, double q)
+{
+    if (h->count == 0)
+        return NAN;
+    double want = q * (double)h->count;
+    for (size_t b = 0; b < h->n_buckets && b < h->n_le_seconds; b++)
+        if ((double)h->buckets[b] >= want)
+            return h->le_seconds[b];
+    return INFINITY;
+}
+
+static void seconds_text(double s, char *buf, size_t len)
+{
+    if (isinf(s))
+        snprintf(buf, len, ">%s", "max");
+    else if (s < 1e-3)
+        snprintf(buf, len, "%.0fus", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, len, "%.3gms", s * 1e3);
+    else
+        snprintf(buf, len, "%.3gs", s);
+}
+
+/* Integers print without a fraction; other values with 6 digits. */
+static void format_value(double v, char *buf, size_t len)
+{
+    if (v > -1e15 && v < 1e15 && (double)(long long)v == v)
+        snprintf(buf, len, "%lld", (long long)v);
+    else
+        snprintf(buf, len, "%.6g", v);
+}
+
+static int metrics_json(const Obcomm__StatusReply *r)
+{
+    json_object *o = jroot("metrics");
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; i < r->n_metrics; i++) {
+        const Obcomm__Metric *m = r->metrics[i];
+        json_object *e = json_object_new_object();
+        jadd(e, "name", jstr(m->name));
+        jadd(e, "kind", jstr(m->kind));
+        jadd(e, "value", jnum(m->value));
+        jadd(e, "help", jstr(m->help));
+        json_object_array_add(a, e);
+    }
+    jadd(o, "metrics", a);
+    json_object *h = json_object_new_array();
+    for (size_t i = 0; i < r->n_histograms; i++) {
+        const Obcomm__Histogram *x = r->histograms[i];
+        json_object *e = json_object_new_object();
+        jadd(e, "name", jstr(x->name));
+        jadd(e, "op", jstr(x->op));
+        jadd(e, "size_class", jstr(x->size_class));
+        jadd(e, "count", json_object_new_uint64(x->count));
+        jadd(e, "sum_seconds", jnum(x->sum_seconds));
+        json_object *b = json_object_new_array();
+        for (size_t k = 0; k < x->n_buckets && k < x->n_le_seconds; k++) {
+            json_object *bk = json_object_new_object();
+            jadd(bk, "le_seconds", jnum(x->le_seconds[k]));
+            jadd(bk, "count", json_object_new_uint64(x->buckets[k]));
+            json_object_array_add(b, bk);
+        }
+        jadd(e, "buckets", b); /* cumulative; +Inf is count */
+        json_object_array_add(h, e);
+    }
+    jadd(o, "histograms", h);
+    double logical, wire;
+    double ratio = compression_ratio(r, &logical, &wire);
+    jadd(o, "onebit_compression_ratio", ratio > 0 ? jnum(ratio) : NULL);
+    return jprint(o);
+}
+
+/* A label value in the exposition format: \, " and newline escaped. */
+static void prom_label(const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            printf("\\%c", *s);
+        else if (*s == '\n')
+            fputs("\\n", stdout);
+        else
+            putchar(*s);
     }
 }
 
-static void print_metrics(const Obcomm__StatusReply *r, int json)
+/* A metric name: only [a-zA-Z0-9_:] survive, anything else becomes '_'. */
+static void prom_name(const char *s)
 {
-    if (json) {
-        fputs("{\"metrics\":[", stdout);
-        for (size_t i = 0; i < r->n_metrics; i++) {
-            const Obcomm__Metric *m = r->metrics[i];
-            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
-            json_str(m->name);
-            fputs(",\"kind\":", stdout);
-            json_str(m->kind);
-            fputs(",\"value\":", stdout);
-            json_num(m->value);
-            fputs(",\"help\":", stdout);
-            json_str(m->help);
-            putchar('}');
-        }
-        fputs("]}\n", stdout);
-        return;
+    fputs("obcomm_", stdout);
+    for (; *s; s++) {
+        char c = *s;
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                 (c >= '0' && c <= '9') || c == '_' || c == ':';
+        putchar(ok ? c : '_');
     }
+}
+
+/* HELP text: \ and newline escaped, control characters dropped. */
+static void prom_help(const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\')
+            fputs("\\\\", stdout);
+        else if (*s == '\n')
+            fputs("\\n", stdout);
+        else if ((unsigned char)*s >= 0x20)
+            putchar(*s);
+    }
+}
+
+/* The shortest decimal text that reads back as v: 0.0001, not
+ * 9.9999999999999991e-05. */
+static const char *shortest(double v, char *buf, size_t len)
+{
+    if (fabs(v) < 9007199254740992.0 && v == (double)(int64_t)v) {
+        snprintf(buf, len, "%" PRId64, (int64_t)v);
+        return buf;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    return buf;
+}
+
+static void prom_value(double v)
+{
+    if (isnan(v))
+        fputs("NaN", stdout);
+    else if (isinf(v))
+        fputs(v > 0 ? "+Inf" : "-Inf", stdout);
+    else {
+        char buf[32];
+        fputs(shortest(v, buf, sizeof(buf)), stdout);
+    }
+}
+
+static void prom_family(const char *name, const char *help, const char *type)
+{
+    fputs("# HELP ", stdout);
+    prom_name(name);
+    putchar(' ');
+    prom_help(help);
+    fputs("\n# TYPE ", stdout);
+    prom_name(name);
+    printf(" %s\n", type);
+}
+
+static int metrics_prometheus(const Obcomm__StatusReply *r)
+{
+    for (size_t i = 0; i < r->n_metrics; i++) {
+        const Obcomm__Metric *m = r->metrics[i];
+        const char *name = m->prom_name[0] ? m->prom_name : m->name;
+        const char *type = strcmp(m->kind, "counter") == 0 ? "counter"
+                           : strcmp(m->kind, "gauge") == 0 ? "gauge"
+                                                           : "untyped";
+        prom_family(name, m->help, type);
+        prom_name(name);
+        putchar(' ');
+        prom_value(m->value / (m->prom_divisor != 0 ? m->prom_divisor : 1));
+        putchar('\n');
+    }
+    /* One family per histogram name: its series are consecutive. */
+    for (size_t i = 0; i < r->n_histograms; i++) {
+        const Obcomm__Histogram *h = r->histograms[i];
+        const char *name = h->prom_name[0] ? h->prom_name : h->name;
+        if (i == 0 || strcmp(r->histograms[i - 1]->prom_name, h->prom_name))
+            prom_family(name, h->help, "histogram");
+        for (size_t b = 0; b <= h->n_buckets && b <= h->n_le_seconds; b++) {
+            int inf = b == h->n_buckets || b == h->n_le_seconds;
+            prom_name(name);
+            fputs("_bucket{op=\"", stdout);
+            prom_label(h->op);
+            fputs("\",size=\"", stdout);
+            prom_label(h->size_class);
+            fputs("\",le=\"", stdout);
+            if (inf)
+                fputs("+Inf", stdout);
+            else
+                prom_value(h->le_seconds[b]);
+            printf("\"} %" PRIu64 "\n", inf ? h->count : h->buckets[b]);
+        }
+        const char *suffix[] = {"_sum", "_count"};
+        for (int k = 0; k < 2; k++) {
+            prom_name(name);
+            printf("%s{op=\"", suffix[k]);
+            prom_label(h->op);
+            fputs("\",size=\"", stdout);
+            prom_label(h->size_class);
+            fputs("\"} ", stdout);
+            if (k == 0)
+                prom_value(h->sum_seconds);
+            else
+                printf("%" PRIu64, h->count);
+            putchar('\n');
+        }
+    }
+    return 0;
+}
+
+static int print_metrics(const Obcomm__StatusReply *r, enum format f)
+{
+    if (f == F_JSON)
+        return metrics_json(r);
+    if (f == F_PROMETHEUS)
+        return metrics_prometheus(r);
+
     int wn = 4, wv = 5; /* "NAME", "VALUE" */
     for (size_t i = 0; i < r->n_metrics; i++) {
         char v[64];
@@ -383,6 +774,42 @@ static void print_metrics(const Obcomm__StatusReply *r, int json)
         cell(or_dash(m->name), wn);
         printf("  %*s  %s\n", wv, v, clean(m->help, help, sizeof(help)));
     }
+
+    /* Latency by op and size, for the series that saw ops. */
+    int header = 0;
+    for (size_t i = 0; i < r->n_histograms; i++) {
+        const Obcomm__Histogram *h = r->histograms[i];
+        if (h->count == 0)
+            continue;
+        if (!header) {
+            printf("\n%-16s  %-6s  %10s  %9s  %9s  %9s  %9s\n", "LATENCY OP",
+                   "SIZE", "COUNT", "MEAN", "P50<=", "P90<=", "P99<=");
+            header = 1;
+        }
+        char mean[32], p50[32], p90[32], p99[32];
+        seconds_text(h->sum_seconds / (double)h->count, mean, sizeof(mean));
+        seconds_text(quantile(h, 0.5), p50, sizeof(p50));
+        seconds_text(quantile(h, 0.9), p90, sizeof(p90));
+        seconds_text(quantile(h, 0.99), p99, sizeof(p99));
+        cell(h->op, 16);
+        fputs("  ", stdout);
+        cell(h->size_class, 6);
+        printf("  %10" PRIu64 "  %9s  %9s  %9s  %9s\n", h->count, mean, p50,
+               p90, p99);
+    }
+    return 0;
+}
+
+static void version(void)
+{
+    printf("obcommctl %s\n"
+           "protocol %d\n"
+           "codec %s (built into obcommd; the daemon's choice: obcommctl "
+           "status)\n"
+           "json-c %s\n"
+           "build %s\n",
+           OBCOMM_VERSION, OBCOMM_PROTO_VERSION, OBCOMM_BUILD_CODECS,
+           json_c_version(), OBCOMM_BUILD_OPTIONS);
 }
 
 int main(int argc, char **argv)
@@ -390,23 +817,44 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 's'},
         {"json", no_argument, NULL, 'j'},
+        {"format", required_argument, NULL, 'f'},
+        {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *path = NULL;
-    int json = 0, opt;
+    enum format format = F_TEXT;
+    int opt;
     opterr = 0; /* getopt would name argv[0]; say "obcommctl" instead */
-    while ((opt = getopt_long(argc, argv, "s:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:hV", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
             path = optarg;
             break;
         case 'j':
-            json = 1;
+            format = F_JSON;
             break;
+        case 'f':
+            if (strcmp(optarg, "text") == 0) {
+                format = F_TEXT;
+            } else if (strcmp(optarg, "json") == 0) {
+                format = F_JSON;
+            } else if (strcmp(optarg, "prometheus") == 0) {
+                format = F_PROMETHEUS;
+            } else {
+                fprintf(stderr,
+                        "obcommctl: --format is text, json or prometheus, "
+                        "not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'V':
+            version();
+            return EXIT_OK;
         case 'h':
             usage(stdout);
-            return 0;
+            return EXIT_OK;
         default:
             if (strncmp(argv[optind - 1], "--", 2) == 0)
                 fprintf(stderr, "obcommctl: bad option '%s'\n",
@@ -419,14 +867,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "obcommctl: unknown option '%s'\n",
                         argv[optind - 1]);
             usage(stderr);
-            return 2;
+            return EXIT_USAGE;
         }
     }
     enum cmd cmd = CMD_STATUS;
     if (argc - optind > 1) {
         fprintf(stderr, "obcommctl: one command at most\n");
         usage(stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     if (optind < argc) {
         size_t k;
@@ -436,9 +884,13 @@ int main(int argc, char **argv)
         if (k == sizeof(cmd_names) / sizeof(cmd_names[0])) {
             fprintf(stderr, "obcommctl: unknown command '%s'\n", argv[optind]);
             usage(stderr);
-            return 2;
+            return EXIT_USAGE;
         }
         cmd = (enum cmd)k;
+    }
+    if (format == F_PROMETHEUS && cmd != CMD_METRICS) {
+        fprintf(stderr, "obcommctl: --format prometheus is for metrics\n");
+        return EXIT_USAGE;
     }
     if (path == NULL || path[0] == '\0')
         path = getenv("OBCOMM_SOCKET");
@@ -449,7 +901,7 @@ int main(int argc, char **argv)
     int fd = obc_sock_connect(path, err, sizeof(err));
     if (fd < 0) {
         fprintf(stderr, "obcommctl: %s\n", err);
-        return 1;
+        return EXIT_UNREACHABLE;
     }
     Obcomm__StatusRequest req = OBCOMM__STATUS_REQUEST__INIT;
     Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
@@ -463,6 +915,10 @@ int main(int argc, char **argv)
         rc = obc_sock_recv(fd, deadline, CTL_TIMEOUT_MS, &reply, err,
                            sizeof(err));
     close(fd);
+    if (rc == OBCOMM_E_TIMEOUT) {
+        fprintf(stderr, "obcommctl: obcommd at %s: %s\n", path, err);
+        return EXIT_UNREACHABLE;
+    }
     if (rc == 0 && reply->body_case != OBCOMM__DAEMON_MSG__BODY_STATUS) {
         snprintf(err, sizeof(err), "expected a StatusReply, got message %d",
                  (int)reply->body_case);
@@ -471,16 +927,16 @@ int main(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "obcommctl: obcommd at %s: %s\n", path, err);
         obcomm__daemon_msg__free_unpacked(reply, NULL);
-        return 1;
+        return EXIT_FAILED;
     }
 
-    static void (*const print[])(const Obcomm__StatusReply *, int) = {
+    static int (*const print[])(const Obcomm__StatusReply *, enum format) = {
         print_status, print_peers, print_ops, print_metrics};
-    print[cmd](reply->status, json);
+    rc = print[cmd](reply->status, format);
     obcomm__daemon_msg__free_unpacked(reply, NULL);
-    if (fflush(stdout) != 0 || ferror(stdout)) {
+    if (rc != 0 || fflush(stdout) != 0 || ferror(stdout)) {
         perror("obcommctl: writing output");
-        return 1;
+        return EXIT_FAILED;
     }
-    return 0;
+    return EXIT_OK;
 }

@@ -3,18 +3,31 @@
 
 #include <obcomm.h>
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum row_type { T_INT, T_STR };
+
+/* The unit of an integer option, and so the suffixes its values take. */
+enum row_unit { U_NONE, U_MS, U_S };
 
 struct row {
     const char *name;
     enum row_type type;
+    enum row_unit unit;
     size_t offset;
     size_t size; /* T_STR: capacity including the terminator */
     int64_t min, max;
@@ -22,14 +35,15 @@ struct row {
     const char *help;
 };
 
-#define INT_ROW(field, lo, hi, d, h)                                       \
-    {                                                                      \
-#field, T_INT, offsetof(struct obd_config, field), 0, lo, hi, d, h \
+#define INT_ROW(field, unit, lo, hi, d, h)                                     \
+    {                                                                          \
+#field, T_INT, unit, offsetof(struct obd_config, field), 0, lo, hi, d, \
+            h                                                                  \
     }
-#define STR_ROW(field, d, h)                                    \
-    {                                                           \
-#field, T_STR, offsetof(struct obd_config, field),      \
-            sizeof(((struct obd_config *)0)->field), 0, 0, d, h \
+#define STR_ROW(field, d, h)                                       \
+    {                                                              \
+#field, T_STR, U_NONE, offsetof(struct obd_config, field), \
+            sizeof(((struct obd_config *)0)->field), 0, 0, d, h    \
     }
 
 /* Every option of obcommd. Names are the config file keys and, prefixed
@@ -37,43 +51,56 @@ struct row {
 static const struct row rows[] = {
     STR_ROW(cluster, "obcomm",
             "Cluster name; daemons of different clusters refuse each other."),
-    INT_ROW(rank, 0, OBD_MAX_NODES - 1, "0", "This node's rank in peers."),
+    INT_ROW(rank, U_NONE, 0, OBD_MAX_NODES - 1, "auto",
+            "This node's rank in the peers list. auto: the one entry whose "
+            "host is an address of this machine (and whose port is listen's "
+            "port when listen is set)."),
     STR_ROW(peers, "",
             "Every node's daemon as host:port, comma-separated, in rank "
-            "order (this node included). Empty: a one-node world."),
+            "order (this node included). Empty: a one-node world, unless "
+            "peers_file is set."),
+    STR_ROW(peers_file, "",
+            "A file listing every node's daemon as host:port, one a line "
+            "in rank order ('#' starts a comment); instead of peers."),
     STR_ROW(listen, "",
             "TCP address to listen on for other daemons (host:port). "
             "Empty: 0.0.0.0 and the port of this rank's peers entry."),
     STR_ROW(socket, OBCOMM_DEFAULT_SOCKET,
             "Unix socket for trainers and obcommctl."),
-    INT_ROW(timeout_ms, 10, 3600000, "60000",
+    INT_ROW(timeout_ms, U_MS, 10, 3600000, "60000",
             "Default deadline of every collective, in milliseconds."),
-    INT_ROW(segment_bytes, 8192, 64 << 20, "1048576",
+    INT_ROW(segment_bytes, U_NONE, 8192, 64 << 20, "1048576",
             "Tensors are cut into segments of this many bytes so that "
             "sending, receiving and reducing overlap (1-bit segments are "
             "whole 64 Ki-element codec blocks, 8 KiB of bits each)."),
-    INT_ROW(max_buffer_bytes, 4096, INT64_C(1) << 40, "17179869184",
+    INT_ROW(max_buffer_bytes, U_NONE, 4096, INT64_C(1) << 40, "17179869184",
             "Largest shared-memory buffer a trainer may register."),
-    INT_ROW(max_clients, 1, 4096, "256",
+    INT_ROW(max_clients, U_NONE, 1, 4096, "256",
             "Most Unix-socket connections at once."),
-    INT_ROW(max_jobs, 1, 1024, "16", "Most jobs at once."),
-    INT_ROW(sock_buf_bytes, 65536, 256 << 20, "4194304",
+    INT_ROW(max_jobs, U_NONE, 1, 1024, "16", "Most jobs at once."),
+    INT_ROW(sock_buf_bytes, U_NONE, 65536, 256 << 20, "4194304",
             "SO_SNDBUF and SO_RCVBUF of peer connections."),
-    INT_ROW(connect_backoff_max_ms, 10, 60000, "1000",
-            "Longest wait between two attempts to dial a peer."),
-    INT_ROW(keepalive_s, 1, 3600, "10", "TCP keepalive idle time of peers."),
-    INT_ROW(threads, 0, 256, "0",
-            "Worker threads for codec and reduction work; 0: one per "
-            "core."),
+    INT_ROW(connect_backoff_max_ms, U_MS, 10, 60000, "1000",
+            "Longest wait between two attempts to dial a peer, in "
+            "milliseconds."),
+    INT_ROW(keepalive_s, U_S, 1, 3600, "10",
+            "TCP keepalive idle time of peers, in seconds."),
+    INT_ROW(threads, U_NONE, 0, 256, "0",
+            "Size of the worker pool (UV_THREADPOOL_SIZE) for codec and "
+            "reduction work; 0: one per usable core."),
+    INT_ROW(stall_warn_ms, U_MS, 0, 3600000, "10000",
+            "Log an op that has waited this long once, with its fingerprint "
+            "and who has not arrived (a stall inspector, as Horovod's); 0: "
+            "never."),
     STR_ROW(log_level, "info", "error, warn, info or debug."),
     STR_ROW(state_dir, "",
             "Directory for snapshots of 1-bit error feedback, written on "
             "request and at shutdown, restored at start. Empty: none."),
-    INT_ROW(ef_max_bytes, 0, INT64_C(1) << 50, "0",
+    INT_ROW(ef_max_bytes, U_NONE, 0, INT64_C(1) << 50, "0",
             "Most bytes of 1-bit error-feedback state (all keys "
             "together); a new key past it fails. 0: a quarter of the "
             "machine's memory."),
-    INT_ROW(ef_idle_ms, 0, INT64_C(1) << 40, "3600000",
+    INT_ROW(ef_idle_ms, U_MS, 0, INT64_C(1) << 40, "3600000",
             "A job with no trainer on this node for this long has its "
             "error feedback snapshotted (when state_dir is set) and freed; "
             "its next op loads the snapshot. 0: never."),
@@ -83,6 +110,7 @@ static const struct row rows[] = {
 static const char *const reloadable[] = {"log_level"};
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
+_Static_assert(NROWS <= OBD_CONFIG_ROWS, "raise OBD_CONFIG_ROWS");
 
 static void fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -103,6 +131,79 @@ static const struct row *find_row(const char *name)
     return NULL;
 }
 
+static size_t row_index(const char *name)
+{
+    const struct row *r = find_row(name);
+    return r ? (size_t)(r - rows) : 0;
+}
+
+/* Where option `name` got its value, for the front of a message:
+ * "FILE:LINE: ", "command line: " or "" for a default. */
+static const char *where(const struct obd_config *cfg, const char *name,
+                         char *buf, size_t len)
+{
+    int line = cfg->src_line[row_index(name)];
+    if (line > 0)
+        snprintf(buf, len, "%s:%d: ", cfg->src_file, line);
+    else if (line < 0)
+        snprintf(buf, len, "command line: ");
+    else
+        buf[0] = '\0';
+    return buf;
+}
+
+/* Parses a decimal integer with the suffixes its unit allows. Octal and
+ * hexadecimal forms are refused on purpose: "timeout_ms = 0100" means 100
+ * to a person, and "0x" is not what anyone types into a config file. */
+static int parse_int(const char *s, enum row_unit unit, long long *out)
+{
+    const char *p = s;
+    if (*p == '-' || *p == '+')
+        p++;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    while (isdigit((unsigned char)*p))
+        p++;
+    const char *num_end = p;
+    long long mul = 1;
+    if (*p != '\0') {
+        if (unit == U_MS && strcmp(p, "ms") == 0)
+            mul = 1;
+        else if (unit == U_MS && strcmp(p, "s") == 0)
+            mul = 1000;
+        else if (unit == U_S && strcmp(p, "s") == 0)
+            mul = 1;
+        else
+            return -1;
+    }
+    char digits[32];
+    size_t n = (size_t)(num_end - s);
+    if (n >= sizeof(digits))
+        return -2;
+    memcpy(digits, s, n);
+    digits[n] = '\0';
+    errno = 0;
+    long long v = strtoll(digits, NULL, 10);
+    if (errno != 0)
+        return -2;
+    if (v > LLONG_MAX / mul || v < LLONG_MIN / mul)
+        return -2;
+    *out = v * mul;
+    return 0;
+}
+
+static const char *unit_forms(enum row_unit unit)
+{
+    switch (unit) {
+    case U_MS:
+        return " (milliseconds: 250, 250ms or 2s)";
+    case U_S:
+        return " (seconds: 10 or 10s)";
+    default:
+        return "";
+    }
+}
+
 static int set_row(struct obd_config *cfg, const struct row *r,
                    const char *value, char *err, size_t errlen)
 {
@@ -119,19 +220,22 @@ static int set_row(struct obd_config *cfg, const struct row *r,
         return 0;
     }
 
-    char *end;
-    errno = 0;
-    long long v = strtoll(value, &end, 0);
-    while (*end == ' ' || *end == '\t')
-        end++;
-    if (errno != 0 || end == value || *end != '\0') {
-        fail(err, errlen, "%s: '%s' is not an integer", r->name, value);
-        return -1;
-    }
-    if (v < r->min || v > r->max) {
-        fail(err, errlen, "%s: %lld is out of range [%" PRId64 ", %" PRId64 "]",
-             r->name, v, r->min, r->max);
-        return -1;
+    long long v;
+    if (strcmp(r->name, "rank") == 0 && strcmp(value, "auto") == 0) {
+        v = -1;
+    } else {
+        int rc = parse_int(value, r->unit, &v);
+        if (rc == -1) {
+            fail(err, errlen, "%s: '%s' is not a decimal integer%s", r->name,
+                 value, unit_forms(r->unit));
+            return -1;
+        }
+        if (rc == -2 || v < r->min || v > r->max) {
+            fail(err, errlen,
+                 "%s: %s is out of range [%" PRId64 ", %" PRId64 "]", r->name,
+                 value, r->min, r->max);
+            return -1;
+        }
     }
     memcpy(field, &(int64_t){v}, sizeof(int64_t));
     return 0;
@@ -166,26 +270,50 @@ static char *trim(char *s)
     return s;
 }
 
+/* Opens a file for reading only when it is a regular file: a directory, a
+ * FIFO or a device given by mistake must not run the daemon on defaults or
+ * block it. */
+static FILE *open_regular(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        fail(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fail(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL) {
+        fail(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
 int obd_config_load(struct obd_config *cfg, const char *path, char *err,
                     size_t errlen)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        fail(err, errlen, "%s: %s", path, strerror(errno));
+    if (strlen(path) >= sizeof(cfg->src_file)) {
+        fail(err, errlen, "config file name longer than %zu bytes",
+             sizeof(cfg->src_file) - 1);
         return -1;
     }
+    FILE *f = open_regular(path, err, errlen);
+    if (f == NULL)
+        return -1;
+    snprintf(cfg->src_file, sizeof(cfg->src_file), "%s", path);
 
-    char line[8192];
+    char *line = NULL;
+    size_t cap = 0;
     int lineno = 0;
     int rc = 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
+    errno = 0;
+    while (getline(&line, &cap, f) != -1) {
         lineno++;
-        if (strchr(line, '\n') == NULL && !feof(f)) {
-            fail(err, errlen, "%s:%d: line longer than %zu bytes", path, lineno,
-                 sizeof(line) - 2);
-            rc = -1;
-            break;
-        }
         char *hash = strchr(line, '#');
         if (hash != NULL)
             *hash = '\0';
@@ -199,13 +327,27 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
             break;
         }
         *eq = '\0';
+        const char *name = trim(s);
+        const struct row *r = find_row(name);
+        if (r != NULL && cfg->src_line[r - rows] > 0) {
+            fail(err, errlen, "%s:%d: %s is already set at line %d", path,
+                 lineno, name, cfg->src_line[r - rows]);
+            rc = -1;
+            break;
+        }
         char msg[512];
-        if (obd_config_set(cfg, trim(s), trim(eq + 1), msg, sizeof(msg))) {
+        if (obd_config_set(cfg, name, trim(eq + 1), msg, sizeof(msg))) {
             fail(err, errlen, "%s:%d: %s", path, lineno, msg);
             rc = -1;
             break;
         }
+        cfg->src_line[r - rows] = lineno;
     }
+    if (rc == 0 && ferror(f)) {
+        fail(err, errlen, "%s:%d: %s", path, lineno + 1, strerror(errno));
+        rc = -1;
+    }
+    free(line);
     fclose(f);
     return rc;
 }
@@ -214,10 +356,16 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
                           int *check, int *help, char *err, size_t errlen)
 {
     /* The file comes first so that flags override it wherever -c stands. */
+    int files = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc) {
                 fail(err, errlen, "%s needs a file name", argv[i]);
+                return -1;
+            }
+            if (++files > 1) {
+                fail(err, errlen, "%s given twice: one config file at most",
+                     argv[i]);
                 return -1;
             }
             if (obd_config_load(cfg, argv[++i], err, errlen))
@@ -241,6 +389,10 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
         }
         if (strcmp(a, "--example-config") == 0) {
             *help = 2;
+            continue;
+        }
+        if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            *help = 3;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {
@@ -269,8 +421,14 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
             fail(err, errlen, "--%s needs a value", name);
             return -1;
         }
+        const struct row *r = find_row(name);
+        if (r != NULL && cfg->src_line[r - rows] < 0) {
+            fail(err, errlen, "--%s given twice", name);
+            return -1;
+        }
         if (obd_config_set(cfg, name, value, err, errlen))
             return -1;
+        cfg->src_line[r - rows] = -1;
     }
     return 0;
 }
@@ -284,11 +442,16 @@ int obd_config_parse_addr(const char *text, struct obd_addr *out)
     if (hlen >= sizeof(out->host))
         return -1;
 
-    char *end;
-    errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (errno != 0 || end == colon + 1 || *end != '\0' || port < 1 ||
-        port > 65535)
+    const char *p = colon + 1;
+    long port = 0;
+    if (*p == '\0')
+        return -1;
+    for (; *p; p++) {
+        if (!isdigit((unsigned char)*p) || port > 65535)
+            return -1;
+        port = port * 10 + (*p - '0');
+    }
+    if (port < 1 || port > 65535)
         return -1;
 
     memcpy(out->host, text, hlen);
@@ -308,79 +471,156 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
     return h;
 }
 
+/* Appends one world entry; `src` prefixes messages. */
+static int add_node(struct obd_config *cfg, const char *tok, const char *src,
+                    char *err, size_t errlen)
+{
+    if (cfg->nodes == OBD_MAX_NODES) {
+        fail(err, errlen, "%smore than %d nodes", src, OBD_MAX_NODES);
+        return -1;
+    }
+    if (obd_config_parse_addr(tok, &cfg->world[cfg->nodes])) {
+        fail(err, errlen, "%s'%s' is not host:port", src, tok);
+        return -1;
+    }
+    cfg->nodes++;
+    return 0;
+}
+
+static int world_from_text(struct obd_config *cfg, char *err, size_t errlen)
+{
+    char pre[4200], src[4300];
+    where(cfg, "peers", pre, sizeof(pre));
+    snprintf(src, sizeof(src), "%speers: ", pre);
+    char *copy = strdup(cfg->peers);
+    if (copy == NULL) {
+        fail(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok != NULL && rc == 0;
+         tok = strtok_r(NULL, ",", &save))
+        rc = add_node(cfg, trim(tok), src, err, errlen);
+    free(copy);
+    return rc;
+}
+
+/* Reads peers_file: one host:port a line, '#' comments, blank lines. */
+static int world_from_file(struct obd_config *cfg, char *err, size_t errlen)
+{
+    char pre[4200];
+    where(cfg, "peers_file", pre, sizeof(pre));
+    char msg[4400];
+    FILE *f = open_regular(cfg->peers_file, msg, sizeof(msg));
+    if (f == NULL) {
+        fail(err, errlen, "%speers_file: %s", pre, msg);
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, rc = 0;
+    while (rc == 0 && getline(&line, &cap, f) != -1) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash != NULL)
+            *hash = '\0';
+        char *s = trim(line);
+        if (*s == '\0')
+            continue;
+        char src[4200];
+        snprintf(src, sizeof(src), "%s:%d: ", cfg->peers_file, lineno);
+        rc = add_node(cfg, s, src, err, errlen);
+    }
+    if (rc == 0 && ferror(f)) {
+        fail(err, errlen, "%s: %s", cfg->peers_file, strerror(errno));
+        rc = -1;
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* The listen address, once the rank is known. */
+static int derive_listen(struct obd_config *cfg, char *err, size_t errlen)
+{
+    char pre[4200];
+    if (cfg->rank >= cfg->nodes) {
+        fail(err, errlen,
+             "%srank: %" PRId64 " but peers lists only %d nodes (0..%d)",
+             where(cfg, "rank", pre, sizeof(pre)), cfg->rank, cfg->nodes,
+             cfg->nodes - 1);
+        return -1;
+    }
+    if (cfg->listen[0] != '\0') {
+        if (obd_config_parse_addr(cfg->listen, &cfg->listen_addr)) {
+            fail(err, errlen, "%slisten: '%s' is not host:port",
+                 where(cfg, "listen", pre, sizeof(pre)), cfg->listen);
+            return -1;
+        }
+    } else {
+        snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host),
+                 "0.0.0.0");
+        cfg->listen_addr.port = cfg->world[cfg->rank].port;
+    }
+    return 0;
+}
+
 int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
 {
+    char pre[4200];
     cfg->log_level_num = obd_log_level_parse(cfg->log_level);
     if (cfg->log_level_num < 0) {
         fail(err, errlen,
-             "log_level: '%s' is not one of error, warn, info, "
-             "debug",
-             cfg->log_level);
+             "%slog_level: '%s' is not one of error, warn, info, debug",
+             where(cfg, "log_level", pre, sizeof(pre)), cfg->log_level);
         return -1;
     }
     if (cfg->cluster[0] == '\0') {
-        fail(err, errlen, "cluster: must not be empty");
+        fail(err, errlen, "%scluster: must not be empty",
+             where(cfg, "cluster", pre, sizeof(pre)));
         return -1;
     }
     if (cfg->socket[0] == '\0') {
-        fail(err, errlen, "socket: must not be empty");
+        fail(err, errlen, "%ssocket: must not be empty",
+             where(cfg, "socket", pre, sizeof(pre)));
+        return -1;
+    }
+    if (cfg->peers[0] != '\0' && cfg->peers_file[0] != '\0') {
+        fail(err, errlen, "%speers_file: set together with peers; give one",
+             where(cfg, "peers_file", pre, sizeof(pre)));
         return -1;
     }
 
     cfg->nodes = 0;
-    if (cfg->peers[0] != '\0') {
-        char copy[sizeof(cfg->peers)];
-        memcpy(copy, cfg->peers, sizeof(copy));
-        char *save = NULL;
-        for (char *tok = strtok_r(copy, ",", &save); tok != NULL;
-             tok = strtok_r(NULL, ",", &save)) {
-            tok = trim(tok);
-            if (cfg->nodes == OBD_MAX_NODES) {
-                fail(err, errlen, "peers: more than %d nodes", OBD_MAX_NODES);
-                return -1;
-            }
-            if (obd_config_parse_addr(tok, &cfg->world[cfg->nodes])) {
-                fail(err, errlen, "peers: '%s' is not host:port", tok);
-                return -1;
-            }
-            cfg->nodes++;
-        }
-    }
+    if (cfg->peers[0] != '\0' && world_from_text(cfg, err, errlen))
+        return -1;
+    if (cfg->peers_file[0] != '\0' && world_from_file(cfg, err, errlen))
+        return -1;
+    memset(&cfg->listen_addr, 0, sizeof(cfg->listen_addr));
     if (cfg->nodes == 0) {
         /* One-node world: no TCP at all. */
-        if (cfg->rank != 0) {
-            fail(err, errlen, "rank: %" PRId64 " needs a peers list",
-                 cfg->rank);
+        if (cfg->rank > 0) {
+            fail(err, errlen, "%srank: %" PRId64 " needs a peers list",
+                 where(cfg, "rank", pre, sizeof(pre)), cfg->rank);
             return -1;
         }
+        cfg->rank = 0;
         cfg->nodes = 1;
         memset(&cfg->world[0], 0, sizeof(cfg->world[0]));
-        memset(&cfg->listen_addr, 0, sizeof(cfg->listen_addr));
     } else {
-        if (cfg->rank >= cfg->nodes) {
-            fail(err, errlen,
-                 "rank: %" PRId64 " but peers lists only %d nodes (0..%d)",
-                 cfg->rank, cfg->nodes, cfg->nodes - 1);
-            return -1;
-        }
+        const char *src = cfg->peers_file[0] ? "peers_file" : "peers";
         for (int i = 0; i < cfg->nodes; i++)
             for (int j = i + 1; j < cfg->nodes; j++)
                 if (cfg->world[i].port == cfg->world[j].port &&
                     strcmp(cfg->world[i].host, cfg->world[j].host) == 0) {
-                    fail(err, errlen, "peers: ranks %d and %d are both %s:%u",
-                         i, j, cfg->world[i].host, cfg->world[i].port);
+                    fail(err, errlen, "%s%s: ranks %d and %d are both %s:%u",
+                         where(cfg, src, pre, sizeof(pre)), src, i, j,
+                         cfg->world[i].host, cfg->world[i].port);
                     return -1;
                 }
-        if (cfg->listen[0] != '\0') {
-            if (obd_config_parse_addr(cfg->listen, &cfg->listen_addr)) {
-                fail(err, errlen, "listen: '%s' is not host:port", cfg->listen);
-                return -1;
-            }
-        } else {
-            snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host),
-                     "0.0.0.0");
-            cfg->listen_addr.port = cfg->world[cfg->rank].port;
-        }
+        if (cfg->rank >= 0 && derive_listen(cfg, err, errlen))
+            return -1;
     }
 
     /* The fingerprint covers what every node must agree on: the cluster
@@ -393,6 +633,295 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
     }
     cfg->fingerprint = h;
     return 0;
+}
+
+void obd_config_world_entry(const struct obd_config *cfg, int i, char *buf,
+                            size_t len)
+{
+    snprintf(buf, len, "%s:%u", cfg->world[i].host, cfg->world[i].port);
+}
+
+int obd_config_world_diff(const struct obd_config *cfg,
+                          const char *const *world, size_t n, char *out,
+                          size_t len)
+{
+    char mine[OBD_HOST_MAX + 8];
+    size_t nodes = (size_t)cfg->nodes;
+    if (n == 0) {
+        snprintf(out, len, "the peer does not say its peers list");
+        return 1;
+    }
+    for (size_t i = 0; i < n && i < nodes; i++) {
+        obd_config_world_entry(cfg, (int)i, mine, sizeof(mine));
+        if (strcmp(mine, world[i]) != 0) {
+            snprintf(out, len, "rank %zu is %s here, %.80s at the peer", i,
+                     mine, world[i]);
+            return 1;
+        }
+    }
+    if (n < nodes) {
+        obd_config_world_entry(cfg, (int)n, mine, sizeof(mine));
+        snprintf(out, len,
+                 "%d nodes here, %zu at the peer: rank %zu (%s) is missing "
+                 "at the peer",
+                 cfg->nodes, n, n, mine);
+        return 1;
+    }
+    if (n > nodes) {
+        snprintf(out, len,
+                 "%d nodes here, %zu at the peer: rank %zu (%.80s) is missing "
+                 "here",
+                 cfg->nodes, n, nodes, world[nodes]);
+        return 1;
+    }
+    out[0] = '\0';
+    return 0;
+}
+
+/* ---- what needs the system ---- */
+
+/* The IP addresses one world entry resolves to. */
+struct resolved {
+    int n;
+    struct sockaddr_storage a[8];
+};
+
+static int same_ip(const struct sockaddr_storage *x,
+                   const struct sockaddr_storage *y)
+{
+    if (x->ss_family != y->ss_family)
+        return 0;
+    if (x->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)y)->sin_addr.s_addr;
+    return memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+                  &((const struct sockaddr_in6 *)y)->sin6_addr,
+                  sizeof(struct in6_addr)) == 0;
+}
+
+static int is_loopback(const struct sockaddr_storage *s)
+{
+    if (s->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)s)->sin_addr.s_addr) >>
+                24) == 127;
+    if (s->ss_family == AF_INET6)
+        return IN6_IS_ADDR_LOOPBACK(
+            &((const struct sockaddr_in6 *)s)->sin6_addr);
+    return 0;
+}
+
+/* 1 when `s` is an address of this machine: one a socket can bind to.
+ * Binding (port 0, closed at once) needs no netlink socket, which the
+ * systemd unit does not allow, and agrees with what listen would do. */
+static int is_local(const struct sockaddr_storage *s)
+{
+    if (is_loopback(s))
+        return 1;
+    int fd = socket(s->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_storage a = *s;
+    socklen_t len = sizeof(struct sockaddr_in);
+    if (a.ss_family == AF_INET) {
+        ((struct sockaddr_in *)&a)->sin_port = 0;
+    } else {
+        ((struct sockaddr_in6 *)&a)->sin6_port = 0;
+        len = sizeof(struct sockaddr_in6);
+    }
+    int ok = bind(fd, (struct sockaddr *)&a, len) == 0;
+    close(fd);
+    return ok;
+}
+
+static int resolve_host(const char *host, struct resolved *out)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+    struct addrinfo *res;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0)
+        return rc;
+    out->n = 0;
+    for (struct addrinfo *ai = res; ai && out->n < 8; ai = ai->ai_next) {
+        if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+            continue;
+        memset(&out->a[out->n], 0, sizeof(out->a[0]));
+        memcpy(&out->a[out->n], ai->ai_addr, ai->ai_addrlen);
+        out->n++;
+    }
+    freeaddrinfo(res);
+    return 0;
+}
+
+static void ip_text(const struct sockaddr_storage *s, char *buf, size_t len)
+{
+    const void *a =
+        s->ss_family == AF_INET
+            ? (const void *)&((const struct sockaddr_in *)s)->sin_addr
+            : (const void *)&((const struct sockaddr_in6 *)s)->sin6_addr;
+    if (inet_ntop(s->ss_family, a, buf, (socklen_t)len) == NULL)
+        snprintf(buf, len, "?");
+}
+
+/* Decides whether two entries with the same port reach the same daemon:
+ * they share an address, or both are addresses of this machine (where one
+ * daemon listens on all of them). Writes the reason. */
+static int same_node(const struct resolved *x, const struct resolved *y,
+                     char *why, size_t len)
+{
+    for (int i = 0; i < x->n; i++)
+        for (int j = 0; j < y->n; j++)
+            if (same_ip(&x->a[i], &y->a[j])) {
+                char ip[INET6_ADDRSTRLEN];
+                ip_text(&x->a[i], ip, sizeof(ip));
+                snprintf(why, len, "both reach %s", ip);
+                return 1;
+            }
+    int lx = 0, ly = 0;
+    for (int i = 0; i < x->n; i++)
+        lx |= is_local(&x->a[i]);
+    for (int j = 0; j < y->n; j++)
+        ly |= is_local(&y->a[j]);
+    if (lx && ly) {
+        snprintf(why, len, "both are addresses of this machine");
+        return 1;
+    }
+    return 0;
+}
+
+static int usable_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Checks that `dir` is a directory this process can create files in. */
+static int check_dir(const struct obd_config *cfg, const char *opt,
+                     const char *dir, char *err, size_t errlen)
+{
+    char pre[4200];
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        fail(err, errlen, "%s%s: directory %s: %s",
+             where(cfg, opt, pre, sizeof(pre)), opt, dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fail(err, errlen, "%s%s: %s is not a directory",
+             where(cfg, opt, pre, sizeof(pre)), opt, dir);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        fail(err, errlen, "%s%s: directory %s is not writable: %s",
+             where(cfg, opt, pre, sizeof(pre)), opt, dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
+                       size_t errlen)
+{
+    char pre[4200];
+    int rc = -1;
+    struct resolved *res = NULL;
+    const char *src = cfg->peers_file[0] ? "peers_file" : "peers";
+
+    if (cfg->threads == 0)
+        cfg->threads = usable_cores();
+
+    if (strict) {
+        char dir[sizeof(cfg->socket)];
+        snprintf(dir, sizeof(dir), "%s", cfg->socket);
+        char *slash = strrchr(dir, '/');
+        if (slash == NULL)
+            snprintf(dir, sizeof(dir), ".");
+        else if (slash == dir)
+            dir[1] = '\0';
+        else
+            *slash = '\0';
+        if (check_dir(cfg, "socket", dir, err, errlen))
+            return -1;
+        if (cfg->state_dir[0] != '\0' &&
+            check_dir(cfg, "state_dir", cfg->state_dir, err, errlen))
+            return -1;
+    }
+
+    if (cfg->peers[0] == '\0' && cfg->peers_file[0] == '\0')
+        return 0; /* one-node world: rank 0, no TCP */
+
+    res = calloc((size_t)cfg->nodes, sizeof(*res));
+    if (res == NULL) {
+        fail(err, errlen, "out of memory");
+        return -1;
+    }
+    where(cfg, src, pre, sizeof(pre));
+    for (int i = 0; i < cfg->nodes; i++) {
+        int g = resolve_host(cfg->world[i].host, &res[i]);
+        if (g != 0) {
+            res[i].n = 0;
+            if (strict) {
+                fail(err, errlen,
+                     "%s%s: rank %d's host %s does not resolve: %s", pre, src,
+                     i, cfg->world[i].host, gai_strerror(g));
+                goto out;
+            }
+        }
+    }
+
+    for (int i = 0; i < cfg->nodes; i++)
+        for (int j = i + 1; j < cfg->nodes; j++) {
+            char why[128];
+            if (cfg->world[i].port == cfg->world[j].port &&
+                same_node(&res[i], &res[j], why, sizeof(why))) {
+                fail(err, errlen,
+                     "%s%s: ranks %d (%s:%u) and %d (%s:%u) are the same "
+                     "node: %s",
+                     pre, src, i, cfg->world[i].host, cfg->world[i].port, j,
+                     cfg->world[j].host, cfg->world[j].port, why);
+                goto out;
+            }
+        }
+
+    if (cfg->rank < 0) {
+        struct obd_addr want;
+        int by_port = cfg->listen[0] != '\0' &&
+                      obd_config_parse_addr(cfg->listen, &want) == 0;
+        int found = -1;
+        for (int i = 0; i < cfg->nodes; i++) {
+            int local = 0;
+            for (int k = 0; k < res[i].n; k++)
+                local |= is_local(&res[i].a[k]);
+            if (!local || (by_port && cfg->world[i].port != want.port))
+                continue;
+            if (found >= 0) {
+                fail(err, errlen,
+                     "rank: auto, but ranks %d (%s:%u) and %d (%s:%u) are "
+                     "both addresses of this machine; set rank (or listen "
+                     "with the port)",
+                     found, cfg->world[found].host, cfg->world[found].port, i,
+                     cfg->world[i].host, cfg->world[i].port);
+                goto out;
+            }
+            found = i;
+        }
+        if (found < 0) {
+            fail(err, errlen,
+                 "rank: auto, but no entry of %s is an address of this "
+                 "machine%s; set rank",
+                 src, by_port ? " with listen's port" : "");
+            goto out;
+        }
+        cfg->rank = found;
+        if (derive_listen(cfg, err, errlen))
+            goto out;
+    }
+    rc = 0;
+out:
+    free(res);
+    return rc;
 }
 
 void obd_config_print(const struct obd_config *cfg, FILE *out)
@@ -409,18 +938,60 @@ void obd_config_print(const struct obd_config *cfg, FILE *out)
     }
 }
 
-void obd_config_print_help(FILE *out, int as_config_file)
+/* Prints `text` as '#' comment lines of at most 78 columns. */
+static void print_comment(FILE *out, const char *text)
+{
+    const char *p = text;
+    while (*p) {
+        size_t n = strlen(p);
+        if (n > 76) {
+            n = 76;
+            while (n > 0 && p[n] != ' ')
+                n--;
+            if (n == 0)
+                n = strcspn(p, " ");
+        }
+        fprintf(out, "# %.*s\n", (int)n, p);
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+}
+
+void obd_config_print_help(FILE *out, int as_config_file,
+                           const struct obd_config *cfg)
 {
     for (size_t i = 0; i < NROWS; i++) {
         const struct row *r = &rows[i];
         char bounds[96] = "";
-        if (r->type == T_INT)
-            snprintf(bounds, sizeof(bounds), " [%" PRId64 "..%" PRId64 "]",
-                     r->min, r->max);
-        if (as_config_file)
-            fprintf(out, "# %s%s\n# %s = %s\n\n", r->help, bounds, r->name,
-                    r->def);
-        else
+        if (r->type == T_INT && strcmp(r->name, "rank") == 0)
+            snprintf(bounds, sizeof(bounds), " [auto, 0..%" PRId64 "]", r->max);
+        else if (r->type == T_INT)
+            snprintf(bounds, sizeof(bounds), " [%" PRId64 "..%" PRId64 "]%s",
+                     r->min, r->max,
+                     r->unit == U_MS  ? " (also 250ms, 2s)"
+                     : r->unit == U_S ? " (also 10s)"
+                                      : "");
+        if (as_config_file) {
+            char text[1024];
+            snprintf(text, sizeof(text), "%s%s", r->help, bounds);
+            print_comment(out, text);
+            if (cfg->src_line[i] == 0) {
+                fprintf(out, "# %s = %s\n\n", r->name, r->def);
+            } else {
+                const char *field = (const char *)cfg + r->offset;
+                if (r->type == T_STR) {
+                    fprintf(out, "%s = %s\n\n", r->name, field);
+                } else {
+                    int64_t v;
+                    memcpy(&v, field, sizeof(v));
+                    if (v < 0) /* rank auto */
+                        fprintf(out, "%s = auto\n\n", r->name);
+                    else
+                        fprintf(out, "%s = %" PRId64 "\n\n", r->name, v);
+                }
+            }
+        } else
             fprintf(out, "  --%-24s %s%s (default: %s)\n", r->name, r->help,
                     bounds, r->def[0] ? r->def : "empty");
     }

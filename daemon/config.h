@@ -11,6 +11,14 @@
 #define OBD_MAX_NODES 256
 #define OBD_HOST_MAX  64
 
+/* Room for the options of the table (checked at compile time). */
+#define OBD_CONFIG_ROWS 32
+
+/* Room for any peers list of OBD_MAX_NODES entries of the longest host
+ * name, with a blank after each comma: a list that does not fit names more
+ * nodes than a world can hold. */
+#define OBD_PEERS_TEXT_MAX (OBD_MAX_NODES * (OBD_HOST_MAX + 9))
+
 struct obd_addr {
     char host[OBD_HOST_MAX];
     uint16_t port;
@@ -18,8 +26,9 @@ struct obd_addr {
 
 struct obd_config {
     char cluster[64];
-    int64_t rank;
-    char peers[4096]; /* "H:P,H:P,...", the world in rank order */
+    int64_t rank; /* -1 ("auto") until obd_config_resolve() picks it */
+    char peers[OBD_PEERS_TEXT_MAX]; /* "H:P,H:P,...", in rank order */
+    char peers_file[4096];
     char listen[OBD_HOST_MAX + 8];
     char socket[108];
     int64_t timeout_ms;
@@ -31,12 +40,18 @@ struct obd_config {
     int64_t connect_backoff_max_ms;
     int64_t keepalive_s;
     int64_t threads;
+    int64_t stall_warn_ms;
     char log_level[8];
     char state_dir[4096];
     int64_t ef_max_bytes;
     int64_t ef_idle_ms;
 
-    /* Derived by obd_config_finish(). */
+    /* Where each option was set, for messages: src_line[i] is 0 for the
+     * default, -1 for a flag, else the line of src_file. */
+    char src_file[4096];
+    int src_line[OBD_CONFIG_ROWS];
+
+    /* Derived by obd_config_finish() and obd_config_resolve(). */
     struct obd_addr world[OBD_MAX_NODES];
     int nodes;
     struct obd_addr listen_addr; /* port 0: no TCP listener */
@@ -47,32 +62,53 @@ struct obd_config {
 /* Sets every option to its default. */
 void obd_config_defaults(struct obd_config *cfg);
 
-/* Sets option `name` from text. On failure returns -1 and writes a message
- * naming the option, the value and the bound into err. */
+/* Sets option `name` from text. Integers are decimal; options in
+ * milliseconds also take "250ms" and "2s", options in seconds "10s". On
+ * failure returns -1 and writes a message naming the option, the value and
+ * the bound into err. */
 int obd_config_set(struct obd_config *cfg, const char *name, const char *value,
                    char *err, size_t errlen);
 
-/* Reads "name = value" lines ('#' starts a comment). Unknown names, bad
- * values and unreadable files fail with a message naming file and line. */
+/* Reads "name = value" lines ('#' starts a comment; lines have no length
+ * limit) from a regular file. Unknown names, bad values, a name given
+ * twice, a file that is not a regular file and unreadable files fail with
+ * a message naming file and line. */
 int obd_config_load(struct obd_config *cfg, const char *path, char *err,
                     size_t errlen);
 
-/* Parses argv: -c FILE (loaded first, wherever it stands), then
- * --NAME VALUE / --NAME=VALUE for every option, --check-config, --help
- * and --example-config. Flags override the file. *check is set by
- * --check-config; *help is 1 for --help, 2 for --example-config. */
+/* Parses argv: -c FILE (loaded first, wherever it stands; once at most),
+ * then --NAME VALUE / --NAME=VALUE for every option (each once at most),
+ * --check-config, --help, --version and --example-config. Flags override
+ * the file. *check is set by --check-config; *help is 1 for --help, 2 for
+ * --example-config, 3 for --version. */
 int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
                           int *check, int *help, char *err, size_t errlen);
 
-/* Validates cross-option rules and fills the derived fields. */
+/* Validates cross-option rules and fills the derived fields, without
+ * touching the network: the world from peers or peers_file, the listen
+ * address once the rank is known. Messages name the file and line (or the
+ * flag) that set the option at fault. */
 int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen);
+
+/* What needs the system, after obd_config_finish(): resolves every peers
+ * entry and refuses two entries that reach the same node (127.0.0.1:7000
+ * and localhost:7000), picks rank "auto" as the one entry that is an
+ * address of this machine (and, when listen names a port, has that port),
+ * and turns threads 0 into the number of usable cores. With `strict`
+ * (--check-config) an entry that does not resolve fails, and the socket's
+ * directory and state_dir must be writable directories; without it an
+ * unresolvable entry is skipped (its daemon keeps retrying). */
+int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
+                       size_t errlen);
 
 /* Prints the effective configuration in config-file syntax. */
 void obd_config_print(const struct obd_config *cfg, FILE *out);
 
 /* Prints every option with its default, bounds and help (for --help and
- * deploy/obcommd.conf.example). */
-void obd_config_print_help(FILE *out, int as_config_file);
+ * deploy/obcommd.conf.example). As a config file, the options cfg got from
+ * flags or a file are set lines, the others commented-out defaults. */
+void obd_config_print_help(FILE *out, int as_config_file,
+                           const struct obd_config *cfg);
 
 /* SIGHUP: copies the options that may change while running (log_level)
  * from next into cur and writes "name: old -> new, ..." for each that
@@ -87,6 +123,18 @@ int obd_config_diff_fixed(const struct obd_config *cur,
                           size_t len);
 
 /* Parses "host:port". */
+/* Writes world entry i as "host:port". */
+void obd_config_world_entry(const struct obd_config *cfg, int i, char *buf,
+                            size_t len);
+
+/* Compares this node's world with a peer's `n` entries (borrowed, as its
+ * Hello carries them) and writes the first difference into out ("rank 2
+ * is a:7000 here, b:7000 at the peer"). Returns 0 when the lists agree. */
+int obd_config_world_diff(const struct obd_config *cfg,
+                          const char *const *world, size_t n, char *out,
+                          size_t len);
+
+/* Parses "host:port" (decimal port 1..65535). */
 int obd_config_parse_addr(const char *text, struct obd_addr *out);
 
 #endif

@@ -1,4 +1,5 @@
 #include "ctl.h"
+#include "status.h"
 
 #include <obcomm.h>
 
@@ -478,8 +479,6 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         obd_ctl_complete(c, s->seq, rc, why);
 }
 
-static void handle_status(struct obd_client *c);
-
 static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)
 {
     Obcomm__ClientMsg *m = obcomm__client_msg__unpack(NULL, len, body);
@@ -501,7 +500,7 @@ static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)
         handle_submit(c, m->submit);
         break;
     case OBCOMM__CLIENT_MSG__BODY_STATUS:
-        handle_status(c);
+        obd_status_handle(c); /* ops: status.c */
         break;
     default:
         obd_ctl_drop(c, "sent an empty ClientMsg");
@@ -614,90 +613,4 @@ static void on_client_io(uv_poll_t *h, int status, int events)
         flush(c);
     if (!c->closing && (events & (UV_READABLE | UV_DISCONNECT)))
         read_client(c);
-}
-
-static void handle_status(struct obd_client *c)
-{
-    struct obd_daemon *d = c->d;
-    Obcomm__StatusReply r = OBCOMM__STATUS_REPLY__INIT;
-    Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
-    int nodes = d->cfg.nodes;
-
-    Obcomm__PeerStatus *ps = calloc((size_t)nodes, sizeof(*ps));
-    Obcomm__PeerStatus **pp = calloc((size_t)nodes, sizeof(*pp));
-    char(*addr)[OBD_HOST_MAX + 8] = calloc((size_t)nodes, sizeof(*addr));
-    Obcomm__JobStatus *js = calloc((size_t)d->njobs + 1, sizeof(*js));
-    Obcomm__JobStatus **jp = calloc((size_t)d->njobs + 1, sizeof(*jp));
-    char(*inflight)[128] = calloc((size_t)d->njobs + 1, sizeof(*inflight));
-    Obcomm__Metric ms[OBD_M_COUNT];
-    Obcomm__Metric *mp[OBD_M_COUNT];
-    if (!ps || !pp || !addr || !js || !jp || !inflight)
-        goto out;
-
-    r.version = (char *)"0.1.0";
-    r.cluster = d->cfg.cluster;
-    r.rank = (uint32_t)d->cfg.rank;
-    r.world_size = (uint32_t)nodes;
-    r.uptime_ms = obd_daemon_now(d) - d->start_ms;
-    r.pid = (uint32_t)getpid();
-    r.socket = d->cfg.socket;
-
-    for (int i = 0; i < nodes; i++) {
-        obcomm__peer_status__init(&ps[i]);
-        ps[i].rank = (uint32_t)i;
-        snprintf(addr[i], sizeof(addr[i]), "%s:%u", d->cfg.world[i].host,
-                 d->cfg.world[i].port);
-        ps[i].address = nodes > 1 ? addr[i] : (char *)"(one-node world)";
-        if (i == d->cfg.rank) {
-            ps[i].state = (char *)"self";
-        } else {
-            ps[i].state = (char *)obd_peer_state_name(d->peers[i].state);
-            ps[i].bytes_sent = d->peers[i].bytes_sent;
-            ps[i].bytes_received = d->peers[i].bytes_received;
-        }
-        pp[i] = &ps[i];
-    }
-    r.n_peers = (size_t)nodes;
-    r.peers = pp;
-
-    size_t nj = 0;
-    for (struct obd_job *j = d->jobs; j; j = j->next, nj++) {
-        obcomm__job_status__init(&js[nj]);
-        js[nj].name = j->name;
-        js[nj].local_size = (uint32_t)j->local_size;
-        js[nj].joined = (uint32_t)j->joined;
-        js[nj].next_seq = j->next_seq;
-        if (j->ops != NULL)
-            snprintf(inflight[nj], sizeof(inflight[nj]),
-                     "seq %llu kind %u: %s (%d of %d local submitted)",
-                     (unsigned long long)j->ops->seq, j->ops->desc.kind,
-                     j->ops->state == OBD_OP_RUN ? "running" : "collecting",
-                     j->ops->nsubmitted, j->local_size);
-        js[nj].op_in_flight = inflight[nj];
-        jp[nj] = &js[nj];
-    }
-    r.n_jobs = nj;
-    r.jobs = jp;
-
-    for (int i = 0; i < OBD_M_COUNT; i++) {
-        obcomm__metric__init(&ms[i]);
-        ms[i].name = (char *)obd_metric_descs[i].name;
-        ms[i].help = (char *)obd_metric_descs[i].help;
-        ms[i].kind = (char *)obd_metric_descs[i].kind;
-        ms[i].value = (double)d->metrics.v[i];
-        mp[i] = &ms[i];
-    }
-    r.n_metrics = OBD_M_COUNT;
-    r.metrics = mp;
-
-    msg.body_case = OBCOMM__DAEMON_MSG__BODY_STATUS;
-    msg.status = &r;
-    obd_ctl_send(c, &msg.base);
-out:
-    free(ps);
-    free(pp);
-    free(addr);
-    free(js);
-    free(jp);
-    free(inflight);
 }

@@ -14,6 +14,7 @@
 #include "efstore.h"
 #include "job.h"
 #include "peers.h"
+#include "stall.h"
 
 uint64_t obd_daemon_now(const struct obd_daemon *d)
 {
@@ -136,6 +137,28 @@ static void sd_notify_state(const char *state)
     close(fd);
 }
 
+/* ops: the watchdog period systemd asks for, in microseconds; 0 when
+ * there is none or it is meant for another process. */
+static uint64_t watchdog_usec(void)
+{
+    const char *usec = getenv("WATCHDOG_USEC");
+    const char *pid = getenv("WATCHDOG_PID");
+    if (usec == NULL || usec[0] == '\0')
+        return 0;
+    if (pid != NULL && pid[0] != '\0' &&
+        strtoll(pid, NULL, 10) != (long long)getpid())
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(usec, &end, 10);
+    return *end == '\0' ? (uint64_t)v : 0;
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    sd_notify_state("WATCHDOG=1");
+}
+
 int obd_daemon_start(struct obd_daemon *d)
 {
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
@@ -145,6 +168,8 @@ int obd_daemon_start(struct obd_daemon *d)
     int rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
+    if (rc == 0)
+        rc = obd_stall_start(d); /* ops */
     if (rc) {
         obd_daemon_close(d);
         return rc;
@@ -156,6 +181,14 @@ int obd_daemon_start(struct obd_daemon *d)
     snprintf(ready, sizeof(ready), "READY=1\nSTATUS=node %lld of %d",
              (long long)d->cfg.rank, d->cfg.nodes);
     sd_notify_state(ready);
+    /* ops: a loop that stops turning stops the pings, and systemd restarts
+     * the daemon; half the period leaves room for one late turn. */
+    uint64_t wd = watchdog_usec() / 2000;
+    if (wd > 0) {
+        uv_timer_init(&d->loop, &d->watchdog);
+        uv_timer_start(&d->watchdog, on_watchdog, wd, wd);
+        d->watchdog_on = 1;
+    }
     return 0;
 }
 
@@ -209,9 +242,12 @@ static void close_handles(struct obd_daemon *d)
         if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
             obd_log_error(&d->log, "saving error feedback: %s", why);
     }
+    obd_stall_close(d); /* ops */
     obd_ctl_close(d);
     obd_peers_close(d);
     obd_efstore_close(d);
+    if (d->watchdog_on) /* ops */
+        uv_close((uv_handle_t *)&d->watchdog, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);

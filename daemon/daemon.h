@@ -94,6 +94,7 @@ struct obd_hooks {
 
 /* Longest a shutdown waits for running ops to finish. */
 #define OBD_SHUTDOWN_GRACE_MS 5000
+struct obd_stall;
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -102,6 +103,10 @@ struct obd_daemon {
     uv_signal_t sigterm;
     uv_signal_t sigint;
     uv_signal_t sighup;
+    /* ops: systemd's watchdog (WatchdogSec=): WATCHDOG=1 from the loop. */
+    uv_timer_t watchdog;
+    int watchdog_on;
+    struct obd_stall *stall; /* ops: stall.c */
     uint64_t start_ms;
     /* Shutdown: 1 while running ops drain and the pool empties, 2 once
      * the handles are closing (daemon.c). */

@@ -206,6 +206,9 @@ static void account_done(struct obd_op *op)
     }
     if (op->status == 0 && op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT)
         obd_metric_add(&d->metrics, OBD_M_ONEBIT_LATENCY_US_SUM, us);
+    if (op->status == 0) /* latency histograms */
+        obd_metrics_observe(&d->metrics, op->desc.kind, op->desc.dtype,
+                            op->desc.count, us);
 }
 
 /* Marks the op DONE with its verdict; the ready queue does the rest. */
@@ -988,4 +991,14 @@ void obd_job_data_end(void *token, int from, const struct obd_frame *f,
         obd_coll_algo(op->desc.kind)->recv_done(op, from, f);
     op->refs--;
     obd_op_schedule(op);
+}
+
+/* ops: for obcommctl's `ops`, who an open op waits for, in the words of
+ * its timeout message. */
+void obd_job_op_waiting(const struct obd_op *op, char *buf, size_t len)
+{
+    if (op->state == OBD_OP_RUN && op->coll != NULL)
+        obd_coll_algo(op->desc.kind)->waiting_on(op, buf, len);
+    else
+        describe_missing(op, buf, len);
 }

@@ -101,6 +101,7 @@ struct obd_op {
     int tasks;     /* pool tasks in flight (among refs) */
     int linked;    /* in job->ops; unlinked once every trainer has its answer */
     int accounted; /* DONE was counted in the metrics */
+    int stall_warned; /* logged once by stall.c */
     struct obd_op *next;
 };
 
@@ -200,6 +201,10 @@ void obd_op_task_end(struct obd_op *op);
  * on failure nothing was sent and no reference taken. */
 int obd_op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
                 const void *payload, uint32_t len);
+
+/* Writes who open op `op` waits for ("rank 3 (node 1 local 1)", "node 2
+ * (ranks 4-5)") into buf; empty when nobody. */
+void obd_job_op_waiting(const struct obd_op *op, char *buf, size_t len);
 
 /* Global rank of a node's local trainer. */
 static inline int obd_job_rank(const struct obd_job *job, int node, int local)

@@ -3,6 +3,7 @@
 #ifndef OBD_METRICS_H
 #define OBD_METRICS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum obd_metric_id {
@@ -44,13 +45,69 @@ struct obd_metric_desc {
     const char *name;
     const char *help;
     const char *kind; /* "counter" or "gauge" */
+    /* The Prometheus name (without "obcomm_") and the divisor to its unit
+     * (1e6: microseconds to seconds), when the defaults do not fit: NULL
+     * means name + "_total" for a counter and name for a gauge; 0 means
+     * 1. A divisor, not a factor: 100 / 1e6 is exactly 0.0001, while
+     * 100 * 1e-6 is 9.999999999999999e-05. */
+    const char *prom;
+    double prom_div;
+};
+
+/* Latency histograms: one series per op kind and size class, with fixed
+ * bucket bounds in microseconds (the last bucket is +Inf). */
+#define OBD_HIST_BOUNDS 16
+enum obd_hist_kind {
+    OBD_HK_ALLREDUCE,
+    OBD_HK_ALLREDUCE_1BIT,
+    OBD_HK_BROADCAST,
+    OBD_HK_BARRIER,
+    OBD_HK_COUNT
+};
+/* Label values name the upper bound: "1MiB" is 64 KiB < bytes <= 1 MiB. */
+enum obd_size_class {
+    OBD_SC_64K,  /* up to 64 KiB of tensor */
+    OBD_SC_1M,   /* up to 1 MiB */
+    OBD_SC_16M,  /* up to 16 MiB */
+    OBD_SC_HUGE, /* more */
+    OBD_SC_COUNT
+};
+
+struct obd_hist {
+    uint64_t buckets[OBD_HIST_BOUNDS + 1]; /* not cumulative; last: +Inf */
+    uint64_t count;
+    uint64_t sum_us;
 };
 
 struct obd_metrics {
     uint64_t v[OBD_M_COUNT];
+    struct obd_hist latency[OBD_HK_COUNT][OBD_SC_COUNT];
 };
 
 extern const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT];
+
+/* The histogram's descriptor, bounds and label values. */
+extern const struct obd_metric_desc obd_hist_desc;
+extern const uint64_t obd_hist_bounds_us[OBD_HIST_BOUNDS];
+extern const char *const obd_hist_kind_names[OBD_HK_COUNT];
+extern const char *const obd_size_class_names[OBD_SC_COUNT];
+
+/* Records one completed op of Submit kind `kind` (proto/ops.h) over
+ * `count` elements of `dtype` that took `us` microseconds. Kinds without a
+ * histogram are ignored. */
+void obd_metrics_observe(struct obd_metrics *m, uint32_t kind, uint32_t dtype,
+                         uint64_t count, uint64_t us);
+
+/* Names an op kind of proto/ops.h ("allreduce", ...; "kind N" for others,
+ * written into buf). */
+const char *obd_metrics_op_name(uint32_t kind, char *buf, size_t len);
+
+/* Writes descriptor d's Prometheus name into buf and returns its
+ * divisor. */
+double obd_metrics_prom(const struct obd_metric_desc *d, char *buf, size_t len);
+
+/* Wall-clock milliseconds since the epoch, for "up since" times. */
+uint64_t obd_metrics_unix_ms(void);
 
 static inline void obd_metric_add(struct obd_metrics *m, enum obd_metric_id id,
                                   uint64_t n)

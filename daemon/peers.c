@@ -3,6 +3,8 @@
 #include <obcomm.h>
 
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +196,16 @@ static void send_hello(struct obd_link *l)
     h.rank = (uint32_t)d->cfg.rank;
     h.world_size = (uint32_t)d->cfg.nodes;
     h.world_fingerprint = d->cfg.fingerprint;
+    /* ops: the list itself, so that a peer that disagrees can name the
+     * first entry that differs. */
+    char text[OBD_MAX_NODES][OBD_HOST_MAX + 8];
+    char *world[OBD_MAX_NODES];
+    for (int i = 0; i < d->cfg.nodes; i++) {
+        obd_config_world_entry(&d->cfg, i, text[i], sizeof(text[i]));
+        world[i] = text[i];
+    }
+    h.n_world = (size_t)d->cfg.nodes;
+    h.world = world;
     msg.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
     msg.hello = &h;
     (void)link_send_ctrl(l, &msg.base);
@@ -208,7 +220,9 @@ static void refuse(struct obd_link *l, const char *reason)
     msg.refuse = &r;
     (void)link_send_ctrl(l, &msg.base);
     obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
-    obd_log_error(&l->d->log, "refusing a peer: %s", reason);
+    /* ops: a refused peer dials again every second or so: once a minute. */
+    obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "refusing a peer: %s",
+                    reason);
     link_close(l, reason);
 }
 
@@ -246,13 +260,16 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     }
     if (h->world_size != (uint32_t)d->cfg.nodes ||
         h->world_fingerprint != d->cfg.fingerprint) {
+        char diff[256];
+        obd_config_world_diff(&d->cfg, (const char *const *)h->world,
+                              h->n_world, diff, sizeof(diff));
         snprintf(why, sizeof(why),
                  "world of %d nodes with fingerprint %016llx here (rank "
                  "%lld), %u nodes with fingerprint %016llx at rank %u: the "
-                 "peers lists differ",
+                 "peers lists differ: %s",
                  d->cfg.nodes, (unsigned long long)d->cfg.fingerprint,
                  (long long)d->cfg.rank, h->world_size,
-                 (unsigned long long)h->world_fingerprint, h->rank);
+                 (unsigned long long)h->world_fingerprint, h->rank, diff);
         refuse(l, why);
         return;
     }
@@ -282,6 +299,7 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     p->link = l;
     p->state = OBD_PEER_UP;
     p->epoch++;
+    p->up_since_unix_ms = obd_metrics_unix_ms();
     p->backoff_ms = 0;
     l->state = L_UP;
     obd_metric_add(&d->metrics, OBD_M_LINKS_UP, 1);
@@ -325,10 +343,11 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         handle_hello(l, m->hello);
         break;
     case OBCOMM__PEER_MSG__BODY_REFUSE: {
-        char why[300];
+        char why[512];
         snprintf(why, sizeof(why), "refused by the peer: %s",
                  m->refuse->reason);
-        obd_log_error(&l->d->log, "node %d %s", l->peer, why);
+        obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "node %d %s", l->peer,
+                        why);
         link_close(l, why);
         break;
     }
@@ -531,6 +550,10 @@ static void link_close(struct obd_link *l, const char *why)
 
     if (l->peer >= 0) {
         struct obd_peer *p = &d->peers[l->peer];
+        if (!d->closing) {
+            snprintf(p->last_error, sizeof(p->last_error), "%s", why);
+            p->last_error_unix_ms = obd_metrics_unix_ms();
+        }
         if (p->link == l) {
             p->link = NULL;
             p->state = OBD_PEER_DOWN;
@@ -548,7 +571,8 @@ static void link_close(struct obd_link *l, const char *why)
         if (l->dialed && p->link == NULL && !d->closing)
             dial(p);
     } else if (!d->closing) {
-        obd_log_warn(&d->log, "unidentified connection closed: %s", why);
+        obd_log_limited(&d->log, OBD_LOG_WARN, 60000,
+                        "unidentified connection closed: %s", why);
     }
 }
 
@@ -615,6 +639,9 @@ static void on_retry(uv_timer_t *t)
     if (resolve(&d->cfg.world[p->rank], &sa) != 0) {
         obd_log_warn(&d->log, "cannot resolve node %d's host %s", p->rank,
                      d->cfg.world[p->rank].host);
+        snprintf(p->last_error, sizeof(p->last_error), "cannot resolve %s",
+                 d->cfg.world[p->rank].host);
+        p->last_error_unix_ms = obd_metrics_unix_ms();
         dial(p);
         return;
     }
@@ -727,4 +754,23 @@ void obd_peers_close(struct obd_daemon *d)
         d->listening = 0;
         uv_close((uv_handle_t *)&d->listener, NULL);
     }
+}
+
+/* ops: for obcommctl's `peers`. */
+void obd_peers_tcp_info(const struct obd_daemon *d, int rank, uint32_t *rtt_us,
+                        uint32_t *rttvar_us)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    uv_os_fd_t fd;
+    const struct obd_link *l = d->peers[rank].link;
+    *rtt_us = 0;
+    *rttvar_us = 0;
+    if (l == NULL || uv_fileno((const uv_handle_t *)&l->tcp, &fd) != 0)
+        return;
+    memset(&ti, 0, sizeof(ti));
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return;
+    *rtt_us = ti.tcpi_rtt;
+    *rttvar_us = ti.tcpi_rttvar;
 }

@@ -35,6 +35,11 @@ struct obd_peer {
     uint64_t bytes_sent;
     uint64_t bytes_received;
     uint32_t epoch; /* bumped on every new link */
+    /* For obcommctl (ops): when the link came up, and why the last link or
+     * attempt ended. */
+    uint64_t up_since_unix_ms;
+    char last_error[160];
+    uint64_t last_error_unix_ms;
 };
 
 int obd_peers_start(struct obd_daemon *d);
@@ -56,6 +61,11 @@ int obd_peers_send_ctrl(struct obd_daemon *d, int to,
 int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
                         const void *payload,
                         void (*done)(void *arg, int status), void *arg);
+
+/* The round-trip time and its variation of node `rank`'s link, from
+ * TCP_INFO; both 0 when the link is down. */
+void obd_peers_tcp_info(const struct obd_daemon *d, int rank, uint32_t *rtt_us,
+                        uint32_t *rttvar_us);
 
 /* Names a peer's state. */
 const char *obd_peer_state_name(enum obd_peer_state s);

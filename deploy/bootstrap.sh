@@ -7,6 +7,8 @@ packages=(
     build-essential meson ninja-build pkg-config
     libuv1-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev check
     zlib1g-dev clang-format iproute2 procps
+    libjson-c-dev python3
+    prometheus man-db groff-base  # promtool and man -l for the tests
 )
 # Extra packages a caller asks for (benchmarks, datasets): bootstrap.sh PKG...
 packages+=("$@")

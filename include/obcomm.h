@@ -5,7 +5,7 @@
  * the daemon maps (obcomm_alloc), so tensors are never copied through a
  * socket. All calls are blocking and a handle is used by one thread at a
  * time. Functions return 0 or a negative error code; obcomm_strerror()
- * explains every code.
+ * explains every code. How it works: man 7 obcomm; this API: man 3 obcomm.
  */
 #ifndef OBCOMM_H
 #define OBCOMM_H
@@ -86,14 +86,15 @@ OBCOMM_API int obcomm_free(obcomm_t *c, void *data);
  * the job issue the same collectives in the same order. */
 OBCOMM_API int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
                                 obcomm_dtype_t dtype, obcomm_op_t op);
-/* The 1-bit compressed allreduce (DESIGN.md section 2): the exact average
- * of the node's trainers, then 1 bit per element plus a scale among the
- * nodes, with error feedback on the worker and the server side. The result
- * is the (compressed) average, identical on every rank. The error feedback
- * lives in the daemons, one state per (job, key), created at zero on first
- * use; a key keeps its count until reset. With one node the result is the
- * exact average and no state is kept. NaN or Inf fails the op with
- * OBCOMM_E_NONFINITE and leaves the state as it was on this node. */
+/* The 1-bit compressed allreduce (man 7 obcomm, THE COMPRESSED ALLREDUCE):
+ * the exact average of the node's trainers, then 1 bit per element plus a
+ * scale among the nodes, with error feedback on the worker and the server
+ * side. The result is the (compressed) average, identical on every rank.
+ * The error feedback lives in the daemons, one state per (job, key),
+ * created at zero on first use; a key keeps its count until reset. With
+ * one node the result is the exact average and no state is kept. NaN or
+ * Inf fails the op with OBCOMM_E_NONFINITE and leaves the state as it was
+ * on this node. */
 OBCOMM_API int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data,
                                      size_t count);
 /* Collective: forgets the error feedback of `key` on every node (and its
@@ -114,7 +115,7 @@ OBCOMM_API int obcomm_barrier(obcomm_t *c);
 OBCOMM_API const char *obcomm_last_error(const obcomm_t *c);
 OBCOMM_API const char *obcomm_strerror(int err);
 
-/* 1-bit Adam (DESIGN.md section 1). Warm-up (step < freeze_step): the
+/* 1-bit Adam (man 7 obcomm, 1-BIT ADAM). Warm-up (step < freeze_step): the
  * gradients are averaged in full precision, then Adam. From freeze_step on
  * the variance is frozen, each rank updates its momentum with its own
  * gradient, the momentum is averaged with obcomm_allreduce_1bit(key), and

@@ -1,6 +1,7 @@
 /* The option table: defaults, bounds, the file format, flags over the file,
  * and the derived world. */
 #include <check.h>
+#include <sched.h>
 
 #include "ck_run.h"
 #include <stdio.h>
@@ -35,12 +36,12 @@ START_TEST(bounds_and_types_are_enforced)
     ck_assert_ptr_nonnull(strstr(err, "out of range [10, 3600000]"));
     ck_assert_int_eq(obd_config_set(&c, "timeout_ms", "12x", err, sizeof(err)),
                      -1);
-    ck_assert_ptr_nonnull(strstr(err, "not an integer"));
+    ck_assert_ptr_nonnull(strstr(err, "not a decimal integer"));
     ck_assert_int_eq(obd_config_set(&c, "nonsense", "1", err, sizeof(err)), -1);
     ck_assert_ptr_nonnull(strstr(err, "unknown option 'nonsense'"));
     ck_assert_int_eq(
-        obd_config_set(&c, "segment_bytes", "0x10000", err, sizeof(err)), 0);
-    ck_assert_int_eq(c.segment_bytes, 65536);
+        obd_config_set(&c, "segment_bytes", "0x10000", err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "'0x10000' is not a decimal integer"));
     char longname[200];
     memset(longname, 'a', sizeof(longname) - 1);
     longname[sizeof(longname) - 1] = '\0';
@@ -124,6 +125,300 @@ START_TEST(bad_worlds_are_refused)
 }
 END_TEST
 
+/* Integers are decimal (a leading zero is not octal); options in
+ * milliseconds take ms and s, options in seconds take s, others none. */
+START_TEST(integers_are_decimal_with_unit_suffixes)
+{
+    struct obd_config c;
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_set(&c, "timeout_ms", "0100", err, sizeof(err)),
+                     0);
+    ck_assert_int_eq(c.timeout_ms, 100);
+    ck_assert_int_eq(
+        obd_config_set(&c, "timeout_ms", "250ms", err, sizeof(err)), 0);
+    ck_assert_int_eq(c.timeout_ms, 250);
+    ck_assert_int_eq(obd_config_set(&c, "timeout_ms", "2s", err, sizeof(err)),
+                     0);
+    ck_assert_int_eq(c.timeout_ms, 2000);
+    ck_assert_int_eq(
+        obd_config_set(&c, "timeout_ms", "3601s", err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "3601s is out of range [10, 3600000]"));
+    ck_assert_int_eq(obd_config_set(&c, "keepalive_s", "30s", err, sizeof(err)),
+                     0);
+    ck_assert_int_eq(c.keepalive_s, 30);
+    ck_assert_int_eq(
+        obd_config_set(&c, "keepalive_s", "30ms", err, sizeof(err)), -1);
+    ck_assert_int_eq(
+        obd_config_set(&c, "segment_bytes", "65536s", err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_set(&c, "max_jobs", "1e3", err, sizeof(err)),
+                     -1);
+    ck_assert_int_eq(obd_config_set(&c, "max_jobs", "", err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_set(&c, "max_jobs", "99999999999999999999", err,
+                                    sizeof(err)),
+                     -1);
+    ck_assert_ptr_nonnull(strstr(err, "out of range"));
+    ck_assert_int_eq(obd_config_set(&c, "rank", "-1", err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_set(&c, "rank", "auto", err, sizeof(err)), 0);
+    ck_assert_int_eq(c.rank, -1);
+    ck_assert_int_eq(c.max_jobs, 16); /* untouched by the failures */
+}
+END_TEST
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(files_are_checked_and_errors_name_file_and_line)
+{
+    char dir[] = "/tmp/obcomm-cfgdir-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof(path), "%s/obcommd.conf", dir);
+    struct obd_config c;
+
+    /* A directory (or a FIFO, a device) is not a config file. */
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_load(&c, dir, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
+
+    /* A key given twice is an error naming both lines. */
+    write_file(path, "timeout_ms = 100\n# x\ntimeout_ms = 200\n");
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(
+        strstr(err, ":3: timeout_ms is already set at line 1"));
+
+    /* Cross-option errors found later still name the line. */
+    write_file(path, "cluster = x\n\npeers = a:1, b:2\nrank = 2\n");
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    char want[256];
+    snprintf(want, sizeof(want),
+             "%s:4: rank: 2 but peers lists only 2 nodes (0..1)", path);
+    ck_assert_str_eq(err, want);
+    write_file(path, "peers = a:1, b:x\n");
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    snprintf(want, sizeof(want), "%s:1: peers: 'b:x' is not host:port", path);
+    ck_assert_str_eq(err, want);
+
+    /* A flag given twice, and a second -c, are refused; a flag that sets
+     * a key the file set overrides it. */
+    write_file(path, "timeout_ms = 100\n");
+    int check = 0, help = 0;
+    char *argv1[] = {"obcommd", "--rank", "1", "--rank=0", NULL};
+    obd_config_defaults(&c);
+    ck_assert_int_eq(
+        obd_config_parse_args(&c, 4, argv1, &check, &help, err, sizeof(err)),
+        -1);
+    ck_assert_str_eq(err, "--rank given twice");
+    char *argv2[] = {"obcommd", "-c", path, "-c", path, NULL};
+    obd_config_defaults(&c);
+    ck_assert_int_eq(
+        obd_config_parse_args(&c, 5, argv2, &check, &help, err, sizeof(err)),
+        -1);
+    char *argv3[] = {"obcommd", "-c", path, "--timeout-ms", "7s", NULL};
+    obd_config_defaults(&c);
+    ck_assert_int_eq(
+        obd_config_parse_args(&c, 5, argv3, &check, &help, err, sizeof(err)),
+        0);
+    ck_assert_int_eq(c.timeout_ms, 7000);
+
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* 256 nodes with 60-character host names: far past the old 4095-byte
+ * line, through both the peers line and peers_file. */
+START_TEST(long_worlds_fit_in_a_line_and_in_peers_file)
+{
+    enum { N = 256 };
+    size_t cap = 80 * N + 64;
+    char *line = malloc(cap), *file = malloc(cap + 4096);
+    ck_assert_ptr_nonnull(line);
+    ck_assert_ptr_nonnull(file);
+    size_t lo = 0, fo = 0;
+    lo += (size_t)snprintf(line + lo, cap - lo, "peers = ");
+    fo += (size_t)snprintf(file + fo, cap + 4096 - fo, "# the world\n\n");
+    for (int i = 0; i < N; i++) {
+        char host[80];
+        snprintf(host, sizeof(host),
+                 "node-%03d.rack-%02d.cluster.example.invalid.xxxxxxxxxxxxxx",
+                 i, i / 16);
+        lo += (size_t)snprintf(line + lo, cap - lo, "%s%s:7000", i ? ", " : "",
+                               host);
+        fo += (size_t)snprintf(file + fo, cap + 4096 - fo,
+                               "%s:7000   # rank %d\n", host, i);
+    }
+    ck_assert_uint_gt(lo, 4096 * 3);
+
+    char path[] = "/tmp/obcomm-peers-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    char conf[] = "/tmp/obcomm-conf-XXXXXX";
+    fd = mkstemp(conf);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+
+    struct obd_config c;
+    write_file(conf, line);
+    obd_config_defaults(&c);
+    ck_assert_int_eq(obd_config_load(&c, conf, err, sizeof(err)), 0);
+    obd_config_set(&c, "rank", "255", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.nodes, N);
+    ck_assert_str_eq(c.world[255].host,
+                     "node-255.rack-15.cluster.example.invalid.xxxxxxxxxxxxxx");
+    uint64_t fp = c.fingerprint;
+
+    write_file(path, file);
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers_file", path, err, sizeof(err));
+    obd_config_set(&c, "rank", "255", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.nodes, N);
+    ck_assert_int_eq(c.listen_addr.port, 7000);
+    ck_assert_uint_eq(c.fingerprint, fp); /* the same world */
+
+    /* A bad line names peers_file's line; peers and peers_file exclude
+     * each other. */
+    write_file(path, "a:1\n# c\nb:2:x\n");
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers_file", path, err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, ":3: 'b:2:x' is not host:port"));
+    obd_config_set(&c, "peers", "a:1", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "set together with peers"));
+    unlink(path);
+    unlink(conf);
+    free(line);
+    free(file);
+}
+END_TEST
+
+/* obd_config_resolve: loopback names and documentation addresses (TEST-NET-2,
+ * -3) only, which resolve from /etc/hosts or numerically without a network. */
+START_TEST(resolve_finds_the_rank_and_refuses_two_spellings)
+{
+    struct obd_config c;
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "127.0.0.1:7000,localhost:7000", err,
+                   sizeof(err));
+    obd_config_set(&c, "rank", "0", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(
+        strstr(err, "ranks 0 (127.0.0.1:7000) and 1 (localhost:7000) are the "
+                    "same node"));
+
+    /* Different ports on one machine are different daemons. */
+    obd_config_set(&c, "peers", "127.0.0.1:7000,localhost:7001", err,
+                   sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), 0);
+
+    /* rank auto: the one local entry. */
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers",
+                   "198.51.100.1:7000,127.0.0.1:7000,203.0.113.1:7000", err,
+                   sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.rank, -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.rank, 1);
+    ck_assert_int_eq(c.listen_addr.port, 7000);
+
+    /* Two local entries: ambiguous, unless listen names the port. */
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "127.0.0.1:7000,127.0.0.1:7001", err,
+                   sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "both addresses of this machine"));
+    obd_config_set(&c, "listen", "127.0.0.1:7001", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(c.rank, 1);
+
+    /* No local entry at all. */
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "198.51.100.1:7000,203.0.113.1:7000", err,
+                   sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(strstr(err, "no entry of peers is an address"));
+
+    /* threads 0 becomes the number of usable cores. */
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    ck_assert_int_eq(c.threads, CPU_COUNT(&set));
+}
+END_TEST
+
+START_TEST(check_config_is_strict)
+{
+    struct obd_config c;
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "127.0.0.1:7000,no-such-host.invalid:7000", err,
+                   sizeof(err));
+    obd_config_set(&c, "rank", "0", err, sizeof(err));
+    obd_config_set(&c, "socket", "/tmp/x.sock", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    /* At start an unresolvable peer is retried later; the check fails. */
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(
+        strstr(err, "rank 1's host no-such-host.invalid does not resolve"));
+
+    obd_config_defaults(&c);
+    obd_config_set(&c, "socket", "/nonexistent-dir/obcommd.sock", err,
+                   sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_str_eq(err, "socket: directory /nonexistent-dir: No such file "
+                          "or directory");
+    obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
+    obd_config_set(&c, "state_dir", "/etc/hostname", err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_str_eq(err, "state_dir: /etc/hostname is not a directory");
+    obd_config_set(&c, "state_dir", "/tmp", err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+}
+END_TEST
+
+START_TEST(world_diff_names_the_first_entry_that_differs)
+{
+    struct obd_config c;
+    obd_config_defaults(&c);
+    obd_config_set(&c, "peers", "a:1,b:2,c:3", err, sizeof(err));
+    obd_config_set(&c, "rank", "0", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    char out[256];
+    const char *same[] = {"a:1", "b:2", "c:3"};
+    ck_assert_int_eq(obd_config_world_diff(&c, same, 3, out, sizeof(out)), 0);
+    const char *other[] = {"a:1", "b:20", "c:3"};
+    ck_assert_int_eq(obd_config_world_diff(&c, other, 3, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "rank 1 is b:2 here, b:20 at the peer");
+    ck_assert_int_eq(obd_config_world_diff(&c, same, 2, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "3 nodes here, 2 at the peer: rank 2 (c:3) is "
+                          "missing at the peer");
+    const char *longer[] = {"a:1", "b:2", "c:3", "d:4"};
+    ck_assert_int_eq(obd_config_world_diff(&c, longer, 4, out, sizeof(out)), 1);
+    ck_assert_str_eq(out, "3 nodes here, 4 at the peer: rank 3 (d:4) is "
+                          "missing here");
+    ck_assert_int_eq(obd_config_world_diff(&c, NULL, 0, out, sizeof(out)), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -132,6 +427,12 @@ int main(void)
     tcase_add_test(tc, bounds_and_types_are_enforced);
     tcase_add_test(tc, file_then_flags_override);
     tcase_add_test(tc, bad_worlds_are_refused);
+    tcase_add_test(tc, integers_are_decimal_with_unit_suffixes);
+    tcase_add_test(tc, files_are_checked_and_errors_name_file_and_line);
+    tcase_add_test(tc, long_worlds_fit_in_a_line_and_in_peers_file);
+    tcase_add_test(tc, resolve_finds_the_rank_and_refuses_two_spellings);
+    tcase_add_test(tc, check_config_is_strict);
+    tcase_add_test(tc, world_diff_names_the_first_entry_that_differs);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

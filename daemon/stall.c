@@ -1,0 +1,92 @@
+#include "stall.h"
+
+#include <obcomm.h>
+
+#include <stdlib.h>
+
+#include "daemon.h"
+#include "job.h"
+#include "metrics.h"
+#include "reduce.h"
+
+struct obd_stall {
+    uv_timer_t timer;
+    struct obd_daemon *d;
+};
+
+int obd_stall_scan(struct obd_daemon *d, uint64_t now_ms)
+{
+    uint64_t limit = (uint64_t)d->cfg.stall_warn_ms;
+    int logged = 0;
+    if (limit == 0)
+        return 0;
+    for (struct obd_job *j = d->jobs; j; j = j->next) {
+        for (struct obd_op *o = j->ops; o; o = o->next) {
+            uint64_t age = now_ms - o->created_ns / 1000000;
+            if (o->state == OBD_OP_DONE || o->stall_warned || age < limit)
+                continue;
+            /* Before every node agreed, desc is not set yet: name what a
+             * local trainer asked for. */
+            const struct obd_opdesc *desc = &o->desc;
+            if (o->state == OBD_OP_COLLECT)
+                for (int i = 0; i < j->local_size; i++)
+                    if (o->submitted[i]) {
+                        desc = &o->sub[i];
+                        break;
+                    }
+            char name[32], who[320];
+            obd_job_op_waiting(o, who, sizeof(who));
+            obd_log_warn(
+                &d->log,
+                "op %llu of job %s (%s, count %llu, key %llu, "
+                "fingerprint %016llx) has waited %llu ms, %s: %s",
+                (unsigned long long)o->seq, j->name,
+                obd_metrics_op_name(desc->kind, name, sizeof(name)),
+                (unsigned long long)desc->count, (unsigned long long)desc->key,
+                (unsigned long long)o->fingerprint, (unsigned long long)age,
+                o->state == OBD_OP_RUN ? "running" : "collecting",
+                who[0] ? who : "nobody missing");
+            o->stall_warned = 1;
+            logged++;
+        }
+    }
+    return logged;
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct obd_stall *s = container_of(t, struct obd_stall, timer);
+    /* The ops' created_ns is uv_hrtime(); compare on the same clock. */
+    obd_stall_scan(s->d, uv_hrtime() / 1000000);
+}
+
+int obd_stall_start(struct obd_daemon *d)
+{
+    uint64_t limit = (uint64_t)d->cfg.stall_warn_ms;
+    if (limit == 0)
+        return 0;
+    struct obd_stall *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return OBCOMM_E_NOMEM;
+    s->d = d;
+    /* A quarter of the limit: an op is logged at most 25% late. */
+    uint64_t period = limit / 4;
+    period = period < 50 ? 50 : period > 5000 ? 5000 : period;
+    uv_timer_init(&d->loop, &s->timer);
+    uv_timer_start(&s->timer, on_tick, period, period);
+    d->stall = s;
+    return 0;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    free(container_of((uv_timer_t *)h, struct obd_stall, timer));
+}
+
+void obd_stall_close(struct obd_daemon *d)
+{
+    if (d->stall == NULL)
+        return;
+    uv_close((uv_handle_t *)&d->stall->timer, on_closed);
+    d->stall = NULL;
+}
