@@ -776,7 +776,12 @@ static void on_announce(struct obd_daemon *d, int from,
     if (op == NULL || op->state == OBD_OP_DONE)
         return;
     if (a.status != 0) {
-        obd_op_fail(op, a.status, 0, "%s", a.message);
+        /* Echoed to every node: one that announced this op before it
+         * heard of the failure may have reached a node whose trainers had
+         * already gone, and created the op there; the echo, behind that
+         * announce on the same link, ends it instead of its deadline
+         * (where a restarted job of the same name would meet it). */
+        obd_op_fail(op, a.status, 1, "%s", a.message);
         return;
     }
     if (op->ann[from].have)
