@@ -33,6 +33,22 @@ struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id)
     return NULL;
 }
 
+/* Takes the job out of the daemon's list: no trainer, announce or frame
+ * finds it any more. It is freed by its own turn (job_run) once it has no
+ * ops. */
+static void job_detach(struct obd_job *job)
+{
+    struct obd_daemon *d = job->d;
+    for (struct obd_job **pp = &d->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == job) {
+            *pp = job->next;
+            break;
+        }
+    job->next = NULL;
+    job->detached = 1;
+    d->njobs--;
+}
+
 static struct obd_job *job_create(struct obd_daemon *d, const char *name,
                                   char *why, size_t whylen)
 {
@@ -81,6 +97,15 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
         return OBCOMM_E_INVAL;
     }
     struct obd_job *job = obd_job_find(d, name);
+    if (job != NULL && job->joined == 0 &&
+        (job->next_seq > 0 || job->gone[0] != '\0')) {
+        /* What is left of an earlier run of this job (ops still failing
+         * out, a rank gone): the trainer starts a new run, which must not
+         * meet the old one's ops. The old job goes when its ops do. */
+        job_detach(job);
+        obd_runq_post(&d->runq, &job->ready);
+        job = NULL;
+    }
     if (job == NULL && (job = job_create(d, name, why, whylen)) == NULL)
         return OBCOMM_E_NOMEM;
 
@@ -306,17 +331,13 @@ static void op_run(struct obd_ready *r)
 static void job_run(struct obd_ready *r)
 {
     struct obd_job *job = container_of(r, struct obd_job, ready);
-    struct obd_daemon *d = job->d;
     job_advance_seq(job);
     job_start_next(job);
     if (job->joined > 0 || job->live > 0)
         return;
-    for (struct obd_job **pp = &d->jobs; *pp; pp = &(*pp)->next)
-        if (*pp == job) {
-            *pp = job->next;
-            break;
-        }
-    d->njobs--;
+    if (!job->detached)
+        job_detach(job);
+    obd_runq_cancel(&job->d->runq, &job->ready);
     free(job);
 }
 

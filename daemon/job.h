@@ -117,6 +117,7 @@ struct obd_job {
     uint64_t next_seq;  /* ops below it have completed */
     struct obd_op *ops; /* linked ops, ascending seq */
     int live;           /* ops that exist, linked or not */
+    int detached;       /* out of d->jobs: an earlier run being wound up */
     struct obd_ready ready;
     /* Once a rank of the job is gone (a local trainer left while others
      * stay, or another node said its trainers left), ops from gone_seq on
