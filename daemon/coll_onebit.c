@@ -53,6 +53,21 @@ enum srv_seg { SV_INPUTS, SV_SUMMING, SV_SUMMED, SV_PACKING, SV_PACKED };
 /* A segment of one chunk's result. */
 enum res_seg { RS_WAIT, RS_IN, RS_DECODING, RS_DONE };
 
+/* Spans of the op's steps for the timeline (trace.h): first and last
+ * moment of each, 0 while it has not begun. */
+enum span {
+    SP_NORM,
+    SP_COMPRESS,
+    SP_PS_SEND,
+    SP_SERVER,
+    SP_ALLGATHER,
+    SP_DECODE,
+    SP_COUNT
+};
+static const char *const span_names[SP_COUNT] = {
+    "local reduce + norm", "compress",  "parameter-server send",
+    "server step",         "allgather", "decompress"};
+
 struct onebit {
     struct obd_daemon *d;
     struct obd_ef *ef;
@@ -88,7 +103,32 @@ struct onebit {
     int ag_send_step, ag_recv_step;
     size_t ag_send_x, ag_recv_x; /* 0 = scale frame, 1..nseg bits */
     int tasks;                   /* tasks in flight */
+    uint64_t span[SP_COUNT][2];
 };
+
+static void mark(struct onebit *ob, enum span s, uint64_t when)
+{
+    if (ob->span[s][0] == 0 || when < ob->span[s][0])
+        ob->span[s][0] = when;
+    if (when > ob->span[s][1])
+        ob->span[s][1] = when;
+}
+
+static enum span span_of(enum obd_onebit_pass pass)
+{
+    switch (pass) {
+    case OBD_ONEBIT_NORM:
+        return SP_NORM;
+    case OBD_ONEBIT_SIGNS:
+        return SP_COMPRESS;
+    case OBD_ONEBIT_SRV_NORM:
+    case OBD_ONEBIT_SRV_SIGNS:
+        return SP_SERVER;
+    case OBD_ONEBIT_DECODE:
+        break;
+    }
+    return SP_DECODE;
+}
 
 struct task {
     uv_work_t req;
@@ -97,6 +137,7 @@ struct task {
     struct obd_onebit_task t;
     int chunk; /* SIGNS, DECODE */
     size_t seg;
+    uint64_t begin_ns, end_ns; /* on the worker thread, for the timeline */
 };
 
 static size_t seg_elems(const struct onebit *ob, size_t j)
@@ -110,7 +151,9 @@ static size_t seg_elems(const struct onebit *ob, size_t j)
 static void run_task(uv_work_t *req)
 {
     struct task *t = container_of(req, struct task, req);
+    t->begin_ns = uv_hrtime();
     obd_onebit_task_run(&t->ob->ctx, &t->t);
+    t->end_ns = uv_hrtime();
 }
 
 /* Records what the task did; step() acts on it on the op's next turn. */
@@ -121,6 +164,17 @@ static void task_done(uv_work_t *req, int status)
     struct onebit *ob = t->ob;
     (void)status;
     ob->tasks--;
+    mark(ob, span_of(t->t.pass), t->begin_ns);
+    mark(ob, span_of(t->t.pass), t->end_ns);
+    if (ob->d->trace.f != NULL) {
+        static const char *const pass_names[] = {"norm", "signs", "server norm",
+                                                 "server signs", "decode"};
+        char args[96];
+        snprintf(args, sizeof(args), "\"seq\":%llu,\"begin\":%zu,\"end\":%zu",
+                 (unsigned long long)op->seq, t->t.begin, t->t.end);
+        obd_trace_span(ob->d, pass_names[t->t.pass], "codec", OBD_TRACE_POOL,
+                       t->begin_ns, t->end_ns, args);
+    }
     switch (t->t.pass) {
     case OBD_ONEBIT_NORM:
         ob->norm_left--;
@@ -184,6 +238,7 @@ static int send_frame(struct obd_op *op, int to, uint32_t step, size_t x,
 {
     struct onebit *ob = op->coll;
     int rc = obd_op_send(op, to, step, (uint32_t)x, payload, (uint32_t)len);
+    mark(ob, step == 0 ? SP_PS_SEND : SP_ALLGATHER, uv_hrtime());
     if (rc) {
         char msg[96];
         snprintf(msg, sizeof(msg), "cannot send to node %d", to);
@@ -483,6 +538,7 @@ static void onebit_recv_done(struct obd_op *op, int from,
     }
     int s = (int)f->step - 1;
     int chunk = obd_ring_mod(ob->r - s - 1, ob->n);
+    mark(ob, SP_ALLGATHER, uv_hrtime());
     if (ob->ag_recv_x == 0)
         ob->have_sscale[chunk] = 1;
     else
@@ -531,6 +587,11 @@ static int onebit_needs_node(const struct obd_op *op, int k)
 static void onebit_free(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
+    int tid = (int)(op->job->id % OBD_TRACE_POOL);
+    for (int s = 0; s < SP_COUNT; s++)
+        if (ob->span[s][0] != 0)
+            obd_trace_span(ob->d, span_names[s], "1-bit", tid, ob->span[s][0],
+                           ob->span[s][1], NULL);
     obd_daemon_scratch_put(ob->d, ob->b, ob->b_cap);
     free(ob->ctx.wsums);
     free(ob->ctx.ssums);

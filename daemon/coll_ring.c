@@ -209,10 +209,14 @@ static int ring_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES,
                    c->count * obd_dtype_size(dt));
 
-    if (!c->zero_copy)
+    if (!c->zero_copy) {
+        uint64_t t0 = uv_hrtime();
         obd_reduce_load(dt, (obcomm_op_t)op->desc.redop, c->acc,
                         (const void *const *)op->data, job->local_size,
                         c->count);
+        obd_trace_span(d, "local reduce", "ring",
+                       (int)(job->id % OBD_TRACE_POOL), t0, uv_hrtime(), NULL);
+    }
     if (c->n == 1) {
         ring_finish(op);
         return 0;

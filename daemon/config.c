@@ -93,6 +93,9 @@ static const struct row rows[] = {
             "and who has not arrived (a stall inspector, as Horovod's); 0: "
             "never."),
     STR_ROW(log_level, "info", "error, warn, info or debug."),
+    STR_ROW(trace_file, "",
+            "File for a timeline of every op's phases on this node (Chrome "
+            "trace events: open it in ui.perfetto.dev). Empty: none."),
     STR_ROW(state_dir, "",
             "Directory for snapshots of 1-bit error feedback, written on "
             "request and at shutdown, restored at start. Empty: none."),

@@ -43,6 +43,7 @@ struct obd_config {
     int64_t stall_warn_ms;
     char log_level[8];
     char state_dir[4096];
+    char trace_file[4096];
     int64_t ef_max_bytes;
     int64_t ef_idle_ms;
 

@@ -164,6 +164,12 @@ int obd_daemon_start(struct obd_daemon *d)
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sighup, on_sighup, SIGHUP);
+    char why[512];
+    if (obd_trace_open(d, why, sizeof(why)) != 0) {
+        obd_log_error(&d->log, "%s", why);
+        obd_daemon_close(d);
+        return OBCOMM_E_IO;
+    }
     obd_efstore_restore(d);
     int rc = obd_peers_start(d);
     if (rc == 0)
@@ -251,6 +257,7 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
+    obd_trace_close(d);
 }
 
 /* Polls the drain: running ops may finish until the grace ends, after

@@ -33,6 +33,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "runq.h"
+#include "trace.h"
 
 #define container_of(ptr, type, member) \
     ((type *)((char *)(ptr)-offsetof(type, member)))
@@ -119,6 +120,7 @@ struct obd_daemon {
 
     struct obd_hooks hooks;
     struct obd_runq runq;
+    struct obd_trace trace; /* trace_file's timeline (trace.c) */
     /* Posted whenever an op starts or ends: links parked on a frame of an
      * op that had not started look at it again (peers.c owns it). */
     struct obd_ready *ops_changed;

@@ -214,13 +214,36 @@ static void job_advance_seq(struct obd_job *job)
     job->next_seq = next;
 }
 
+/* The timeline: matching (first submit or announce to the verdict) and
+ * the run, on the job's track. */
+static void trace_op(const struct obd_op *op)
+{
+    struct obd_daemon *d = op->job->d;
+    if (d->trace.f == NULL)
+        return;
+    const struct obd_algo *algo = obd_coll_algo(op->desc.kind);
+    char args[256];
+    snprintf(args, sizeof(args),
+             "\"job\":\"%s\",\"seq\":%llu,\"count\":%llu,\"status\":%d",
+             op->job->name, (unsigned long long)op->seq,
+             (unsigned long long)op->desc.count, op->status);
+    uint64_t matched = op->start_ns ? op->start_ns : op->done_ns;
+    int tid = (int)(op->job->id % OBD_TRACE_POOL);
+    obd_trace_span(d, "matching", "op", tid, op->created_ns, matched, args);
+    if (op->start_ns)
+        obd_trace_span(d, algo ? algo->name : "op", "op", tid, op->start_ns,
+                       op->done_ns, args);
+}
+
 static void account_done(struct obd_op *op)
 {
     struct obd_daemon *d = op->job->d;
     if (op->accounted)
         return;
     op->accounted = 1;
-    uint64_t us = (uv_hrtime() - op->created_ns) / 1000;
+    op->done_ns = uv_hrtime();
+    uint64_t us = (op->done_ns - op->created_ns) / 1000;
+    trace_op(op);
     obd_metric_add(&d->metrics, OBD_M_OP_LATENCY_US_SUM, us);
     obd_metric_max(&d->metrics, OBD_M_OP_LATENCY_US_MAX, us);
     obd_metric_add(&d->metrics,
@@ -262,13 +285,18 @@ static void op_answer(struct obd_op *op)
     struct obd_daemon *d = job->d;
     if (op->state != OBD_OP_DONE || op->tasks > 0)
         return;
+    int answered = 0;
     for (int i = 0; i < job->local_size; i++)
         if (op->submitted[i] && !op->answered[i]) {
             op->answered[i] = 1;
+            answered++;
             if (job->trainer[i] != NULL)
                 d->hooks.answer(job->trainer[i], op->seq, op->status,
                                 op->message);
         }
+    if (answered > 0)
+        obd_trace_span(d, "completion", "op", (int)(job->id % OBD_TRACE_POOL),
+                       op->done_ns, uv_hrtime(), NULL);
 }
 
 /* An op leaves the job's list once every local trainer still joined has
@@ -709,6 +737,7 @@ static void job_start_next(struct obd_job *job)
         if (algo->can_start != NULL && !algo->can_start(o))
             return;
         o->state = OBD_OP_RUN;
+        o->start_ns = uv_hrtime();
         algo->start(o);
         if (d->ops_changed != NULL)
             obd_runq_post(&d->runq, d->ops_changed);

@@ -72,6 +72,8 @@ struct obd_op {
     enum obd_op_state state;
     struct obd_ready ready; /* in the daemon's ready queue */
     uint64_t created_ns;    /* uv_hrtime() at creation */
+    uint64_t start_ns;      /* ... when it started running (0: never) */
+    uint64_t done_ns;       /* ... when it became DONE */
 
     /* Local trainers' submissions. */
     int nsubmitted;
