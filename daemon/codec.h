@@ -63,6 +63,94 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
     return (elems + 7) / 8;
 }
 
+/* ---- Lazy error feedback: the single-pass codec ---------------------
+ *
+ * The eager functions below keep the error e itself, which the worker can
+ * only update after the scale is known, i.e. in a second pass. The lazy
+ * functions keep instead what the last step had before its scale was
+ * applied, and form that step's error on the fly in the next pass:
+ *
+ *   mode ZERO      e_i = 0.0f           (no step taken yet; v unused)
+ *   mode EAGER     e_i = v_i            (v holds an error itself, e.g. one
+ *                                        restored from a snapshot of e)
+ *   mode DEFERRED  e_i = v_i - scale    if v_i >= 0.0f
+ *                  e_i = v_i + scale    otherwise (v_i < 0.0f)
+ *
+ * where v is the b (worker) or m (server) of the last step and scale its
+ * scale (sscale). DEFERRED reproduces, bit for bit, the fp32 operation the
+ * eager functions perform at the end of a step (e_i = b_i -+ scale), only
+ * one step later; so a sequence of lazy steps produces exactly the bits,
+ * scales and errors of the same sequence of eager steps, and the error of
+ * a lazy state (obd_codec_impl.lazy_error) equals the eager e byte for
+ * byte. Every element of v is finite in a state a step committed.
+ *
+ * One step, worker (the same arithmetic as obd_codec_compress_avg, and so
+ * with nsrc == 1 as obd_codec_compress):
+ *   a_i = src_0[i] + ... + src_nsrc-1[i] left to right, / (float)nsrc
+ *         (fp32; a_i = src_0[i] unchanged when nsrc == 1, 0.0f for i >=
+ *         count, see the file comment)
+ *   b_i = a_i + e_i      (fp32, e_i from the previous state as above;
+ *                         with mode ZERO this is a_i + 0.0f, which turns
+ *                         -0.0f into +0.0f exactly as the eager code does
+ *                         with a zeroed e)
+ *   signs of b into packed bits, sum of squares of b per block (block and
+ *   lane order of sumsq_block), b stored as the next state's v;
+ *   scale = obd_codec_scale over the block sums; the next state is
+ *   {DEFERRED, scale, v = b}.
+ * One step, server (the arithmetic of obd_codec_server):
+ *   m_i = (+-scale_0 + ... + +-scale_n-1, left to right) / (float)n + e_i
+ *   then signs, block sums and the next state {DEFERRED, sscale, v = m}.
+ *
+ * Each tensor element is read once (sources, previous v) and written
+ * once (next v) per step, in one pass; the signs and block sums come out
+ * of that pass, the scale right after it.
+ *
+ * State model the daemon keeps, per key and per role (worker: padded
+ * elements; server: one chunk), double-buffered:
+ *
+ *   float *v[2];  float scale[2];  enum obd_codec_lazy_mode mode[2];  cur
+ *
+ *   start:     mode[cur] = ZERO (v[cur] need not be initialised)
+ *   restore:   an error snapshot e (the format the eager code writes) is
+ *              copied into v[cur], mode[cur] = EAGER: exact, so old
+ *              snapshots load unchanged
+ *   snapshot:  lazy_error over v[cur] writes the eager e byte for byte,
+ *              so the snapshot format does not change
+ *   step:      prev = {mode[cur], scale[cur], v[cur]}, next = v[1 - cur];
+ *              run the blocks, then obd_codec_scale over their sums
+ *   commit:    (the op succeeded on every node) cur = 1 - cur,
+ *              mode[cur] = DEFERRED, scale[cur] = the step's scale
+ *   rollback:  (the op failed anywhere: this node's own NaN/Inf, another
+ *              node's, a peer's bad scale, a timeout) nothing: v[cur],
+ *              scale[cur] and mode[cur] were only read, so the failed step
+ *              leaves no trace, however late the failure is learned.
+ *
+ * Why double-buffered: the pass must write its b before the op knows
+ * whether every node's step succeeded, and b = a + e cannot be undone
+ * exactly (fp32 addition is not invertible), so an in-place state would
+ * have to be reset to ZERO on every failed op. The second buffer costs one
+ * more fp32 per padded element (worker) and per chunk element (server) for
+ * every key with error feedback, i.e. it doubles the error-feedback
+ * memory; the pass costs the same (tests/bench/bench_codec measures the
+ * in-place and the double-buffered pass side by side). The kernels also
+ * accept next == prev.v (in place, the same results), for a caller that
+ * would rather reset the key's state to ZERO, and count it, on a failed
+ * op than hold the second buffer.
+ */
+enum obd_codec_lazy_mode {
+    OBD_CODEC_LAZY_ZERO,
+    OBD_CODEC_LAZY_EAGER,
+    OBD_CODEC_LAZY_DEFERRED,
+};
+
+/* A state as the kernels read it (borrowed: v must stay valid for the
+ * call). v may be NULL when mode is ZERO. */
+struct obd_codec_lazy {
+    enum obd_codec_lazy_mode mode;
+    float scale; /* DEFERRED only: finite and >= 0 (the step's scale) */
+    const float *v;
+};
+
 /* Function table of one implementation. All pointers borrow their buffers
  * for the duration of the call only. `x` may be shorter than the padded
  * range: element i reads as 0.0f for i >= count. Ranges [begin, end) are
@@ -126,6 +214,39 @@ struct obd_codec_impl {
                          float *err, size_t begin, size_t end, float sscale,
                          uint8_t *bits);
 
+    /* Lazy worker step over [begin, end) (see "Lazy error feedback"):
+     * forms b_i from the sources and prev's error, stores next[i] = b_i,
+     * writes the signs of b into bits (bits[0] holds element begin) and
+     * returns the sum of squares of b in the block and lane order of
+     * sumsq_block. nsrc >= 1; src[k] has `count` elements (reads as 0.0f
+     * past count). `end - begin` is a multiple of 8; a caller that wants
+     * the eager functions' scale runs whole OBD_CODEC_BLOCK blocks (begin
+     * a multiple of OBD_CODEC_BLOCK). next is indexed like prev->v; it is
+     * either exactly prev->v (in place) or overlaps neither it nor src.
+     * Each element of src and prev->v is read once, before next[i] is
+     * written. Cannot fail: a non-finite b_i makes the returned sum
+     * non-finite, which obd_codec_scale reports. */
+    double (*lazy_worker_block)(const float *const *src, int nsrc, size_t count,
+                                const struct obd_codec_lazy *prev, float *next,
+                                size_t begin, size_t end, uint8_t *bits);
+
+    /* Lazy server step over [begin, end) of a chunk: m_i from in[k]
+     * (participant k's packed bits of the whole chunk, bit i for chunk
+     * element i), scales[k] and prev's error, next[i] = m_i, signs of m
+     * into bits (bits[0] holds element begin), returns the sum of squares
+     * of m as sumsq_block does. The scales must have passed the checks
+     * obd_codec_server makes (finite, >= 0). Same rules for `end - begin`,
+     * next and prev->v as lazy_worker_block. */
+    double (*lazy_server_block)(const uint8_t *const *in, const float *scales,
+                                int n, const struct obd_codec_lazy *prev,
+                                float *next, size_t begin, size_t end,
+                                uint8_t *bits);
+
+    /* The error a lazy state holds, e[i] for i in [begin, end): 0.0f,
+     * v[i], or v[i] -+ scale as the mode says. e may be v itself. */
+    void (*lazy_error)(const struct obd_codec_lazy *st, float *e, size_t begin,
+                       size_t end);
+
     /* out[i] = +-scale for i in [0, elems), bit i of bits. */
     void (*decompress)(const uint8_t *bits, float scale, float *out,
                        size_t elems);
@@ -185,5 +306,35 @@ int obd_codec_compress_avg(const struct obd_codec_impl *impl,
 int obd_codec_server(const struct obd_codec_impl *impl,
                      const uint8_t *const *in, const float *scales, int n,
                      float *err, size_t chunk, uint8_t *bits, float *sscale);
+
+/* Whole-tensor lazy steps on one thread, built from the table above (the
+ * daemon runs the same blocks on its pool and combines the sums with
+ * obd_codec_scale).
+ *
+ * Worker: src[k] (k < nsrc) of `count` elements, prev and next of
+ * `padded` elements, bits padded / 8 bytes. On success writes bits, next
+ * and *scale; the caller then commits {DEFERRED, *scale, next}. Returns
+ * OBD_CODEC_EINVAL (bad sizes, nsrc < 1, a DEFERRED prev with a scale that
+ * is negative or not finite, or a non-ZERO prev without v), writing
+ * nothing; OBD_CODEC_ENONFINITE when some b_i is NaN or +-Inf, with bits
+ * and next partly written and *scale untouched: prev is untouched when
+ * next != prev->v, and destroyed when they are the same buffer (that
+ * caller resets the state to ZERO). With a ZERO or an EAGER prev holding
+ * e, bits, *scale and next's error are byte-identical to
+ * obd_codec_compress_avg (obd_codec_compress for nsrc == 1) on e. */
+int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
+                            const float *const *src, int nsrc, size_t count,
+                            const struct obd_codec_lazy *prev, float *next,
+                            size_t padded, uint8_t *bits, float *scale);
+
+/* Server, for one chunk of `chunk` elements (a multiple of 8): the same
+ * contract as obd_codec_server, with the server error held as prev (read)
+ * and next (written) as for obd_codec_lazy_compress. OBD_CODEC_ENONFINITE
+ * for a bad participant scale (nothing written) or a non-finite m_i
+ * (bits and next partly written). */
+int obd_codec_lazy_server(const struct obd_codec_impl *impl,
+                          const uint8_t *const *in, const float *scales, int n,
+                          const struct obd_codec_lazy *prev, float *next,
+                          size_t chunk, uint8_t *bits, float *sscale);
 
 #endif

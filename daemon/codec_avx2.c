@@ -366,6 +366,258 @@ static void v_decompress_add(const uint8_t *bits, float scale, float *out,
         out[i] += (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
 }
 
+/* ---- Lazy kernels (AVX2) ----
+ *
+ * The same lanes and order of operations as the portable kernels in
+ * codec.c and the eager kernels above; the mode of the previous state is
+ * a compile-time constant in each instantiation of the always-inline
+ * bodies. */
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Sign masks of every byte value: 0x80000000 in lane j where bit 7 - j is
+ * clear. +-scale is then scale XOR the mask, one instruction with the
+ * table operand in memory (a blend needs the mask in a register). */
+#define SLANE(b, j) ((((b) >> (7 - (j))) & 1) ? 0u : 0x80000000u)
+#define SMASK8(b)                                                        \
+    {                                                                    \
+        SLANE(b, 0), SLANE(b, 1), SLANE(b, 2), SLANE(b, 3), SLANE(b, 4), \
+            SLANE(b, 5), SLANE(b, 6), SLANE(b, 7)                        \
+    }
+#define SMASKS4(b) SMASK8(b), SMASK8((b) + 1), SMASK8((b) + 2), SMASK8((b) + 3)
+#define SMASKS16(b) \
+    SMASKS4(b), SMASKS4((b) + 4), SMASKS4((b) + 8), SMASKS4((b) + 12)
+#define SMASKS64(b) \
+    SMASKS16(b), SMASKS16((b) + 16), SMASKS16((b) + 32), SMASKS16((b) + 48)
+
+static const uint32_t sign_masks[256][8] __attribute__((aligned(32))) = {
+    SMASKS64(0), SMASKS64(64), SMASKS64(128), SMASKS64(192)};
+
+/* +-scale for the eight elements of `byte` (scale as a vector). */
+static ALWAYS_INLINE __m256 pm8(__m256 vs, unsigned byte)
+{
+    return _mm256_xor_ps(vs, _mm256_load_ps((const float *)sign_masks[byte]));
+}
+
+/* e of eight elements from i of a state in `mode` (codec.h). */
+static ALWAYS_INLINE __m256 lazy_e8(enum obd_codec_lazy_mode mode,
+                                    const float *v, __m256 vs, size_t i)
+{
+    __m256 p, ge;
+
+    switch (mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return _mm256_setzero_ps();
+    case OBD_CODEC_LAZY_EAGER:
+        return _mm256_loadu_ps(v + i);
+    default:
+        p = _mm256_loadu_ps(v + i);
+        ge = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_GE_OQ);
+        return _mm256_blendv_ps(_mm256_add_ps(p, vs), _mm256_sub_ps(p, vs), ge);
+    }
+}
+
+/* Eight averaged elements from i (zero past count; the source itself for
+ * nsrc == 1, like avg8). */
+static ALWAYS_INLINE __m256 lazy_a8(const float *const *src, int nsrc,
+                                    size_t count, size_t i, __m256 inv,
+                                    __m256 fn)
+{
+    if (i + 8 <= count)
+        return avg8(src, nsrc, i, inv, fn);
+    return avg8_tail(src, nsrc, count, i, inv, fn);
+}
+
+static ALWAYS_INLINE double
+v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
+                   int nsrc, size_t count, const struct obd_codec_lazy *prev,
+                   float *next, size_t begin, size_t end, uint8_t *bits)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd(), _mm256_setzero_pd()};
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)nsrc);
+    const __m256 fn = _mm256_set1_ps((float)nsrc);
+    const __m256 vs = _mm256_set1_ps(prev->scale);
+    const __m256 zero = _mm256_setzero_ps();
+    const float *v = prev->v;
+    size_t i = begin;
+
+    if (nsrc == 1) {
+        /* The common case, without the average's loop. */
+        const float *x = src[0];
+
+        for (; i + 16 <= end && i + 16 <= count; i += 16) {
+            __m256 lo =
+                _mm256_add_ps(_mm256_loadu_ps(x + i), lazy_e8(mode, v, vs, i));
+            __m256 hi = _mm256_add_ps(_mm256_loadu_ps(x + i + 8),
+                                      lazy_e8(mode, v, vs, i + 8));
+            uint16_t w =
+                (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
+                           pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
+            _mm256_storeu_ps(next + i, lo);
+            _mm256_storeu_ps(next + i + 8, hi);
+            memcpy(bits + (i - begin) / 8, &w, 2);
+            acc16(acc, lo, hi);
+        }
+    }
+    for (; i + 16 <= end; i += 16) {
+        __m256 lo = _mm256_add_ps(lazy_a8(src, nsrc, count, i, inv, fn),
+                                  lazy_e8(mode, v, vs, i));
+        __m256 hi = _mm256_add_ps(lazy_a8(src, nsrc, count, i + 8, inv, fn),
+                                  lazy_e8(mode, v, vs, i + 8));
+        uint16_t w =
+            (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
+                       pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
+        _mm256_storeu_ps(next + i, lo);
+        _mm256_storeu_ps(next + i + 8, hi);
+        memcpy(bits + (i - begin) / 8, &w, 2);
+        acc16(acc, lo, hi);
+    }
+    if (i < end) {
+        /* Eight elements left (end - begin is a multiple of 8): lanes 8-15
+         * add +0.0, which changes no accumulator (see v_sumsq_block). */
+        __m256 lo = _mm256_add_ps(lazy_a8(src, nsrc, count, i, inv, fn),
+                                  lazy_e8(mode, v, vs, i));
+        _mm256_storeu_ps(next + i, lo);
+        bits[(i - begin) / 8] =
+            (uint8_t)pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ));
+        acc16(acc, lo, zero);
+    }
+    return finish16(acc);
+}
+
+static double v_lazy_worker_block(const float *const *src, int nsrc,
+                                  size_t count,
+                                  const struct obd_codec_lazy *prev,
+                                  float *next, size_t begin, size_t end,
+                                  uint8_t *bits)
+{
+    switch (prev->mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return v_lazy_worker_mode(OBD_CODEC_LAZY_ZERO, src, nsrc, count, prev,
+                                  next, begin, end, bits);
+    case OBD_CODEC_LAZY_EAGER:
+        return v_lazy_worker_mode(OBD_CODEC_LAZY_EAGER, src, nsrc, count, prev,
+                                  next, begin, end, bits);
+    default:
+        return v_lazy_worker_mode(OBD_CODEC_LAZY_DEFERRED, src, nsrc, count,
+                                  prev, next, begin, end, bits);
+    }
+}
+
+/* Up to this many participants keep their scales in registers (and their
+ * input pointers in a local array); more take the generic loop. */
+#define SERVER_FAST_N 16
+
+/* The participants' sum for eight elements from i, divided by n: the
+ * order of server_m8 without the error. */
+static ALWAYS_INLINE __m256 server_a8(const uint8_t *const *in,
+                                      const __m256 *vsk, int n, size_t q,
+                                      int pow2, __m256 inv, __m256 fn)
+{
+    __m256 a = pm8(vsk[0], in[0][q]);
+
+    for (int k = 1; k < n; k++)
+        a = _mm256_add_ps(a, pm8(vsk[k], in[k][q]));
+    if (pow2)
+        return _mm256_mul_ps(a, inv);
+    return _mm256_div_ps(a, fn);
+}
+
+static ALWAYS_INLINE double
+v_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
+                   const float *scales, int n,
+                   const struct obd_codec_lazy *prev, float *next, size_t begin,
+                   size_t end, uint8_t *bits)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256 vsk[SERVER_FAST_N];
+    const uint8_t *ink[SERVER_FAST_N];
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)n);
+    const __m256 fn = _mm256_set1_ps((float)n);
+    const __m256 vs = _mm256_set1_ps(prev->scale);
+    const __m256 zero = _mm256_setzero_ps();
+    const float *v = prev->v;
+    int pow2 = (n & (n - 1)) == 0, nf = n < SERVER_FAST_N ? n : SERVER_FAST_N;
+    size_t i = begin;
+
+    for (int k = 0; k < nf; k++) {
+        vsk[k] = _mm256_set1_ps(scales[k]);
+        ink[k] = in[k];
+    }
+    for (; i + 8 <= end; i += 8) {
+        size_t q = i / 8;
+        __m256 a;
+
+        if (n <= SERVER_FAST_N) {
+            a = server_a8(ink, vsk, n, q, pow2, inv, fn);
+        } else {
+            a = pm8(_mm256_set1_ps(scales[0]), in[0][q]);
+            for (int k = 1; k < n; k++)
+                a = _mm256_add_ps(a, pm8(_mm256_set1_ps(scales[k]), in[k][q]));
+            a = pow2 ? _mm256_mul_ps(a, inv) : _mm256_div_ps(a, fn);
+        }
+        __m256 m = _mm256_add_ps(a, lazy_e8(mode, v, vs, i));
+        _mm256_storeu_ps(next + i, m);
+        bits[(i - begin) / 8] =
+            (uint8_t)pack8(_mm256_cmp_ps(m, zero, _CMP_GE_OQ));
+        /* Lanes: the first eight of a group of 16 go to accumulators 0-1,
+         * the second eight to 2-3. */
+        __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(m));
+        __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1));
+        if (((i - begin) & 8) == 0) {
+            acc[0] = _mm256_add_pd(acc[0], _mm256_mul_pd(d0, d0));
+            acc[1] = _mm256_add_pd(acc[1], _mm256_mul_pd(d1, d1));
+        } else {
+            acc[2] = _mm256_add_pd(acc[2], _mm256_mul_pd(d0, d0));
+            acc[3] = _mm256_add_pd(acc[3], _mm256_mul_pd(d1, d1));
+        }
+    }
+    return finish16(acc);
+}
+
+static double v_lazy_server_block(const uint8_t *const *in, const float *scales,
+                                  int n, const struct obd_codec_lazy *prev,
+                                  float *next, size_t begin, size_t end,
+                                  uint8_t *bits)
+{
+    switch (prev->mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return v_lazy_server_mode(OBD_CODEC_LAZY_ZERO, in, scales, n, prev,
+                                  next, begin, end, bits);
+    case OBD_CODEC_LAZY_EAGER:
+        return v_lazy_server_mode(OBD_CODEC_LAZY_EAGER, in, scales, n, prev,
+                                  next, begin, end, bits);
+    default:
+        return v_lazy_server_mode(OBD_CODEC_LAZY_DEFERRED, in, scales, n, prev,
+                                  next, begin, end, bits);
+    }
+}
+
+static void v_lazy_error(const struct obd_codec_lazy *st, float *e,
+                         size_t begin, size_t end)
+{
+    const __m256 vs = _mm256_set1_ps(st->scale);
+    size_t i = begin;
+
+    if (st->mode == OBD_CODEC_LAZY_ZERO) {
+        memset(e + begin, 0, (end - begin) * sizeof(float));
+        return;
+    }
+    if (st->mode == OBD_CODEC_LAZY_EAGER) {
+        if (e != st->v)
+            memcpy(e + begin, st->v + begin, (end - begin) * sizeof(float));
+        return;
+    }
+    for (; i + 8 <= end; i += 8)
+        _mm256_storeu_ps(e + i, lazy_e8(OBD_CODEC_LAZY_DEFERRED, st->v, vs, i));
+    for (; i < end; i++) {
+        float p = st->v[i];
+        e[i] = p >= 0.0f ? p - st->scale : p + st->scale;
+    }
+}
+
 static const struct obd_codec_impl avx2 = {
     .name = "avx2",
     .sumsq_block = v_sumsq_block,
@@ -374,6 +626,9 @@ static const struct obd_codec_impl avx2 = {
     .sign_range = v_sign_range,
     .server_sumsq_block = v_server_sumsq_block,
     .server_range = v_server_range,
+    .lazy_worker_block = v_lazy_worker_block,
+    .lazy_server_block = v_lazy_server_block,
+    .lazy_error = v_lazy_error,
     .decompress = v_decompress,
     .decompress_add = v_decompress_add,
 };
