@@ -399,6 +399,21 @@ static ALWAYS_INLINE __m256 pm8(__m256 vs, unsigned byte)
     return _mm256_xor_ps(vs, _mm256_load_ps((const float *)sign_masks[byte]));
 }
 
+/* Bit-reversed bytes: movemask puts lane 0 in bit 0, a packed byte wants
+ * it in bit 7. A lookup on the integer side instead of a lane permute
+ * keeps the vector pipes, the bottleneck of the server step, free. */
+#define R2(n) (n), (n) + 128, (n) + 64, (n) + 192
+#define R4(n) R2(n), R2((n) + 32), R2((n) + 16), R2((n) + 48)
+#define R6(n) R4(n), R4((n) + 8), R4((n) + 4), R4((n) + 12)
+static const uint8_t rev8[256] = {R6(0), R6(2), R6(1), R6(3)};
+
+/* The packed byte of eight values: bit 7 - j set where lane j >= 0. */
+static ALWAYS_INLINE unsigned pack8r(__m256 m)
+{
+    return rev8[_mm256_movemask_ps(
+        _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GE_OQ))];
+}
+
 /* e of eight elements from i of a state in `mode` (codec.h). */
 static ALWAYS_INLINE __m256 lazy_e8(enum obd_codec_lazy_mode mode,
                                     const float *v, __m256 vs, size_t i)
@@ -428,10 +443,38 @@ static ALWAYS_INLINE __m256 lazy_a8(const float *const *src, int nsrc,
     return avg8_tail(src, nsrc, count, i, inv, fn);
 }
 
+/* Stores to a separate next buffer bypass the cache: a double-buffered
+ * state is read again only at the next step, and a streaming store saves
+ * reading each line before it is overwritten. In place, the line was just
+ * read and stays cached, so plain stores. Streaming stores need 32-byte
+ * (1) or at least 16-byte (2, two halves) alignment; 0 means plain. */
+static int use_stream(const struct obd_codec_lazy *prev, const float *next,
+                      size_t begin)
+{
+    uintptr_t a = (uintptr_t)(next + begin);
+
+    if (next == prev->v)
+        return 0;
+    return (a & 31) == 0 ? 1 : (a & 15) == 0 ? 2 : 0;
+}
+
+static ALWAYS_INLINE void store_next(float *p, __m256 v, int stream)
+{
+    if (stream == 1) {
+        _mm256_stream_ps(p, v);
+    } else if (stream == 2) {
+        _mm_stream_ps(p, _mm256_castps256_ps128(v));
+        _mm_stream_ps(p + 4, _mm256_extractf128_ps(v, 1));
+    } else {
+        _mm256_storeu_ps(p, v);
+    }
+}
+
 static ALWAYS_INLINE double
 v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
                    int nsrc, size_t count, const struct obd_codec_lazy *prev,
-                   float *next, size_t begin, size_t end, uint8_t *bits)
+                   float *next, size_t begin, size_t end, uint8_t *bits,
+                   int stream)
 {
     __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
                       _mm256_setzero_pd(), _mm256_setzero_pd()};
@@ -454,8 +497,8 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
             uint16_t w =
                 (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
                            pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
-            _mm256_storeu_ps(next + i, lo);
-            _mm256_storeu_ps(next + i + 8, hi);
+            store_next(next + i, lo, stream);
+            store_next(next + i + 8, hi, stream);
             memcpy(bits + (i - begin) / 8, &w, 2);
             acc16(acc, lo, hi);
         }
@@ -468,8 +511,8 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
         uint16_t w =
             (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
                        pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
-        _mm256_storeu_ps(next + i, lo);
-        _mm256_storeu_ps(next + i + 8, hi);
+        store_next(next + i, lo, stream);
+        store_next(next + i + 8, hi, stream);
         memcpy(bits + (i - begin) / 8, &w, 2);
         acc16(acc, lo, hi);
     }
@@ -478,11 +521,13 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
          * add +0.0, which changes no accumulator (see v_sumsq_block). */
         __m256 lo = _mm256_add_ps(lazy_a8(src, nsrc, count, i, inv, fn),
                                   lazy_e8(mode, v, vs, i));
-        _mm256_storeu_ps(next + i, lo);
+        store_next(next + i, lo, stream);
         bits[(i - begin) / 8] =
             (uint8_t)pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ));
         acc16(acc, lo, zero);
     }
+    if (stream)
+        _mm_sfence();
     return finish16(acc);
 }
 
@@ -492,88 +537,107 @@ static double v_lazy_worker_block(const float *const *src, int nsrc,
                                   float *next, size_t begin, size_t end,
                                   uint8_t *bits)
 {
+    int st = use_stream(prev, next, begin);
+
+#define WORKER_CASE(mode, stream)                                            \
+    v_lazy_worker_mode(mode, src, nsrc, count, prev, next, begin, end, bits, \
+                       stream)
     switch (prev->mode) {
     case OBD_CODEC_LAZY_ZERO:
-        return v_lazy_worker_mode(OBD_CODEC_LAZY_ZERO, src, nsrc, count, prev,
-                                  next, begin, end, bits);
+        return st == 1   ? WORKER_CASE(OBD_CODEC_LAZY_ZERO, 1)
+               : st == 2 ? WORKER_CASE(OBD_CODEC_LAZY_ZERO, 2)
+                         : WORKER_CASE(OBD_CODEC_LAZY_ZERO, 0);
     case OBD_CODEC_LAZY_EAGER:
-        return v_lazy_worker_mode(OBD_CODEC_LAZY_EAGER, src, nsrc, count, prev,
-                                  next, begin, end, bits);
+        return st == 1   ? WORKER_CASE(OBD_CODEC_LAZY_EAGER, 1)
+               : st == 2 ? WORKER_CASE(OBD_CODEC_LAZY_EAGER, 2)
+                         : WORKER_CASE(OBD_CODEC_LAZY_EAGER, 0);
     default:
-        return v_lazy_worker_mode(OBD_CODEC_LAZY_DEFERRED, src, nsrc, count,
-                                  prev, next, begin, end, bits);
+        return st == 1   ? WORKER_CASE(OBD_CODEC_LAZY_DEFERRED, 1)
+               : st == 2 ? WORKER_CASE(OBD_CODEC_LAZY_DEFERRED, 2)
+                         : WORKER_CASE(OBD_CODEC_LAZY_DEFERRED, 0);
     }
+#undef WORKER_CASE
 }
 
-/* Up to this many participants keep their scales in registers (and their
- * input pointers in a local array); more take the generic loop. */
-#define SERVER_FAST_N 16
-
-/* The participants' sum for eight elements from i, divided by n: the
- * order of server_m8 without the error. */
-static ALWAYS_INLINE __m256 server_a8(const uint8_t *const *in,
-                                      const __m256 *vsk, int n, size_t q,
-                                      int pow2, __m256 inv, __m256 fn)
+/* m of 8 elements: the participants' sum (in participant order, from the
+ * first term) divided by n, plus the error; see server_m8. */
+static ALWAYS_INLINE __m256 server_div(__m256 a, int pow2, __m256 inv,
+                                       __m256 fn)
 {
-    __m256 a = pm8(vsk[0], in[0][q]);
-
-    for (int k = 1; k < n; k++)
-        a = _mm256_add_ps(a, pm8(vsk[k], in[k][q]));
-    if (pow2)
-        return _mm256_mul_ps(a, inv);
-    return _mm256_div_ps(a, fn);
+    return pow2 ? _mm256_mul_ps(a, inv) : _mm256_div_ps(a, fn);
 }
 
 static ALWAYS_INLINE double
 v_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
                    const float *scales, int n,
                    const struct obd_codec_lazy *prev, float *next, size_t begin,
-                   size_t end, uint8_t *bits)
+                   size_t end, uint8_t *bits, int stream)
 {
     __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
                       _mm256_setzero_pd(), _mm256_setzero_pd()};
-    __m256 vsk[SERVER_FAST_N];
-    const uint8_t *ink[SERVER_FAST_N];
     const __m256 inv = _mm256_set1_ps(1.0f / (float)n);
     const __m256 fn = _mm256_set1_ps((float)n);
     const __m256 vs = _mm256_set1_ps(prev->scale);
     const __m256 zero = _mm256_setzero_ps();
     const float *v = prev->v;
-    int pow2 = (n & (n - 1)) == 0, nf = n < SERVER_FAST_N ? n : SERVER_FAST_N;
+    int pow2 = (n & (n - 1)) == 0;
     size_t i = begin;
 
-    for (int k = 0; k < nf; k++) {
-        vsk[k] = _mm256_set1_ps(scales[k]);
-        ink[k] = in[k];
-    }
-    for (; i + 8 <= end; i += 8) {
+    for (; i + 32 <= end; i += 32) {
         size_t q = i / 8;
-        __m256 a;
+        const uint8_t *p = in[0] + q;
+        __m256 vk = _mm256_set1_ps(scales[0]);
+        __m256 m0 = pm8(vk, p[0]), m1 = pm8(vk, p[1]);
+        __m256 m2 = pm8(vk, p[2]), m3 = pm8(vk, p[3]);
+        uint32_t word;
 
-        if (n <= SERVER_FAST_N) {
-            a = server_a8(ink, vsk, n, q, pow2, inv, fn);
-        } else {
-            a = pm8(_mm256_set1_ps(scales[0]), in[0][q]);
+        for (int k = 1; k < n; k++) {
+            p = in[k] + q;
+            vk = _mm256_set1_ps(scales[k]);
+            m0 = _mm256_add_ps(m0, pm8(vk, p[0]));
+            m1 = _mm256_add_ps(m1, pm8(vk, p[1]));
+            m2 = _mm256_add_ps(m2, pm8(vk, p[2]));
+            m3 = _mm256_add_ps(m3, pm8(vk, p[3]));
+        }
+        m0 = _mm256_add_ps(server_div(m0, pow2, inv, fn),
+                           lazy_e8(mode, v, vs, i));
+        m1 = _mm256_add_ps(server_div(m1, pow2, inv, fn),
+                           lazy_e8(mode, v, vs, i + 8));
+        m2 = _mm256_add_ps(server_div(m2, pow2, inv, fn),
+                           lazy_e8(mode, v, vs, i + 16));
+        m3 = _mm256_add_ps(server_div(m3, pow2, inv, fn),
+                           lazy_e8(mode, v, vs, i + 24));
+        store_next(next + i, m0, stream);
+        store_next(next + i + 8, m1, stream);
+        store_next(next + i + 16, m2, stream);
+        store_next(next + i + 24, m3, stream);
+        word = (uint32_t)pack8r(m0) | (uint32_t)pack8r(m1) << 8 |
+               (uint32_t)pack8r(m2) << 16 | (uint32_t)pack8r(m3) << 24;
+        memcpy(bits + (i - begin) / 8, &word, 4);
+        acc16(acc, m0, m1);
+        acc16(acc, m2, m3);
+    }
+    for (; i < end; i += 16) {
+        /* The last 8 or 16 elements, a byte per participant and 8. */
+        __m256 m[2] = {zero, zero};
+        int ng = i + 16 <= end ? 2 : 1;
+
+        for (int g = 0; g < ng; g++) {
+            size_t o = i + 8 * (size_t)g, q = o / 8;
+            __m256 a = pm8(_mm256_set1_ps(scales[0]), in[0][q]);
+
             for (int k = 1; k < n; k++)
                 a = _mm256_add_ps(a, pm8(_mm256_set1_ps(scales[k]), in[k][q]));
-            a = pow2 ? _mm256_mul_ps(a, inv) : _mm256_div_ps(a, fn);
+            m[g] = _mm256_add_ps(server_div(a, pow2, inv, fn),
+                                 lazy_e8(mode, v, vs, o));
+            store_next(next + o, m[g], stream);
+            bits[(o - begin) / 8] = (uint8_t)pack8r(m[g]);
         }
-        __m256 m = _mm256_add_ps(a, lazy_e8(mode, v, vs, i));
-        _mm256_storeu_ps(next + i, m);
-        bits[(i - begin) / 8] =
-            (uint8_t)pack8(_mm256_cmp_ps(m, zero, _CMP_GE_OQ));
-        /* Lanes: the first eight of a group of 16 go to accumulators 0-1,
-         * the second eight to 2-3. */
-        __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(m));
-        __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1));
-        if (((i - begin) & 8) == 0) {
-            acc[0] = _mm256_add_pd(acc[0], _mm256_mul_pd(d0, d0));
-            acc[1] = _mm256_add_pd(acc[1], _mm256_mul_pd(d1, d1));
-        } else {
-            acc[2] = _mm256_add_pd(acc[2], _mm256_mul_pd(d0, d0));
-            acc[3] = _mm256_add_pd(acc[3], _mm256_mul_pd(d1, d1));
-        }
+        /* A missing second group adds +0.0 (see v_sumsq_block). */
+        acc16(acc, m[0], m[1]);
     }
+    if (stream)
+        _mm_sfence();
     return finish16(acc);
 }
 
@@ -582,17 +646,26 @@ static double v_lazy_server_block(const uint8_t *const *in, const float *scales,
                                   float *next, size_t begin, size_t end,
                                   uint8_t *bits)
 {
+    int st = use_stream(prev, next, begin);
+
+#define SERVER_CASE(mode, stream)                                         \
+    v_lazy_server_mode(mode, in, scales, n, prev, next, begin, end, bits, \
+                       stream)
     switch (prev->mode) {
     case OBD_CODEC_LAZY_ZERO:
-        return v_lazy_server_mode(OBD_CODEC_LAZY_ZERO, in, scales, n, prev,
-                                  next, begin, end, bits);
+        return st == 1   ? SERVER_CASE(OBD_CODEC_LAZY_ZERO, 1)
+               : st == 2 ? SERVER_CASE(OBD_CODEC_LAZY_ZERO, 2)
+                         : SERVER_CASE(OBD_CODEC_LAZY_ZERO, 0);
     case OBD_CODEC_LAZY_EAGER:
-        return v_lazy_server_mode(OBD_CODEC_LAZY_EAGER, in, scales, n, prev,
-                                  next, begin, end, bits);
+        return st == 1   ? SERVER_CASE(OBD_CODEC_LAZY_EAGER, 1)
+               : st == 2 ? SERVER_CASE(OBD_CODEC_LAZY_EAGER, 2)
+                         : SERVER_CASE(OBD_CODEC_LAZY_EAGER, 0);
     default:
-        return v_lazy_server_mode(OBD_CODEC_LAZY_DEFERRED, in, scales, n, prev,
-                                  next, begin, end, bits);
+        return st == 1   ? SERVER_CASE(OBD_CODEC_LAZY_DEFERRED, 1)
+               : st == 2 ? SERVER_CASE(OBD_CODEC_LAZY_DEFERRED, 2)
+                         : SERVER_CASE(OBD_CODEC_LAZY_DEFERRED, 0);
     }
+#undef SERVER_CASE
 }
 
 static void v_lazy_error(const struct obd_codec_lazy *st, float *e,
