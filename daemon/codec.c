@@ -534,6 +534,7 @@ static const struct obd_codec_impl portable = {
     .lazy_error = p_lazy_error,
     .decompress = p_decompress,
     .decompress_add = p_decompress_add,
+    .decompress_stream = p_decompress, /* C has no streaming store */
 };
 
 const struct obd_codec_impl *obd_codec_portable(void)

@@ -254,6 +254,14 @@ struct obd_codec_impl {
     /* out[i] += +-scale for i in [0, elems). */
     void (*decompress_add)(const uint8_t *bits, float scale, float *out,
                            size_t elems);
+
+    /* decompress with streaming (non-temporal) stores where the CPU has
+     * them: the same out, but written around the caches, which saves
+     * reading every output line before overwriting it. For outputs larger
+     * than the last-level cache, which are not in it anyway when they
+     * are read next; a small output is better written by decompress. */
+    void (*decompress_stream)(const uint8_t *bits, float scale, float *out,
+                              size_t elems);
 };
 
 /* The implementations. obd_codec_avx2() returns NULL when the CPU (or the

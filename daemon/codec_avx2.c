@@ -351,6 +351,36 @@ static void v_decompress(const uint8_t *bits, float scale, float *out,
         out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
 }
 
+/* Streaming stores need 16-byte alignment (two halves) or 32 (one
+ * store); an output aligned to neither is written by v_decompress. */
+static void v_decompress_stream(const uint8_t *bits, float scale, float *out,
+                                size_t elems)
+{
+    const __m256 pos = _mm256_set1_ps(scale);
+    const __m256 neg = _mm256_set1_ps(-scale);
+    uintptr_t a = (uintptr_t)out;
+    size_t i = 0;
+
+    if ((a & 15) != 0) {
+        v_decompress(bits, scale, out, elems);
+        return;
+    }
+    if ((a & 31) == 0) {
+        for (; i + 8 <= elems; i += 8)
+            _mm256_stream_ps(out + i,
+                             _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8])));
+    } else {
+        for (; i + 8 <= elems; i += 8) {
+            __m256 v = _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8]));
+            _mm_stream_ps(out + i, _mm256_castps256_ps128(v));
+            _mm_stream_ps(out + i + 4, _mm256_extractf128_ps(v, 1));
+        }
+    }
+    _mm_sfence();
+    for (; i < elems; i++)
+        out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
+}
+
 static void v_decompress_add(const uint8_t *bits, float scale, float *out,
                              size_t elems)
 {
@@ -704,6 +734,7 @@ static const struct obd_codec_impl avx2 = {
     .lazy_error = v_lazy_error,
     .decompress = v_decompress,
     .decompress_add = v_decompress_add,
+    .decompress_stream = v_decompress_stream,
 };
 
 const struct obd_codec_impl *obd_codec_avx2_table(void)

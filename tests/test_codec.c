@@ -2227,6 +2227,41 @@ START_TEST(lazy_portable_equals_avx2)
 }
 END_TEST
 
+/* decompress_stream writes exactly what decompress writes, at every
+ * alignment of the output (streaming stores of 32 or 16 bytes, or none)
+ * and every length, and nothing outside [0, elems). */
+START_TEST(decompress_stream_equals_decompress)
+{
+    struct rng r = {0xd5u};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const size_t lens[] = {0, 1, 7, 8, 9, 63, 1000, 1000003};
+    const float scales[] = {0.75f, -0.0f, 0x1p-140f};
+
+    for (int k = 0; k < ni; k++)
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+            for (size_t off = 0; off < 8; off++) {
+                size_t n = lens[l];
+                uint8_t *bits = xmalloc(n / 8 + 1);
+                float *a = xmalloc((n + 16) * sizeof(float));
+                float *b = xmalloc((n + 16) * sizeof(float));
+                float sc = scales[(l + off) % 3];
+
+                fill_bytes(&r, bits, n / 8 + 1);
+                memset(a, 0x5c, (n + 16) * sizeof(float));
+                memset(b, 0x5c, (n + 16) * sizeof(float));
+                im[k]->decompress(bits, sc, a + off, n);
+                im[k]->decompress_stream(bits, sc, b + off, n);
+                ck_assert_msg(memcmp(a, b, (n + 16) * sizeof(float)) == 0,
+                              "%s: %zu elements at offset %zu", im[k]->name, n,
+                              off);
+                free(b);
+                free(a);
+                free(bits);
+            }
+}
+END_TEST
+
 static Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
@@ -2259,6 +2294,7 @@ static Suite *codec_suite(void)
     tcase_add_test(tc, lazy_server_nonfinite);
     tcase_add_test(tc, lazy_invalid);
     tcase_add_test(tc, lazy_portable_equals_avx2);
+    tcase_add_test(tc, decompress_stream_equals_decompress);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -30,7 +30,7 @@
  *                            double-buffered (next != prev.v, committed by
  *                            a flip after every step), the daemon's model
  *   lazy_error               materialising the eager e of a lazy state
- *   decompress, decompress_add
+ *   decompress, decompress_add, decompress_stream (streaming stores)
  *   compress_avg (nsrc=2)    the eager compress of the average of AVG_NSRC
  *                            local buffers (obd_codec_compress_avg); it
  *                            moves (AVG_NSRC + 4) * 4 bytes per element, a
@@ -90,6 +90,7 @@ enum {
     OP_LAZY_ERROR,
     OP_DECOMPRESS,
     OP_DECOMPRESS_ADD,
+    OP_DECOMPRESS_STREAM,
     OP_COMPRESS_AVG,
     OP_LAZY_COMPRESS_AVG,
     NOPS
@@ -113,6 +114,7 @@ static const struct {
     [OP_LAZY_ERROR] = {"lazy_error", PLAIN},
     [OP_DECOMPRESS] = {"decompress", PLAIN},
     [OP_DECOMPRESS_ADD] = {"decompress_add", PLAIN},
+    [OP_DECOMPRESS_STREAM] = {"decompress_stream", PLAIN},
     [OP_COMPRESS_AVG] = {"compress_avg (nsrc=2)", TWO_PASS},
     [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, 2 buffers)", LAZY},
 };
@@ -135,9 +137,11 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Every buffer 64-byte aligned, as the daemon's are: the trainers'
+ * shared memory is page-aligned and codec.h asks for aligned state. */
 static void *xmalloc(size_t bytes)
 {
-    void *p = malloc(bytes);
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
 
     if (p == NULL) {
         fprintf(stderr, "bench_codec: out of memory (%zu bytes)\n", bytes);
@@ -255,6 +259,10 @@ static void *run_job(void *arg)
         break;
     case OP_DECOMPRESS_ADD:
         im->decompress_add(b->bits + lo / 8, jb->scale, b->out + lo, hi - lo);
+        break;
+    case OP_DECOMPRESS_STREAM:
+        im->decompress_stream(b->bits + lo / 8, jb->scale, b->out + lo,
+                              hi - lo);
         break;
     }
     return NULL;
