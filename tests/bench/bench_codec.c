@@ -511,18 +511,15 @@ static int check(const struct obd_codec_impl *im, struct bench *b, int nthreads)
 struct row {
     const char *op, *impl;
     int threads;
-    double ms;
+    double ms, ratio, ratio_floor;
 };
 
-static double time_median(double *t, int repeats, void (*fn)(struct bench *),
-                          struct bench *b)
+static double time_once(void (*fn)(struct bench *), struct bench *b)
 {
-    for (int r = 0; r < repeats; r++) {
-        double t0 = now_ms();
-        fn(b);
-        t[r] = now_ms() - t0;
-    }
-    return median(t, repeats);
+    double t0 = now_ms();
+
+    fn(b);
+    return now_ms() - t0;
 }
 
 static void do_memcpy(struct bench *b)
@@ -561,7 +558,9 @@ int main(int argc, char **argv)
     int nimpl = 0, nrows = 0, ok = 1;
     struct row rows[64];
     struct bench b;
-    double memcpy_ms, floor_ms, floor2_ms, *t;
+    double *t, *t2, *tm, *tf, *tf2, *top[NOPS], *base[3];
+    double bms[3], bratio[3], bfloor[3];
+    int nbase;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc)
@@ -610,7 +609,15 @@ int main(int argc, char **argv)
     lazy_alloc(&b.wl1, elems, 1);
     lazy_alloc(&b.sl, elems, 0);
     lazy_alloc(&b.sl1, elems, 1);
-    t = xmalloc((size_t)repeats * sizeof(double));
+    t = xmalloc((size_t)repeats * 4 * sizeof(double));
+    t2 = xmalloc((size_t)repeats * sizeof(double));
+    tm = xmalloc((size_t)repeats * sizeof(double));
+    tf = xmalloc((size_t)repeats * sizeof(double));
+    tf2 = xmalloc((size_t)repeats * sizeof(double));
+    for (int op = 0; op < NOPS; op++)
+        top[op] = xmalloc((size_t)repeats * sizeof(double));
+    for (int j = 0; j < 3; j++)
+        base[j] = xmalloc((size_t)repeats * 4 * sizeof(double));
 
     impls[nimpl++] = obd_codec_portable();
     if (obd_codec_avx2() != NULL)
@@ -620,84 +627,102 @@ int main(int argc, char **argv)
             ok = 0;
     reset_inputs(&b);
 
-    memcpy_ms = time_median(t, repeats, do_memcpy, &b);
-    floor_ms = time_median(t, repeats, do_floor, &b);
-    floor2_ms = time_median(t, repeats, do_floor2, &b);
-
+    /* Rounds: every round times memcpy, the floors and every op once,
+     * back to back, so that load from other processes on a shared machine
+     * hits the baselines and the ops alike; ratios are per round, and the
+     * table shows their medians. */
+    nbase = 0;
     for (int k = 0; k < nimpl; k++) {
         int tcounts[2] = {1, nthreads};
-        for (int tc = 0; tc < (nthreads > 1 ? 2 : 1); tc++)
-            for (int op = 0; op < NOPS; op++) {
-                float sc;
+        for (int tc = 0; tc < (nthreads > 1 ? 2 : 1); tc++) {
+            float sc;
 
-                /* Lazy ops are timed from a DEFERRED state, the steady
-                 * state: one untimed step first. */
-                reset_inputs(&b);
-                if (ops[op].kind == LAZY || op == OP_LAZY_ERROR)
-                    run_op(impls[k], &b, tcounts[tc],
-                           op == OP_LAZY_ERROR ? OP_LAZY_SERVER : op, &sc);
-                for (int r = 0; r < repeats; r++) {
+            /* Lazy ops are timed from a DEFERRED state, the steady
+             * state: one untimed step first. */
+            reset_inputs(&b);
+            for (int op = 0; op < NOPS; op++)
+                if (ops[op].kind == LAZY)
+                    run_op(impls[k], &b, tcounts[tc], op, &sc);
+            for (int r = 0; r < repeats; r++) {
+                tm[r] = time_once(do_memcpy, &b);
+                tf[r] = time_once(do_floor, &b);
+                tf2[r] = time_once(do_floor2, &b);
+                base[0][nbase] = tm[r];
+                base[1][nbase] = tf[r];
+                base[2][nbase++] = tf2[r];
+                for (int op = 0; op < NOPS; op++) {
                     double t0 = now_ms();
                     if (run_op(impls[k], &b, tcounts[tc], op, &sc) != 0) {
                         fprintf(stderr, "bench_codec: %s failed\n",
                                 ops[op].name);
                         return 1;
                     }
-                    t[r] = now_ms() - t0;
+                    top[op][r] = now_ms() - t0;
                 }
-                rows[nrows++] = (struct row){ops[op].name, impls[k]->name,
-                                             tcounts[tc], median(t, repeats)};
             }
+            for (int op = 0; op < NOPS; op++) {
+                struct row *w = &rows[nrows++];
+
+                *w = (struct row){
+                    ops[op].name, impls[k]->name, tcounts[tc], 0, 0, 0};
+                for (int r = 0; r < repeats; r++) {
+                    t[r] = top[op][r] / tm[r];
+                    t2[r] = top[op][r] / tf[r];
+                }
+                w->ratio = median(t, repeats);
+                w->ratio_floor = median(t2, repeats);
+                w->ms = median(top[op], repeats);
+            }
+        }
+    }
+    for (int j = 0; j < 3; j++) {
+        for (int r = 0; r < nbase; r++)
+            t[r] = base[j][r] / base[0][r];
+        bratio[j] = median(t, nbase);
+        for (int r = 0; r < nbase; r++)
+            t[r] = base[j][r] / base[1][r];
+        bfloor[j] = median(t, nbase);
+        bms[j] = median(base[j], nbase);
     }
 
     double gb = (double)elems * sizeof(float) / 1e9;
+    static const char *const bname[3] = {"memcpy", "floor",
+                                         "floor (2 buffers)"};
+    static const char *const bimpl[3] = {"libc", "plain", "plain"};
     if (json) {
         printf("{\"elems\": %zu, \"repeats\": %d, \"memcpy_ms\": %.3f, "
                "\"floor_ms\": %.3f, \"floor2_ms\": %.3f, "
                "\"checks_pass\": %s, \"mt_equals_st\": %s, \"rows\": [\n",
-               elems, repeats, memcpy_ms, floor_ms, floor2_ms,
-               ok ? "true" : "false", ok ? "true" : "false");
-        printf("  {\"op\": \"memcpy\", \"impl\": \"libc\", \"threads\": 1, "
-               "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": 1.00, "
-               "\"ratio_floor\": %.2f},\n",
-               memcpy_ms, gb / (memcpy_ms / 1e3), memcpy_ms / floor_ms);
-        printf("  {\"op\": \"floor\", \"impl\": \"plain\", \"threads\": 1, "
-               "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f, "
-               "\"ratio_floor\": 1.00},\n",
-               floor_ms, gb / (floor_ms / 1e3), floor_ms / memcpy_ms);
-        printf("  {\"op\": \"floor (2 buffers)\", \"impl\": \"plain\", "
-               "\"threads\": 1, \"ms\": %.3f, \"gbps\": %.2f, \"ratio\": "
-               "%.2f, \"ratio_floor\": %.2f}",
-               floor2_ms, gb / (floor2_ms / 1e3), floor2_ms / memcpy_ms,
-               floor2_ms / floor_ms);
+               elems, repeats, bms[0], bms[1], bms[2], ok ? "true" : "false",
+               ok ? "true" : "false");
+        for (int j = 0; j < 3; j++)
+            printf("%s  {\"op\": \"%s\", \"impl\": \"%s\", \"threads\": 1, "
+                   "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f, "
+                   "\"ratio_floor\": %.2f}",
+                   j ? ",\n" : "", bname[j], bimpl[j], bms[j],
+                   gb / (bms[j] / 1e3), bratio[j], bfloor[j]);
         for (int i = 0; i < nrows; i++)
             printf(",\n  {\"op\": \"%s\", \"impl\": \"%s\", \"threads\": %d, "
                    "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f, "
                    "\"ratio_floor\": %.2f}",
                    rows[i].op, rows[i].impl, rows[i].threads, rows[i].ms,
-                   gb / (rows[i].ms / 1e3), rows[i].ms / memcpy_ms,
-                   rows[i].ms / floor_ms);
+                   gb / (rows[i].ms / 1e3), rows[i].ratio, rows[i].ratio_floor);
         printf("\n]}\n");
     } else {
-        printf("%zu elements (%.0f MiB fp32), median of %d; GB/s = tensor "
-               "bytes / time\n\n",
+        printf("%zu elements (%.0f MiB fp32), %d rounds; ms = median time, "
+               "GB/s = tensor bytes / ms, ratios = median over rounds of the "
+               "time / the baseline's time in the same round\n\n",
                elems, (double)elems * 4 / (1 << 20), repeats);
         printf("| op | impl | threads | ms | GB/s | ratio to memcpy | ratio "
                "to floor |\n");
         printf("|---|---|---|---|---|---|---|\n");
-        printf("| memcpy | libc | 1 | %.2f | %.2f | 1.00 | %.2f |\n", memcpy_ms,
-               gb / (memcpy_ms / 1e3), memcpy_ms / floor_ms);
-        printf("| floor | plain | 1 | %.2f | %.2f | %.2f | 1.00 |\n", floor_ms,
-               gb / (floor_ms / 1e3), floor_ms / memcpy_ms);
-        printf("| floor (2 buffers) | plain | 1 | %.2f | %.2f | %.2f | %.2f "
-               "|\n",
-               floor2_ms, gb / (floor2_ms / 1e3), floor2_ms / memcpy_ms,
-               floor2_ms / floor_ms);
+        for (int j = 0; j < 3; j++)
+            printf("| %s | %s | 1 | %.2f | %.2f | %.2f | %.2f |\n", bname[j],
+                   bimpl[j], bms[j], gb / (bms[j] / 1e3), bratio[j], bfloor[j]);
         for (int i = 0; i < nrows; i++)
             printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", rows[i].op,
                    rows[i].impl, rows[i].threads, rows[i].ms,
-                   gb / (rows[i].ms / 1e3), rows[i].ms / memcpy_ms,
-                   rows[i].ms / floor_ms);
+                   gb / (rows[i].ms / 1e3), rows[i].ratio, rows[i].ratio_floor);
         printf("\nlazy steps equal eager ones, multi-threaded (%d) equal "
                "single-threaded: %s\n",
                nthreads, ok ? "yes (memcmp of bits, scale, error)" : "NO");
@@ -705,6 +730,14 @@ int main(int argc, char **argv)
                "floor (2 buffers): z = x + y\n");
     }
 
+    for (int j = 0; j < 3; j++)
+        free(base[j]);
+    for (int op = 0; op < NOPS; op++)
+        free(top[op]);
+    free(tf2);
+    free(tf);
+    free(tm);
+    free(t2);
     for (int k = 0; k < SERVER_N; k++)
         free(b.in_bits[k]);
     lazy_free(&b.sl1);
