@@ -1740,10 +1740,11 @@ START_TEST(lazy_worker_equals_eager)
                 size_t count = lcounts[c];
                 size_t N = obd_codec_padded_len(count, n);
                 int steps = count > 100000 ? 6 : 50;
-                float *e0 = xmalloc(N * sizeof(float));
+                float *e0;
 
                 if (nsrc == 3 && count > 100000)
                     continue;
+                e0 = xmalloc(N * sizeof(float));
                 check_lazy_worker(im[k], count, N, nsrc, NULL, steps, &r);
                 fill_mixed(&r, e0, N);
                 check_lazy_worker(im[k], count, N, nsrc, e0, steps, &r);

@@ -1,12 +1,13 @@
 /* Throughput of the 1-bit codec against memcpy and against the traffic
  * floor of a single-pass codec, all measured in the same run.
  *
- * usage: bench_codec [-n ELEMS] [-r REPEATS] [-t THREADS] [--json]
+ * usage: bench_codec [-n ELEMS] [-r REPEATS] [-t THREADS] [-i IMPL] [--json]
  *
  * Every operation runs over one tensor of ELEMS fp32 elements (default
  * 64 Mi, i.e. 256 MiB) and is timed as the median of REPEATS runs, for each
  * implementation, on one thread and on THREADS threads (default: all online
- * CPUs). Two baselines are measured in the same run, one thread each:
+ * CPUs); -i portable or -i avx2 runs only that implementation. Two
+ * baselines are measured in the same run, one thread each:
  * memcpy of the input into another buffer (reads 4, writes 4 bytes per
  * element), and "floor", a plain pass y[i] = x[i] + y[i] that reads two
  * fp32 streams and writes one in place: the memory traffic of a
@@ -553,6 +554,7 @@ static void lazy_free(struct lazy_state *st)
 int main(int argc, char **argv)
 {
     size_t elems = (size_t)64 << 20;
+    const char *only = NULL;
     int repeats = 7, json = 0, nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const struct obd_codec_impl *impls[2];
     int nimpl = 0, nrows = 0, ok = 1;
@@ -569,12 +571,14 @@ int main(int argc, char **argv)
             repeats = atoi(argv[++i]);
         else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc)
             nthreads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-i") == 0 && i + 1 < argc)
+            only = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = 1;
         else {
             fprintf(stderr,
                     "usage: %s [-n ELEMS] [-r REPEATS] [-t THREADS] "
-                    "[--json]\n",
+                    "[-i portable|avx2] [--json]\n",
                     argv[0]);
             return 2;
         }
@@ -619,9 +623,14 @@ int main(int argc, char **argv)
     for (int j = 0; j < 3; j++)
         base[j] = xmalloc((size_t)repeats * 4 * sizeof(double));
 
-    impls[nimpl++] = obd_codec_portable();
-    if (obd_codec_avx2() != NULL)
+    if (only == NULL || strcmp(only, "portable") == 0)
+        impls[nimpl++] = obd_codec_portable();
+    if (obd_codec_avx2() != NULL && (only == NULL || strcmp(only, "avx2") == 0))
         impls[nimpl++] = obd_codec_avx2();
+    if (nimpl == 0) {
+        fprintf(stderr, "bench_codec: no implementation \"%s\"\n", only);
+        return 2;
+    }
     for (int k = 0; k < nimpl; k++)
         if (check(impls[k], &b, nthreads) != 0)
             ok = 0;
