@@ -716,3 +716,39 @@ int obd_codec_lazy_server(const struct obd_codec_impl *impl,
     }
     return obd_codec_scale(&sum, 1, chunk, sscale);
 }
+
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v0,
+                               float *v1)
+{
+    *s = (struct obd_codec_lazy_state){
+        .v = {v0, v1},
+        .mode = {OBD_CODEC_LAZY_ZERO, OBD_CODEC_LAZY_ZERO},
+    };
+}
+
+void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
+                                  const float *e, size_t n)
+{
+    memcpy(s->v[s->cur], e, n * sizeof(float));
+    s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
+    s->scale[s->cur] = 0.0f;
+}
+
+struct obd_codec_lazy
+obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s)
+{
+    return (struct obd_codec_lazy){s->mode[s->cur], s->scale[s->cur],
+                                   s->v[s->cur]};
+}
+
+float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s)
+{
+    return s->v[1 - s->cur];
+}
+
+void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale)
+{
+    s->cur = 1 - s->cur;
+    s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
+    s->scale[s->cur] = scale;
+}

@@ -106,36 +106,45 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * of that pass, the scale right after it.
  *
  * State model the daemon keeps, per key and per role (worker: padded
- * elements; server: one chunk), double-buffered:
+ * elements; server: one chunk): double-buffered, struct
+ * obd_codec_lazy_state below, whose functions are the only transitions:
  *
- *   float *v[2];  float scale[2];  enum obd_codec_lazy_mode mode[2];  cur
- *
- *   start:     mode[cur] = ZERO (v[cur] need not be initialised)
+ *   init:      both buffers ZERO, cur = 0 (the buffers need no contents)
  *   restore:   an error snapshot e (the format the eager code writes) is
- *              copied into v[cur], mode[cur] = EAGER: exact, so old
- *              snapshots load unchanged
- *   snapshot:  lazy_error over v[cur] writes the eager e byte for byte,
- *              so the snapshot format does not change
- *   step:      prev = {mode[cur], scale[cur], v[cur]}, next = v[1 - cur];
- *              run the blocks, then obd_codec_scale over their sums
- *   commit:    (the op succeeded on every node) cur = 1 - cur,
- *              mode[cur] = DEFERRED, scale[cur] = the step's scale
+ *              copied into v[cur], mode EAGER: exact, so old snapshots
+ *              load unchanged
+ *   snapshot:  lazy_error over prev (any ranges, e.g. chunk by chunk into
+ *              a staging buffer) writes the eager e byte for byte, so the
+ *              snapshot format does not change
+ *   step:      prev = obd_codec_lazy_state_prev(), next =
+ *              obd_codec_lazy_state_next() (= v[1 - cur]); the blocks,
+ *              on any threads, then obd_codec_scale over their sums
+ *   commit:    (the op succeeded on every node) cur = 1 - cur, and the
+ *              new current buffer is {DEFERRED, the step's scale}
  *   rollback:  (the op failed anywhere: this node's own NaN/Inf, another
- *              node's, a peer's bad scale, a timeout) nothing: v[cur],
- *              scale[cur] and mode[cur] were only read, so the failed step
+ *              node's, a peer's bad scale, a timeout) nothing: v[cur] and
+ *              its scale and mode were only read, so the failed step
  *              leaves no trace, however late the failure is learned.
  *
  * Why double-buffered: the pass must write its b before the op knows
  * whether every node's step succeeded, and b = a + e cannot be undone
- * exactly (fp32 addition is not invertible), so an in-place state would
- * have to be reset to ZERO on every failed op. The second buffer costs one
- * more fp32 per padded element (worker) and per chunk element (server) for
- * every key with error feedback, i.e. it doubles the error-feedback
- * memory; the pass costs the same (tests/bench/bench_codec measures the
- * in-place and the double-buffered pass side by side). The kernels also
- * accept next == prev.v (in place, the same results), for a caller that
- * would rather reset the key's state to ZERO, and count it, on a failed
- * op than hold the second buffer.
+ * exactly (fp32 addition is not invertible), so a single in-place buffer
+ * would have to be reset to ZERO on every failed op. The second buffer
+ * costs one more fp32 per padded element (worker) and per chunk element
+ * (server) for every key with error feedback: it doubles the
+ * error-feedback memory, 4 * (N + N/n) bytes more per key. In time it
+ * costs little: the AVX2 kernels write a separate next with streaming
+ * stores, so the pass moves the same bytes as in place (read the input
+ * and the state, write the state); tests/bench/bench_codec measures both
+ * side by side. The kernels also accept next == prev.v (in place, the
+ * same results), for a caller that would rather reset the key's state to
+ * ZERO, and count it, on a failed op than hold the second buffer.
+ *
+ * Allocate both buffers 64-byte aligned (aligned_alloc), like the
+ * trainers' page-aligned shared memory: streaming stores need 16 bytes
+ * at least (32 for whole-vector stores), and a next buffer whose offset
+ * within a page differs slightly from the input's was measured up to 2x
+ * slower (4 KiB aliasing between the loads and the stores).
  */
 enum obd_codec_lazy_mode {
     OBD_CODEC_LAZY_ZERO,
@@ -150,6 +159,37 @@ struct obd_codec_lazy {
     float scale; /* DEFERRED only: finite and >= 0 (the step's scale) */
     const float *v;
 };
+
+/* The double-buffered state of one key and role. v[0] and v[1] (the
+ * same number of floats each) are owned by the caller, who frees them;
+ * the struct only borrows them. Fields are read-only outside the
+ * functions below. */
+struct obd_codec_lazy_state {
+    float *v[2];
+    float scale[2];
+    enum obd_codec_lazy_mode mode[2];
+    int cur;
+};
+
+/* No step taken yet: both buffers ZERO, cur = 0. */
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v0,
+                               float *v1);
+
+/* Restore an error snapshot: e (n floats, the state's length) is copied
+ * into the current buffer, whose mode becomes EAGER. */
+void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
+                                  const float *e, size_t n);
+
+/* What a step reads (borrows the current buffer). */
+struct obd_codec_lazy
+obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s);
+
+/* Where a step writes: the other buffer. */
+float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s);
+
+/* The step whose next buffer holds its b (or m), and whose scale is
+ * `scale`, succeeded on every node: it becomes the current state. */
+void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale);
 
 /* Function table of one implementation. All pointers borrow their buffers
  * for the duration of the call only. `x` may be shorter than the padded

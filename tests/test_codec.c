@@ -1539,17 +1539,15 @@ END_TEST
 
 /* ---- Lazy error feedback (the single-pass steps) ---------------------- */
 
-/* The daemon's double-buffered state from codec.h, written out here as the
- * test's model of it: two buffers, the scale and mode of each, `cur`; a
- * step reads v[cur] and writes v[1 - cur] (or v[cur] when in place), a
- * commit flips. `off` shifts both buffers by that many floats inside
- * their allocations, so the kernels meet every alignment (and hence
- * every kind of store). */
+/* A lazy state for the tests: the daemon's double-buffered
+ * obd_codec_lazy_state over buffers this owns, or (inplace) one buffer
+ * that every step overwrites, committed by hand. `off` shifts both
+ * buffers by that many floats inside their allocations, so the kernels
+ * meet every alignment (and hence every kind of store). */
 struct lstate {
-    float *mem[2], *v[2];
-    float scale[2];
-    enum obd_codec_lazy_mode mode[2];
-    int cur, inplace;
+    float *mem[2];
+    struct obd_codec_lazy_state st;
+    int inplace;
     size_t n;
 };
 
@@ -1558,11 +1556,8 @@ static void lstate_init(struct lstate *s, size_t n, int inplace, size_t off)
     for (int k = 0; k < 2; k++) {
         s->mem[k] = xmalloc((n + 8) * sizeof(float));
         memset(s->mem[k], 0x7f, (n + 8) * sizeof(float)); /* NaN-free junk */
-        s->v[k] = s->mem[k] + off;
-        s->mode[k] = OBD_CODEC_LAZY_ZERO;
-        s->scale[k] = 0.0f;
     }
-    s->cur = 0;
+    obd_codec_lazy_state_init(&s->st, s->mem[0] + off, s->mem[1] + off);
     s->inplace = inplace;
     s->n = n;
 }
@@ -1573,30 +1568,29 @@ static void lstate_fini(struct lstate *s)
     free(s->mem[1]);
 }
 
-/* Restores an error snapshot e: exact, mode EAGER. */
 static void lstate_restore(struct lstate *s, const float *e)
 {
-    memcpy(s->v[s->cur], e, s->n * sizeof(float));
-    s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
+    obd_codec_lazy_state_restore(&s->st, e, s->n);
 }
 
 static struct obd_codec_lazy lstate_prev(const struct lstate *s)
 {
-    return (struct obd_codec_lazy){s->mode[s->cur], s->scale[s->cur],
-                                   s->v[s->cur]};
+    return obd_codec_lazy_state_prev(&s->st);
 }
 
 static float *lstate_next(struct lstate *s)
 {
-    return s->inplace ? s->v[s->cur] : s->v[1 - s->cur];
+    return s->inplace ? s->st.v[s->st.cur] : obd_codec_lazy_state_next(&s->st);
 }
 
 static void lstate_commit(struct lstate *s, float scale)
 {
-    if (!s->inplace)
-        s->cur = 1 - s->cur;
-    s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
-    s->scale[s->cur] = scale;
+    if (!s->inplace) {
+        obd_codec_lazy_state_commit(&s->st, scale);
+        return;
+    }
+    s->st.mode[s->st.cur] = OBD_CODEC_LAZY_DEFERRED;
+    s->st.scale[s->st.cur] = scale;
 }
 
 /* The state's error, as a snapshot would store it. */
@@ -1910,15 +1904,16 @@ START_TEST(lazy_worker_nonfinite)
                         lstate_init(&bad_st, N, 0, 0);
                         lstate_restore(&bad_st, e1);
                         if (v < 4 || pos < count) {
-                            memcpy(le, bad_st.v[0], sizeof(le));
+                            memcpy(le, bad_st.st.v[0], sizeof(le));
                             lsc = 42.0f;
                             ck_assert_int_eq(lstate_worker(im[k], &bad_st, src,
                                                            nsrc, count, lbits,
                                                            &lsc),
                                              OBD_CODEC_ENONFINITE);
                             ck_assert(lsc == 42.0f);
-                            ck_assert(memcmp(le, bad_st.v[0], sizeof(le)) == 0);
-                            ck_assert_int_eq(bad_st.mode[0],
+                            ck_assert(memcmp(le, bad_st.st.v[0], sizeof(le)) ==
+                                      0);
+                            ck_assert_int_eq(bad_st.st.mode[0],
                                              OBD_CODEC_LAZY_EAGER);
                         }
                         lstate_fini(&bad_st);
@@ -1933,28 +1928,29 @@ START_TEST(lazy_worker_nonfinite)
                     } else {
                         for (int j = 0; j < nsrc; j++)
                             xs[j][pos] = FLT_MAX;
-                        ls.v[ls.cur][pos] = FLT_MAX; /* b = FLT_MAX + ... */
+                        ls.st.v[ls.st.cur][pos] =
+                            FLT_MAX; /* b = FLT_MAX + ... */
                     }
                     if (v < 4 && where == 1 && nsrc == 1) {
                         /* x1 is not read with one source. */
                         lstate_fini(&ls);
                         continue;
                     }
-                    keep = fdup(ls.v[ls.cur], N);
+                    keep = fdup(ls.st.v[ls.st.cur], N);
                     {
-                        enum obd_codec_lazy_mode mk = ls.mode[ls.cur];
-                        float sk = ls.scale[ls.cur];
-                        int ck = ls.cur;
+                        enum obd_codec_lazy_mode mk = ls.st.mode[ls.st.cur];
+                        float sk = ls.st.scale[ls.st.cur];
+                        int ck = ls.st.cur;
 
                         lsc = 42.0f;
                         ck_assert_int_eq(lstate_worker(im[k], &ls, src, nsrc,
                                                        count, lbits, &lsc),
                                          OBD_CODEC_ENONFINITE);
                         ck_assert(lsc == 42.0f);
-                        ck_assert_int_eq(ls.cur, ck);
-                        ck_assert_int_eq(ls.mode[ls.cur], mk);
-                        ck_assert(memcmp(&ls.scale[ls.cur], &sk, 4) == 0);
-                        ck_assert(memcmp(keep, ls.v[ls.cur], N * 4) == 0);
+                        ck_assert_int_eq(ls.st.cur, ck);
+                        ck_assert_int_eq(ls.st.mode[ls.st.cur], mk);
+                        ck_assert(memcmp(&ls.st.scale[ls.st.cur], &sk, 4) == 0);
+                        ck_assert(memcmp(keep, ls.st.v[ls.st.cur], N * 4) == 0);
                     }
                     free(keep);
                     if (v == 4) {
@@ -2051,15 +2047,15 @@ START_TEST(lazy_server_nonfinite)
                         }
                     }
                     lstate_restore(&ls, e1);
-                    memcpy(keep, ls.v[0], sizeof(keep));
+                    memcpy(keep, ls.st.v[0], sizeof(keep));
                     sc = 42.0f;
                     ck_assert_int_eq(
                         lstate_server(im[k], &ls, in, scales, n, bits, &sc),
                         OBD_CODEC_ENONFINITE);
                     ck_assert(sc == 42.0f);
-                    ck_assert_int_eq(ls.cur, 0);
-                    ck_assert_int_eq(ls.mode[0], OBD_CODEC_LAZY_EAGER);
-                    ck_assert(memcmp(keep, ls.v[0], sizeof(keep)) == 0);
+                    ck_assert_int_eq(ls.st.cur, 0);
+                    ck_assert_int_eq(ls.st.mode[0], OBD_CODEC_LAZY_EAGER);
+                    ck_assert(memcmp(keep, ls.st.v[0], sizeof(keep)) == 0);
                     lstate_fini(&ls);
                     for (int j = 0; j < n; j++)
                         scales[j] = 0.25f * (float)(j + 1);
