@@ -264,8 +264,11 @@ struct obd_codec_impl {
      * a multiple of OBD_CODEC_BLOCK). next is indexed like prev->v; it is
      * either exactly prev->v (in place) or overlaps neither it nor src.
      * Each element of src and prev->v is read once, before next[i] is
-     * written. Cannot fail: a non-finite b_i makes the returned sum
-     * non-finite, which obd_codec_scale reports. */
+     * written. prev must be a state obd_codec_lazy_compress accepts (it
+     * checks, this does not). Cannot fail: a non-finite b_i makes the
+     * returned sum non-finite, which obd_codec_scale reports. With next
+     * apart from prev->v and at least 16-byte aligned at begin, the AVX2
+     * version writes next with streaming stores (see the state model). */
     double (*lazy_worker_block)(const float *const *src, int nsrc, size_t count,
                                 const struct obd_codec_lazy *prev, float *next,
                                 size_t begin, size_t end, uint8_t *bits);

@@ -6,8 +6,15 @@
  *   to lane (i - begin) % 16, i.e. accumulator ((i - begin) % 16) / 4, the
  *   same lanes the portable code uses, so the sums are bit-identical.
  * - A packed byte holds 8 elements, the first in the most significant bit.
- *   movemask puts lane 0 in bit 0, so the compare mask is reversed across
- *   lanes first. Unpacking loads the byte's 8 lane masks from a table. */
+ *   movemask puts lane 0 in bit 0, so the eager kernels reverse the
+ *   compare mask across lanes first and the lazy ones reverse the bits of
+ *   the byte by a table lookup on the integer side. Unpacking loads the
+ *   byte's 8 lane masks (eager kernels, decompress) or sign masks (lazy
+ *   server step: +-scale = scale XOR mask) from a table.
+ * - The lazy kernels (see "Lazy error feedback" in codec.h) read the
+ *   input and the previous state once and write the next state once, in
+ *   one pass that also emits the packed signs and the block sums. A next
+ *   buffer apart from the previous one is written with streaming stores. */
 #include "codec.h"
 #include "codec_impl.h"
 
