@@ -28,7 +28,9 @@
  * to the server step is negative or not finite, the function returns
  * OBD_CODEC_ENONFINITE and writes nothing at all: the error buffers, the
  * packed output and the scale are left exactly as they were. The op that
- * fed such data must fail; error feedback is never poisoned.
+ * fed such data must fail; error feedback is never poisoned. (The lazy
+ * single-pass steps below write their next state and bits as they go,
+ * and leave the previous state untouched instead.)
  *
  * Every function exists in a portable C version and, where the CPU has it,
  * an AVX2 version chosen at run time. Both produce bit-identical output for
