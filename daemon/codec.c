@@ -717,11 +717,13 @@ int obd_codec_lazy_server(const struct obd_codec_impl *impl,
     return obd_codec_scale(&sum, 1, chunk, sscale);
 }
 
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v0,
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
+                               enum obd_codec_lazy_policy policy, float *v0,
                                float *v1)
 {
     *s = (struct obd_codec_lazy_state){
-        .v = {v0, v1},
+        .policy = policy,
+        .v = {v0, policy == OBD_CODEC_LAZY_ROLLBACK ? v1 : NULL},
         .mode = {OBD_CODEC_LAZY_ZERO, OBD_CODEC_LAZY_ZERO},
     };
 }
@@ -743,12 +745,25 @@ obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s)
 
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s)
 {
+    if (s->policy == OBD_CODEC_LAZY_RESET)
+        return s->v[s->cur];
     return s->v[1 - s->cur];
 }
 
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale)
 {
-    s->cur = 1 - s->cur;
+    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
+        s->cur = 1 - s->cur;
     s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
     s->scale[s->cur] = scale;
+}
+
+int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
+{
+    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
+        return 0;
+    /* The buffer holds part of a step that never happened. */
+    s->mode[s->cur] = OBD_CODEC_LAZY_ZERO;
+    s->scale[s->cur] = 0.0f;
+    return 1;
 }

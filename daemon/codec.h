@@ -108,45 +108,62 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * of that pass, the scale right after it.
  *
  * State model the daemon keeps, per key and per role (worker: padded
- * elements; server: one chunk): double-buffered, struct
- * obd_codec_lazy_state below, whose functions are the only transitions:
+ * elements; server: one chunk): struct obd_codec_lazy_state below, whose
+ * functions are the only transitions. Two policies differ only in what a
+ * failed step costs:
  *
- *   init:      both buffers ZERO, cur = 0 (the buffers need no contents)
+ *   RESET     one buffer v, every step writes it in place (next == v).
+ *             A step that fails once its pass has begun (this node's own
+ *             NaN/Inf, another node's, a peer's bad scale, a timeout)
+ *             has overwritten v with a b that never became a step, and
+ *             b = a + e cannot be undone exactly (fp32 addition is not
+ *             invertible): the state is reset to ZERO, as for a new key,
+ *             and the daemon counts the reset. A failed step leaves no
+ *             trace of its data, but the key loses its accumulated error.
+ *   ROLLBACK  two buffers, a step reads v[cur] and writes v[1 - cur];
+ *             commit flips. A failed step leaves no trace at all, however
+ *             late the failure is learned: v[cur], its scale and mode
+ *             were only read.
+ *
+ * Transitions (the same calls for both policies):
+ *   init:      mode ZERO, cur = 0 (the buffers need no contents)
  *   restore:   an error snapshot e (the format the eager code writes) is
  *              copied into v[cur], mode EAGER: exact, so old snapshots
  *              load unchanged
- *   snapshot:  lazy_error over prev (any ranges, e.g. chunk by chunk into
- *              a staging buffer) writes the eager e byte for byte, so the
- *              snapshot format does not change
+ *   snapshot:  between steps, lazy_error over prev (any ranges, e.g.
+ *              chunk by chunk into a staging buffer) writes the eager e
+ *              byte for byte, so the snapshot format does not change
  *   step:      prev = obd_codec_lazy_state_prev(), next =
- *              obd_codec_lazy_state_next() (= v[1 - cur]); the blocks,
- *              on any threads, then obd_codec_scale over their sums
- *   commit:    (the op succeeded on every node) cur = 1 - cur, and the
- *              new current buffer is {DEFERRED, the step's scale}
- *   rollback:  (the op failed anywhere: this node's own NaN/Inf, another
- *              node's, a peer's bad scale, a timeout) nothing: v[cur] and
- *              its scale and mode were only read, so the failed step
- *              leaves no trace, however late the failure is learned.
+ *              obd_codec_lazy_state_next(); the blocks, on any threads,
+ *              then obd_codec_scale over their sums
+ *   commit:    the op succeeded on every node: obd_codec_lazy_state_commit
+ *              with the step's scale (mode DEFERRED)
+ *   abort:     the op failed after the step's pass began:
+ *              obd_codec_lazy_state_abort, which resets a RESET state (and
+ *              says so, for the count) and leaves a ROLLBACK state as it
+ *              was. An op that fails before any block ran needs nothing.
  *
- * Why double-buffered: the pass must write its b before the op knows
- * whether every node's step succeeded, and b = a + e cannot be undone
- * exactly (fp32 addition is not invertible), so a single in-place buffer
- * would have to be reset to ZERO on every failed op. The second buffer
- * costs one more fp32 per padded element (worker) and per chunk element
- * (server) for every key with error feedback: it doubles the
- * error-feedback memory, 4 * (N + N/n) bytes more per key. In time it
- * costs little: the AVX2 kernels write a separate next with streaming
- * stores, so the pass moves the same bytes as in place (read the input
- * and the state, write the state); tests/bench/bench_codec measures both
- * side by side. The kernels also accept next == prev.v (in place, the
- * same results), for a caller that would rather reset the key's state to
- * ZERO, and count it, on a failed op than hold the second buffer.
+ * Cost, measured by tests/bench/bench_codec (lazy ... in place against
+ * lazy ... 2 buffers, one thread, 16 Mi and 64 Mi floats, several runs on
+ * a shared 2-core machine): ROLLBACK doubles the error-feedback memory,
+ * 4 * (N + N/n) bytes more per key, and its passes take about 20-25%
+ * longer (worker 1.10x memcpy against 0.86x in place, server step with 4
+ * inputs 1.27x against 1.07x, 16 Mi floats, medians), although they move
+ * the same bytes: the separate next buffer is written with streaming
+ * stores, but reading one region while writing another costs the memory
+ * system more than writing back the lines just read.
  *
- * Allocate both buffers 64-byte aligned (aligned_alloc), like the
- * trainers' page-aligned shared memory: streaming stores need 16 bytes
- * at least (32 for whole-vector stores), and a next buffer whose offset
- * within a page differs slightly from the input's was measured up to 2x
- * slower (4 KiB aliasing between the loads and the stores).
+ * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
+ * pass) where ROLLBACK does not, and it halves the memory; what it gives
+ * up is the error of a key whose op failed anyway, which restarts from
+ * zero, counted. ROLLBACK remains one init call away for a deployment
+ * that wants a failed op to leave the error feedback exactly as it was.
+ *
+ * Allocate the buffers 64-byte aligned (aligned_alloc), like the
+ * trainers' page-aligned shared memory: the streaming stores of ROLLBACK
+ * need 16 bytes at least (32 for whole-vector stores), and a next buffer
+ * whose offset within a page differed slightly from the input's was
+ * measured up to 2x slower (4 KiB aliasing between loads and stores).
  */
 enum obd_codec_lazy_mode {
     OBD_CODEC_LAZY_ZERO,
@@ -162,19 +179,27 @@ struct obd_codec_lazy {
     const float *v;
 };
 
-/* The double-buffered state of one key and role. v[0] and v[1] (the
- * same number of floats each) are owned by the caller, who frees them;
- * the struct only borrows them. Fields are read-only outside the
- * functions below. */
+/* What a failed step costs a state; see the state model above. */
+enum obd_codec_lazy_policy {
+    OBD_CODEC_LAZY_RESET,    /* one buffer, in place; failure resets */
+    OBD_CODEC_LAZY_ROLLBACK, /* two buffers; failure leaves no trace */
+};
+
+/* The lazy state of one key and role. The buffers (the same number of
+ * floats each) are owned by the caller, who frees them; the struct only
+ * borrows them. Fields are read-only outside the functions below. */
 struct obd_codec_lazy_state {
-    float *v[2];
+    enum obd_codec_lazy_policy policy;
+    float *v[2]; /* v[1] is NULL under RESET */
     float scale[2];
     enum obd_codec_lazy_mode mode[2];
     int cur;
 };
 
-/* No step taken yet: both buffers ZERO, cur = 0. */
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v0,
+/* No step taken yet: mode ZERO, cur = 0. v1 is the second buffer under
+ * ROLLBACK and must be NULL under RESET. */
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
+                               enum obd_codec_lazy_policy policy, float *v0,
                                float *v1);
 
 /* Restore an error snapshot: e (n floats, the state's length) is copied
@@ -186,12 +211,18 @@ void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
 struct obd_codec_lazy
 obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s);
 
-/* Where a step writes: the other buffer. */
+/* Where a step writes: the current buffer under RESET, the other one
+ * under ROLLBACK. */
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s);
 
-/* The step whose next buffer holds its b (or m), and whose scale is
- * `scale`, succeeded on every node: it becomes the current state. */
+/* The step (its b or m in obd_codec_lazy_state_next(), its scale
+ * `scale`) succeeded on every node: it becomes the current state. */
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale);
+
+/* The op failed after the step's pass began. RESET: the state becomes
+ * ZERO and this returns 1 (count it); ROLLBACK: nothing changes, returns
+ * 0. */
+int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
 
 /* Function table of one implementation. All pointers borrow their buffers
  * for the duration of the call only. `x` may be shorter than the padded

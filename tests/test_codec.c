@@ -1539,15 +1539,13 @@ END_TEST
 
 /* ---- Lazy error feedback (the single-pass steps) ---------------------- */
 
-/* A lazy state for the tests: the daemon's double-buffered
- * obd_codec_lazy_state over buffers this owns, or (inplace) one buffer
- * that every step overwrites, committed by hand. `off` shifts both
+/* A lazy state for the tests: obd_codec_lazy_state over buffers this
+ * owns, RESET (in place) or ROLLBACK (two buffers). `off` shifts both
  * buffers by that many floats inside their allocations, so the kernels
  * meet every alignment (and hence every kind of store). */
 struct lstate {
     float *mem[2];
     struct obd_codec_lazy_state st;
-    int inplace;
     size_t n;
 };
 
@@ -1557,8 +1555,9 @@ static void lstate_init(struct lstate *s, size_t n, int inplace, size_t off)
         s->mem[k] = xmalloc((n + 8) * sizeof(float));
         memset(s->mem[k], 0x7f, (n + 8) * sizeof(float)); /* NaN-free junk */
     }
-    obd_codec_lazy_state_init(&s->st, s->mem[0] + off, s->mem[1] + off);
-    s->inplace = inplace;
+    obd_codec_lazy_state_init(
+        &s->st, inplace ? OBD_CODEC_LAZY_RESET : OBD_CODEC_LAZY_ROLLBACK,
+        s->mem[0] + off, inplace ? NULL : s->mem[1] + off);
     s->n = n;
 }
 
@@ -1580,17 +1579,12 @@ static struct obd_codec_lazy lstate_prev(const struct lstate *s)
 
 static float *lstate_next(struct lstate *s)
 {
-    return s->inplace ? s->st.v[s->st.cur] : obd_codec_lazy_state_next(&s->st);
+    return obd_codec_lazy_state_next(&s->st);
 }
 
 static void lstate_commit(struct lstate *s, float scale)
 {
-    if (!s->inplace) {
-        obd_codec_lazy_state_commit(&s->st, scale);
-        return;
-    }
-    s->st.mode[s->st.cur] = OBD_CODEC_LAZY_DEFERRED;
-    s->st.scale[s->st.cur] = scale;
+    obd_codec_lazy_state_commit(&s->st, scale);
 }
 
 /* The state's error, as a snapshot would store it. */
@@ -1951,6 +1945,8 @@ START_TEST(lazy_worker_nonfinite)
                         ck_assert_int_eq(ls.st.mode[ls.st.cur], mk);
                         ck_assert(memcmp(&ls.st.scale[ls.st.cur], &sk, 4) == 0);
                         ck_assert(memcmp(keep, ls.st.v[ls.st.cur], N * 4) == 0);
+                        ck_assert_int_eq(obd_codec_lazy_state_abort(&ls.st), 0);
+                        ck_assert_int_eq(ls.st.mode[ls.st.cur], mk);
                     }
                     free(keep);
                     if (v == 4) {
@@ -2224,6 +2220,85 @@ START_TEST(lazy_portable_equals_avx2)
 }
 END_TEST
 
+/* A RESET state (one buffer, in place) whose step fails: abort resets it
+ * to ZERO and says so; the next step is exactly the eager step from a
+ * zero error. A ROLLBACK state's abort changes nothing. Also an abort
+ * after a failure of another node (the step itself succeeded here). */
+START_TEST(lazy_state_abort)
+{
+    struct rng r = {0xab047u};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const size_t count = 1000, N = 1000;
+
+    for (int k = 0; k < ni; k++)
+        for (int other = 0; other < 2; other++) {
+            float *x = xmalloc(N * sizeof(float)), *e = xmalloc(N * 4);
+            float *le = xmalloc(N * sizeof(float)), sc, lsc = 0.0f;
+            uint8_t bits[125], lbits[125];
+            const float *src[1] = {x};
+            struct lstate ls, lr;
+
+            lstate_init(&ls, N, 1, 0);
+            lstate_init(&lr, N, 0, 0);
+            for (int step = 0; step < 3; step++) {
+                fill_unit(&r, x, count, 1.0f);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], &ls, src, 1, count, lbits, &lsc), 0);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], &lr, src, 1, count, lbits, &lsc), 0);
+            }
+            lstate_error(im[k], &lr, e);
+            /* The failing step: a NaN here, or (other) a good step here
+             * while some other node failed the op. */
+            fill_unit(&r, x, count, 1.0f);
+            x[count / 2] = other ? x[count / 2] : NAN;
+            {
+                struct obd_codec_lazy p1 = lstate_prev(&ls),
+                                      p2 = lstate_prev(&lr);
+                int want = other ? 0 : OBD_CODEC_ENONFINITE;
+                ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, count,
+                                                         &p1, lstate_next(&ls),
+                                                         N, lbits, &lsc),
+                                 want);
+                ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, count,
+                                                         &p2, lstate_next(&lr),
+                                                         N, lbits, &lsc),
+                                 want);
+            }
+            ck_assert_int_eq(obd_codec_lazy_state_abort(&ls.st), 1);
+            ck_assert_int_eq(ls.st.mode[ls.st.cur], OBD_CODEC_LAZY_ZERO);
+            ck_assert_int_eq(obd_codec_lazy_state_abort(&lr.st), 0);
+            ck_assert_int_eq(lr.st.mode[lr.st.cur], OBD_CODEC_LAZY_DEFERRED);
+            /* Next step: RESET from zero, ROLLBACK from the kept error. */
+            fill_unit(&r, x, count, 1.0f);
+            for (int t = 0; t < 2; t++) {
+                struct lstate *st = t ? &lr : &ls;
+                float *ee = xmalloc(N * sizeof(float));
+
+                if (t)
+                    memcpy(ee, e, N * sizeof(float));
+                else
+                    memset(ee, 0, N * sizeof(float));
+                ck_assert_int_eq(
+                    obd_codec_compress(im[k], x, count, ee, N, bits, &sc), 0);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], st, src, 1, count, lbits, &lsc), 0);
+                ck_assert(memcmp(&sc, &lsc, sizeof(float)) == 0);
+                ck_assert(memcmp(bits, lbits, sizeof(bits)) == 0);
+                lstate_error(im[k], st, le);
+                ck_assert(memcmp(ee, le, N * sizeof(float)) == 0);
+                free(ee);
+            }
+            lstate_fini(&lr);
+            lstate_fini(&ls);
+            free(le);
+            free(e);
+            free(x);
+        }
+}
+END_TEST
+
 /* decompress_stream writes exactly what decompress writes, at every
  * alignment of the output (streaming stores of 32 or 16 bytes, or none)
  * and every length, and nothing outside [0, elems). */
@@ -2290,6 +2365,7 @@ static Suite *codec_suite(void)
     tcase_add_test(tc, lazy_worker_nonfinite);
     tcase_add_test(tc, lazy_server_nonfinite);
     tcase_add_test(tc, lazy_invalid);
+    tcase_add_test(tc, lazy_state_abort);
     tcase_add_test(tc, lazy_portable_equals_avx2);
     tcase_add_test(tc, decompress_stream_equals_decompress);
     suite_add_tcase(s, tc);

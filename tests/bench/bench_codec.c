@@ -27,9 +27,9 @@
  *   lazy compress / lazy server (n=4)
  *                            the single-pass lazy steps (codec.h, "Lazy
  *                            error feedback") from a DEFERRED state, with
- *                            the state in place (next == prev.v) and
- *                            double-buffered (next != prev.v, committed by
- *                            a flip after every step), the daemon's model
+ *                            the state in place (policy RESET) and
+ *                            double-buffered (policy ROLLBACK), committed
+ *                            after every step through obd_codec_lazy_state
  *   lazy_error               materialising the eager e of a lazy state
  *   decompress, decompress_add, decompress_stream (streaming stores)
  *   compress_avg (nsrc=2)    the eager compress of the average of AVG_NSRC
@@ -60,14 +60,12 @@
 #define SERVER_N    4
 #define AVG_NSRC    2
 
-/* A lazy state as the daemon keeps it (codec.h): two buffers, the scale
- * and mode of each, and which one is current. `inplace` runs every step
- * with next == prev.v instead (one buffer, no rollback). */
+/* A lazy state as the daemon keeps it (codec.h): RESET (one buffer, in
+ * place) or ROLLBACK (two buffers). */
 struct lazy_state {
-    float *v[2];
-    float scale[2];
-    enum obd_codec_lazy_mode mode[2];
-    int cur, inplace;
+    float *buf[2];
+    enum obd_codec_lazy_policy policy;
+    struct obd_codec_lazy_state st;
 };
 
 struct bench {
@@ -107,17 +105,17 @@ static const struct {
     enum kind kind;
 } ops[NOPS] = {
     [OP_COMPRESS] = {"compress", TWO_PASS},
-    [OP_LAZY_COMPRESS_1] = {"lazy compress (in place)", LAZY},
-    [OP_LAZY_COMPRESS] = {"lazy compress (2 buffers)", LAZY},
+    [OP_LAZY_COMPRESS_1] = {"lazy compress (RESET, in place)", LAZY},
+    [OP_LAZY_COMPRESS] = {"lazy compress (ROLLBACK, 2 buffers)", LAZY},
     [OP_SERVER] = {"server (n=4)", TWO_PASS},
-    [OP_LAZY_SERVER_1] = {"lazy server (n=4, in place)", LAZY},
-    [OP_LAZY_SERVER] = {"lazy server (n=4, 2 buffers)", LAZY},
+    [OP_LAZY_SERVER_1] = {"lazy server (n=4, RESET, in place)", LAZY},
+    [OP_LAZY_SERVER] = {"lazy server (n=4, ROLLBACK, 2 buffers)", LAZY},
     [OP_LAZY_ERROR] = {"lazy_error", PLAIN},
     [OP_DECOMPRESS] = {"decompress", PLAIN},
     [OP_DECOMPRESS_ADD] = {"decompress_add", PLAIN},
     [OP_DECOMPRESS_STREAM] = {"decompress_stream", PLAIN},
     [OP_COMPRESS_AVG] = {"compress_avg (nsrc=2)", TWO_PASS},
-    [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, 2 buffers)", LAZY},
+    [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, ROLLBACK)", LAZY},
 };
 
 /* One thread's share of an operation: blocks [b0, b1). */
@@ -177,18 +175,14 @@ static struct lazy_state *op_state(struct bench *b, int op)
 static void lazy_prev(const struct lazy_state *st, struct obd_codec_lazy *prev,
                       float **next)
 {
-    *prev = (struct obd_codec_lazy){st->mode[st->cur], st->scale[st->cur],
-                                    st->v[st->cur]};
-    *next = st->inplace ? st->v[st->cur] : st->v[1 - st->cur];
+    *prev = obd_codec_lazy_state_prev(&st->st);
+    *next = obd_codec_lazy_state_next(&st->st);
 }
 
-/* The step succeeded: its buffer becomes the current state. */
+/* The step succeeded. */
 static void lazy_commit(struct lazy_state *st, float scale)
 {
-    if (!st->inplace)
-        st->cur = 1 - st->cur;
-    st->mode[st->cur] = OBD_CODEC_LAZY_DEFERRED;
-    st->scale[st->cur] = scale;
+    obd_codec_lazy_state_commit(&st->st, scale);
 }
 
 static void *run_job(void *arg)
@@ -384,12 +378,8 @@ static float rng_unit(uint64_t *s)
 /* A lazy state holding the eager error e (restored from a snapshot). */
 static void lazy_from(struct lazy_state *st, const float *e, size_t n)
 {
-    st->cur = 0;
-    memcpy(st->v[0], e, n * sizeof(float));
-    memset(st->v[1], 0, n * sizeof(float));
-    st->mode[0] = OBD_CODEC_LAZY_EAGER;
-    st->mode[1] = OBD_CODEC_LAZY_ZERO;
-    st->scale[0] = st->scale[1] = 0.0f;
+    obd_codec_lazy_state_init(&st->st, st->policy, st->buf[0], st->buf[1]);
+    obd_codec_lazy_state_restore(&st->st, e, n);
 }
 
 /* Fresh deterministic inputs; also touches every page of every buffer. */
@@ -540,15 +530,15 @@ static void do_floor2(struct bench *b)
 
 static void lazy_alloc(struct lazy_state *st, size_t elems, int inplace)
 {
-    st->v[0] = xmalloc(elems * sizeof(float));
-    st->v[1] = xmalloc(elems * sizeof(float));
-    st->inplace = inplace;
+    st->policy = inplace ? OBD_CODEC_LAZY_RESET : OBD_CODEC_LAZY_ROLLBACK;
+    st->buf[0] = xmalloc(elems * sizeof(float));
+    st->buf[1] = inplace ? NULL : xmalloc(elems * sizeof(float));
 }
 
 static void lazy_free(struct lazy_state *st)
 {
-    free(st->v[0]);
-    free(st->v[1]);
+    free(st->buf[0]);
+    free(st->buf[1]);
 }
 
 int main(int argc, char **argv)
