@@ -143,15 +143,16 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  *              says so, for the count) and leaves a ROLLBACK state as it
  *              was. An op that fails before any block ran needs nothing.
  *
- * Cost, measured by tests/bench/bench_codec (lazy ... in place against
- * lazy ... 2 buffers, one thread, 16 Mi and 64 Mi floats, several runs on
- * a shared 2-core machine): ROLLBACK doubles the error-feedback memory,
- * 4 * (N + N/n) bytes more per key, and its passes take about 20-25%
- * longer (worker 1.10x memcpy against 0.86x in place, server step with 4
- * inputs 1.27x against 1.07x, 16 Mi floats, medians), although they move
- * the same bytes: the separate next buffer is written with streaming
- * stores, but reading one region while writing another costs the memory
- * system more than writing back the lines just read.
+ * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
+ * "ROLLBACK, 2 buffers" rows; one thread, medians of 9 runs at 16 Mi
+ * floats and 6 at 64 Mi on a shared 2-core machine under load): ROLLBACK
+ * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
+ * and its passes take 5-20% longer: worker 0.99x memcpy against 0.82x in
+ * place (64 Mi: 1.07x against 1.04x), server step with 4 inputs 1.18x
+ * against 1.00x (64 Mi: 1.18x against 1.06x), although they move the same
+ * bytes: the separate next buffer is written with streaming stores, but
+ * reading one region while writing another costs the memory system more
+ * than writing back the lines just read.
  *
  * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
  * pass) where ROLLBACK does not, and it halves the memory; what it gives
