@@ -4,18 +4,22 @@
  * usage: bench_codec [-n ELEMS] [-r REPEATS] [-t THREADS] [-i IMPL] [--json]
  *
  * Every operation runs over one tensor of ELEMS fp32 elements (default
- * 64 Mi, i.e. 256 MiB) and is timed as the median of REPEATS runs, for each
- * implementation, on one thread and on THREADS threads (default: all online
- * CPUs); -i portable or -i avx2 runs only that implementation. Two
- * baselines are measured in the same run, one thread each:
- * memcpy of the input into another buffer (reads 4, writes 4 bytes per
- * element), and "floor", a plain pass y[i] = x[i] + y[i] that reads two
- * fp32 streams and writes one in place: the memory traffic of a
- * single-pass codec step (read the input and the state, write the state),
- * so a codec row near ratio_floor 1.0 is memory-bound. "floor (2 buffers)"
- * writes z[i] = x[i] + y[i] to a third buffer, the traffic of a
- * double-buffered state. GB/s is tensor bytes (ELEMS * 4) per second for
- * every row, so rows compare directly.
+ * 64 Mi, i.e. 256 MiB), for each implementation, on one thread and on
+ * THREADS threads (default: all online CPUs); -i portable or -i avx2 runs
+ * only that implementation. Baselines, one thread each: memcpy of the
+ * input into another buffer (reads 4, writes 4 bytes per element), and
+ * "floor", a plain pass y[i] = x[i] + y[i] that reads two fp32 streams and
+ * writes one in place: the memory traffic of a single-pass codec step
+ * (read the input and the state, write the state), so a codec row near
+ * ratio_floor 1.0 is memory-bound. "floor (2 buffers)" writes
+ * z[i] = x[i] + y[i] to a third buffer with plain stores.
+ *
+ * REPEATS rounds: each round times memcpy, the floors and every op once,
+ * back to back, so load from other processes on a shared machine hits
+ * baselines and ops alike. ms is the median time over rounds; a ratio is
+ * the median over rounds of the op's time / the baseline's time in the
+ * same round. GB/s is tensor bytes (ELEMS * 4) / ms for every row, so rows
+ * compare directly. All buffers are 64-byte aligned, like the daemon's.
  *
  * The server step treats the whole tensor as one chunk fed by 4
  * participants (4 packed inputs of ELEMS / 8 bytes and the server error of
@@ -36,8 +40,9 @@
  *                            local buffers (obd_codec_compress_avg); it
  *                            moves (AVG_NSRC + 4) * 4 bytes per element, a
  *                            ratio of 3.0 to memcpy at equal bandwidth
- *   lazy compress_avg (nsrc=2, 2 buffers)
- *                            the lazy step over the same average
+ *   lazy compress_avg (nsrc=2, ROLLBACK)
+ *                            the lazy step over the same average (no
+ *                            scratch b: (AVG_NSRC + 2) * 4 bytes)
  *
  * Multi-threaded runs split the tensor into whole OBD_CODEC_BLOCK blocks:
  * pass 1 (the only pass of a lazy step) collects every block's sum of
