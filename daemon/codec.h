@@ -138,16 +138,17 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  *              then obd_codec_scale over their sums
  *   commit:    the op succeeded on every node: obd_codec_lazy_state_commit
  *              with the step's scale (mode DEFERRED)
- *   abort:     the op failed after the step's pass began:
+ *   abort:     the op failed after the step's pass began on this state
+ *              (worker and server state each on its own):
  *              obd_codec_lazy_state_abort, which resets a RESET state (and
  *              says so, for the count) and leaves a ROLLBACK state as it
- *              was. An op that fails before any block ran needs nothing.
+ *              was. A state whose pass never began needs nothing.
  *
  * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
  * "ROLLBACK, 2 buffers" rows; one thread, medians of 9 runs at 16 Mi
  * floats and 6 at 64 Mi on a shared 2-core machine under load): ROLLBACK
  * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
- * and its passes take 5-20% longer: worker 0.99x memcpy against 0.82x in
+ * and its passes take 3-21% longer: worker 0.99x memcpy against 0.82x in
  * place (64 Mi: 1.07x against 1.04x), server step with 4 inputs 1.18x
  * against 1.00x (64 Mi: 1.18x against 1.06x), although they move the same
  * bytes: the separate next buffer is written with streaming stores, but
@@ -155,7 +156,8 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * than writing back the lines just read.
  *
  * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
- * pass) where ROLLBACK does not, and it halves the memory; what it gives
+ * pass) where ROLLBACK's server step does not, and it halves the
+ * memory; what it gives
  * up is the error of a key whose op failed anyway, which restarts from
  * zero, counted. ROLLBACK remains one init call away for a deployment
  * that wants a failed op to leave the error feedback exactly as it was.
