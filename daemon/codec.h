@@ -156,11 +156,11 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * than writing back the lines just read.
  *
  * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
- * pass) where ROLLBACK's server step does not, and it halves the
- * memory; what it gives
- * up is the error of a key whose op failed anyway, which restarts from
- * zero, counted. ROLLBACK remains one init call away for a deployment
- * that wants a failed op to leave the error feedback exactly as it was.
+ * pass) where ROLLBACK's server step does not, and it halves the memory;
+ * what it gives up is the error of a key whose op failed anyway, which
+ * restarts from zero, counted. ROLLBACK remains one init call away for a
+ * deployment that wants a failed op to leave the error feedback exactly
+ * as it was.
  *
  * Allocate the buffers 64-byte aligned (aligned_alloc), like the
  * trainers' page-aligned shared memory: the streaming stores of ROLLBACK
