@@ -358,8 +358,6 @@ static void p_decompress_add(const uint8_t *bits, float scale, float *out,
  * element: each kernel is an always-inline body instantiated once per
  * mode, so the compiler sees a constant and drops the other branches. */
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-
 /* e_i of state (mode, scale bits sb, v) as codec.h defines it. */
 static ALWAYS_INLINE float lazy_e(enum obd_codec_lazy_mode mode, const float *v,
                                   uint32_t sb, size_t i)

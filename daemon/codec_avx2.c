@@ -410,8 +410,6 @@ static void v_decompress_add(const uint8_t *bits, float scale, float *out,
  * a compile-time constant in each instantiation of the always-inline
  * bodies. */
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-
 /* Sign masks of every byte value: 0x80000000 in lane j where bit 7 - j is
  * clear. +-scale is then scale XOR the mask, one instruction with the
  * table operand in memory (a blend needs the mask in a register). */
