@@ -386,6 +386,42 @@ static float lazy_a1(const float *const *src, int nsrc, size_t count, size_t i)
     return avg1(src, nsrc, count, i);
 }
 
+/* The second half of a lazy step for eight elements from i, whose a
+ * (average or participants' sum) is given: b = a + e, stored to next
+ * (e is read first: next may be v), the packed byte of their signs, and
+ * the squares added to acc8, the accumulators of lanes (i - begin) % 16
+ * onwards. */
+static ALWAYS_INLINE void lazy_finish8(enum obd_codec_lazy_mode mode,
+                                       const float *v, uint32_t sb,
+                                       const float a[8], float *next, size_t i,
+                                       uint8_t *byte_out, double acc8[8])
+{
+    unsigned byte = 0;
+
+    for (int j = 0; j < 8; j++) {
+        float b = a[j] + lazy_e(mode, v, sb, i + (size_t)j);
+        double d = b;
+        next[i + (size_t)j] = b;
+        byte |= (unsigned)(b >= 0.0f) << (7 - j);
+        acc8[j] += d * d;
+    }
+    *byte_out = (uint8_t)byte;
+}
+
+/* a of the worker for eight elements from i. */
+static ALWAYS_INLINE void lazy_a8(const float *const *src, int nsrc,
+                                  size_t count, size_t i, float a[8])
+{
+    if (i + 8 <= count) {
+        avg8(src, nsrc, i, a);
+        return;
+    }
+    for (int j = 0; j < 8; j++)
+        a[j] = lazy_a1(src, nsrc, count, i + (size_t)j);
+}
+
+/* Sixteen elements per iteration, so that each half always meets the same
+ * eight accumulators; a last group of eight uses the first half. */
 static ALWAYS_INLINE double
 p_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
                    int nsrc, size_t count, const struct obd_codec_lazy *prev,
@@ -394,26 +430,19 @@ p_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
     double acc[16] = {0};
     uint32_t sb = float_bits(prev->scale);
     const float *v = prev->v;
+    size_t i = begin;
+    float a[8];
 
-    for (size_t i = begin; i < end; i += 8) {
-        float a[8];
-        unsigned byte = 0;
-        size_t lane = (i - begin) % 16;
-
-        if (i + 8 <= count)
-            avg8(src, nsrc, i, a);
-        else
-            for (int j = 0; j < 8; j++)
-                a[j] = lazy_a1(src, nsrc, count, i + (size_t)j);
-        for (int j = 0; j < 8; j++) {
-            /* e is read before next is written: next may be v. */
-            float b = a[j] + lazy_e(mode, v, sb, i + (size_t)j);
-            double d = b;
-            next[i + (size_t)j] = b;
-            byte |= (unsigned)(b >= 0.0f) << (7 - j);
-            acc[lane + (size_t)j] += d * d;
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
+    for (; i + 16 <= end; i += 16) {
+        lazy_a8(src, nsrc, count, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+        lazy_a8(src, nsrc, count, i + 8, a);
+        lazy_finish8(mode, v, sb, a, next, i + 8, &bits[(i - begin) / 8 + 1],
+                     acc + 8);
+    }
+    if (i < end) {
+        lazy_a8(src, nsrc, count, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
     }
     return combine16(acc);
 }
@@ -473,21 +502,19 @@ p_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
     double acc[16] = {0};
     uint32_t sb = float_bits(prev->scale);
     const float *v = prev->v;
+    size_t i = begin;
+    float a[8];
 
-    for (size_t i = begin; i < end; i += 8) {
-        float a[8];
-        unsigned byte = 0;
-        size_t lane = (i - begin) % 16;
-
+    for (; i + 16 <= end; i += 16) {
         server_a8(in, scales, n, i, a);
-        for (int j = 0; j < 8; j++) {
-            float m = a[j] + lazy_e(mode, v, sb, i + (size_t)j);
-            double d = m;
-            next[i + (size_t)j] = m;
-            byte |= (unsigned)(m >= 0.0f) << (7 - j);
-            acc[lane + (size_t)j] += d * d;
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+        server_a8(in, scales, n, i + 8, a);
+        lazy_finish8(mode, v, sb, a, next, i + 8, &bits[(i - begin) / 8 + 1],
+                     acc + 8);
+    }
+    if (i < end) {
+        server_a8(in, scales, n, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
     }
     return combine16(acc);
 }
