@@ -145,12 +145,12 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  *              was. A state whose pass never began needs nothing.
  *
  * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
- * "ROLLBACK, 2 buffers" rows; one thread, medians of 9 runs at 16 Mi
- * floats and 6 at 64 Mi on a shared 2-core machine under load): ROLLBACK
+ * "ROLLBACK, 2 buffers" rows; one thread, medians of 15 runs at 16 Mi
+ * floats and 10 at 64 Mi on a shared 2-core machine under load): ROLLBACK
  * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
- * and its passes take 3-21% longer: worker 0.99x memcpy against 0.82x in
- * place (64 Mi: 1.07x against 1.04x), server step with 4 inputs 1.18x
- * against 1.00x (64 Mi: 1.18x against 1.06x), although they move the same
+ * and its passes take 4-21% longer: worker 0.99x memcpy against 0.82x in
+ * place (64 Mi: 0.99x against 0.95x), server step with 4 inputs 1.20x
+ * against 1.04x (64 Mi: 1.11x against 1.05x), although they move the same
  * bytes: the separate next buffer is written with streaming stores, but
  * reading one region while writing another costs the memory system more
  * than writing back the lines just read.
