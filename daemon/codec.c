@@ -352,6 +352,200 @@ static void p_decompress_add(const uint8_t *bits, float scale, float *out,
         out[i] += plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
 }
 
+/* ---- Lazy kernels (portable) ----
+ *
+ * The mode of the previous state is tested once per call, not per
+ * element: each kernel is an always-inline body instantiated once per
+ * mode, so the compiler sees a constant and drops the other branches. */
+
+/* e_i of state (mode, scale bits sb, v) as codec.h defines it. */
+static ALWAYS_INLINE float lazy_e(enum obd_codec_lazy_mode mode, const float *v,
+                                  uint32_t sb, size_t i)
+{
+    float p;
+
+    switch (mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return 0.0f;
+    case OBD_CODEC_LAZY_EAGER:
+        return v[i];
+    default:
+        p = v[i];
+        return p - plus_minus(sb, p >= 0.0f);
+    }
+}
+
+/* One element of the average, zero past count, with nsrc == 1 the source
+ * itself (compress_avg's a_i; x_i for the single-source worker). */
+static float lazy_a1(const float *const *src, int nsrc, size_t count, size_t i)
+{
+    if (i >= count)
+        return 0.0f;
+    if (nsrc == 1)
+        return src[0][i];
+    return avg1(src, nsrc, count, i);
+}
+
+/* The second half of a lazy step for eight elements from i, whose a
+ * (average or participants' sum) is given: b = a + e, stored to next
+ * (e is read first: next may be v), the packed byte of their signs, and
+ * the squares added to acc8, the accumulators of lanes (i - begin) % 16
+ * onwards. */
+static ALWAYS_INLINE void lazy_finish8(enum obd_codec_lazy_mode mode,
+                                       const float *v, uint32_t sb,
+                                       const float a[8], float *next, size_t i,
+                                       uint8_t *byte_out, double acc8[8])
+{
+    unsigned byte = 0;
+
+    for (int j = 0; j < 8; j++) {
+        float b = a[j] + lazy_e(mode, v, sb, i + (size_t)j);
+        double d = b;
+        next[i + (size_t)j] = b;
+        byte |= (unsigned)(b >= 0.0f) << (7 - j);
+        acc8[j] += d * d;
+    }
+    *byte_out = (uint8_t)byte;
+}
+
+/* a of the worker for eight elements from i. */
+static ALWAYS_INLINE void lazy_a8(const float *const *src, int nsrc,
+                                  size_t count, size_t i, float a[8])
+{
+    if (i + 8 <= count) {
+        avg8(src, nsrc, i, a);
+        return;
+    }
+    for (int j = 0; j < 8; j++)
+        a[j] = lazy_a1(src, nsrc, count, i + (size_t)j);
+}
+
+/* Sixteen elements per iteration, so that each half always meets the same
+ * eight accumulators; a last group of eight uses the first half. */
+static ALWAYS_INLINE double
+p_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
+                   int nsrc, size_t count, const struct obd_codec_lazy *prev,
+                   float *next, size_t begin, size_t end, uint8_t *bits)
+{
+    double acc[16] = {0};
+    uint32_t sb = float_bits(prev->scale);
+    const float *v = prev->v;
+    size_t i = begin;
+    float a[8];
+
+    for (; i + 16 <= end; i += 16) {
+        lazy_a8(src, nsrc, count, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+        lazy_a8(src, nsrc, count, i + 8, a);
+        lazy_finish8(mode, v, sb, a, next, i + 8, &bits[(i - begin) / 8 + 1],
+                     acc + 8);
+    }
+    if (i < end) {
+        lazy_a8(src, nsrc, count, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+    }
+    return combine16(acc);
+}
+
+static double p_lazy_worker_block(const float *const *src, int nsrc,
+                                  size_t count,
+                                  const struct obd_codec_lazy *prev,
+                                  float *next, size_t begin, size_t end,
+                                  uint8_t *bits)
+{
+    switch (prev->mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return p_lazy_worker_mode(OBD_CODEC_LAZY_ZERO, src, nsrc, count, prev,
+                                  next, begin, end, bits);
+    case OBD_CODEC_LAZY_EAGER:
+        return p_lazy_worker_mode(OBD_CODEC_LAZY_EAGER, src, nsrc, count, prev,
+                                  next, begin, end, bits);
+    default:
+        return p_lazy_worker_mode(OBD_CODEC_LAZY_DEFERRED, src, nsrc, count,
+                                  prev, next, begin, end, bits);
+    }
+}
+
+/* The sum over participants of +-scale_k for eight elements from i, in
+ * participant order, divided by n: server_m8 without the error. */
+static void server_a8(const uint8_t *const *in, const float *scales, int n,
+                      size_t i, float m[8])
+{
+    size_t q = i / 8;
+    uint32_t sb = float_bits(scales[0]);
+    unsigned byte = in[0][q];
+
+    for (int j = 0; j < 8; j++)
+        m[j] = plus_minus(sb, (byte >> (7 - j)) & 1);
+    for (int k = 1; k < n; k++) {
+        sb = float_bits(scales[k]);
+        byte = in[k][q];
+        for (int j = 0; j < 8; j++)
+            m[j] += plus_minus(sb, (byte >> (7 - j)) & 1);
+    }
+    if ((n & (n - 1)) == 0) {
+        float inv = 1.0f / (float)n;
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] * inv;
+    } else {
+        for (int j = 0; j < 8; j++)
+            m[j] = m[j] / (float)n;
+    }
+}
+
+static ALWAYS_INLINE double
+p_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
+                   const float *scales, int n,
+                   const struct obd_codec_lazy *prev, float *next, size_t begin,
+                   size_t end, uint8_t *bits)
+{
+    double acc[16] = {0};
+    uint32_t sb = float_bits(prev->scale);
+    const float *v = prev->v;
+    size_t i = begin;
+    float a[8];
+
+    for (; i + 16 <= end; i += 16) {
+        server_a8(in, scales, n, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+        server_a8(in, scales, n, i + 8, a);
+        lazy_finish8(mode, v, sb, a, next, i + 8, &bits[(i - begin) / 8 + 1],
+                     acc + 8);
+    }
+    if (i < end) {
+        server_a8(in, scales, n, i, a);
+        lazy_finish8(mode, v, sb, a, next, i, &bits[(i - begin) / 8], acc);
+    }
+    return combine16(acc);
+}
+
+static double p_lazy_server_block(const uint8_t *const *in, const float *scales,
+                                  int n, const struct obd_codec_lazy *prev,
+                                  float *next, size_t begin, size_t end,
+                                  uint8_t *bits)
+{
+    switch (prev->mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return p_lazy_server_mode(OBD_CODEC_LAZY_ZERO, in, scales, n, prev,
+                                  next, begin, end, bits);
+    case OBD_CODEC_LAZY_EAGER:
+        return p_lazy_server_mode(OBD_CODEC_LAZY_EAGER, in, scales, n, prev,
+                                  next, begin, end, bits);
+    default:
+        return p_lazy_server_mode(OBD_CODEC_LAZY_DEFERRED, in, scales, n, prev,
+                                  next, begin, end, bits);
+    }
+}
+
+static void p_lazy_error(const struct obd_codec_lazy *st, float *e,
+                         size_t begin, size_t end)
+{
+    uint32_t sb = float_bits(st->scale);
+
+    for (size_t i = begin; i < end; i++)
+        e[i] = lazy_e(st->mode, st->v, sb, i);
+}
+
 static const struct obd_codec_impl portable = {
     .name = "portable",
     .sumsq_block = p_sumsq_block,
@@ -360,8 +554,12 @@ static const struct obd_codec_impl portable = {
     .sign_range = p_sign_range,
     .server_sumsq_block = p_server_sumsq_block,
     .server_range = p_server_range,
+    .lazy_worker_block = p_lazy_worker_block,
+    .lazy_server_block = p_lazy_server_block,
+    .lazy_error = p_lazy_error,
     .decompress = p_decompress,
     .decompress_add = p_decompress_add,
+    .decompress_stream = p_decompress, /* C has no streaming store */
 };
 
 const struct obd_codec_impl *obd_codec_portable(void)
@@ -486,4 +684,111 @@ int obd_codec_server(const struct obd_codec_impl *impl,
     impl->server_range(in, scales, n, err, 0, chunk, s, bits);
     *sscale = s;
     return 0;
+}
+
+/* A lazy state the kernels can read: a DEFERRED scale is one a committed
+ * step produced (finite, >= 0), and every mode but ZERO needs v. */
+static int lazy_ok(const struct obd_codec_lazy *st)
+{
+    switch (st->mode) {
+    case OBD_CODEC_LAZY_ZERO:
+        return 1;
+    case OBD_CODEC_LAZY_EAGER:
+        return st->v != NULL;
+    case OBD_CODEC_LAZY_DEFERRED:
+        return st->v != NULL && scale_ok(st->scale);
+    }
+    return 0;
+}
+
+int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
+                            const float *const *src, int nsrc, size_t count,
+                            const struct obd_codec_lazy *prev, float *next,
+                            size_t padded, uint8_t *bits, float *scale)
+{
+    double sum = 0.0;
+
+    if (nsrc < 1 || padded == 0 || padded % 8 != 0 || count > padded ||
+        !lazy_ok(prev))
+        return OBD_CODEC_EINVAL;
+    /* One pass; the block sums are added left to right from 0.0 as
+     * obd_codec_compress adds them, so the scale is the same. */
+    for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK) {
+        size_t end =
+            padded - j < OBD_CODEC_BLOCK ? padded : j + OBD_CODEC_BLOCK;
+        sum += impl->lazy_worker_block(src, nsrc, count, prev, next, j, end,
+                                       bits + j / 8);
+    }
+    return obd_codec_scale(&sum, 1, padded, scale);
+}
+
+int obd_codec_lazy_server(const struct obd_codec_impl *impl,
+                          const uint8_t *const *in, const float *scales, int n,
+                          const struct obd_codec_lazy *prev, float *next,
+                          size_t chunk, uint8_t *bits, float *sscale)
+{
+    double sum = 0.0;
+
+    if (n < 1 || chunk == 0 || chunk % 8 != 0 || !lazy_ok(prev))
+        return OBD_CODEC_EINVAL;
+    for (int k = 0; k < n; k++)
+        if (!scale_ok(scales[k]))
+            return OBD_CODEC_ENONFINITE;
+    for (size_t j = 0; j < chunk; j += OBD_CODEC_BLOCK) {
+        size_t end = chunk - j < OBD_CODEC_BLOCK ? chunk : j + OBD_CODEC_BLOCK;
+        sum += impl->lazy_server_block(in, scales, n, prev, next, j, end,
+                                       bits + j / 8);
+    }
+    return obd_codec_scale(&sum, 1, chunk, sscale);
+}
+
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
+                               enum obd_codec_lazy_policy policy, float *v0,
+                               float *v1)
+{
+    *s = (struct obd_codec_lazy_state){
+        .policy = policy,
+        .v = {v0, policy == OBD_CODEC_LAZY_ROLLBACK ? v1 : NULL},
+        .mode = {OBD_CODEC_LAZY_ZERO, OBD_CODEC_LAZY_ZERO},
+    };
+}
+
+void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
+                                  const float *e, size_t n)
+{
+    memcpy(s->v[s->cur], e, n * sizeof(float));
+    s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
+    s->scale[s->cur] = 0.0f;
+}
+
+struct obd_codec_lazy
+obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s)
+{
+    return (struct obd_codec_lazy){s->mode[s->cur], s->scale[s->cur],
+                                   s->v[s->cur]};
+}
+
+float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s)
+{
+    if (s->policy == OBD_CODEC_LAZY_RESET)
+        return s->v[s->cur];
+    return s->v[1 - s->cur];
+}
+
+void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale)
+{
+    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
+        s->cur = 1 - s->cur;
+    s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
+    s->scale[s->cur] = scale;
+}
+
+int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
+{
+    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
+        return 0;
+    /* The buffer holds part of a step that never happened. */
+    s->mode[s->cur] = OBD_CODEC_LAZY_ZERO;
+    s->scale[s->cur] = 0.0f;
+    return 1;
 }

@@ -28,7 +28,9 @@
  * to the server step is negative or not finite, the function returns
  * OBD_CODEC_ENONFINITE and writes nothing at all: the error buffers, the
  * packed output and the scale are left exactly as they were. The op that
- * fed such data must fail; error feedback is never poisoned.
+ * fed such data must fail; error feedback is never poisoned. (The lazy
+ * single-pass steps below write their next state and bits as they go,
+ * and leave the previous state untouched instead.)
  *
  * Every function exists in a portable C version and, where the CPU has it,
  * an AVX2 version chosen at run time. Both produce bit-identical output for
@@ -62,6 +64,168 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
 {
     return (elems + 7) / 8;
 }
+
+/* ---- Lazy error feedback: the single-pass codec ---------------------
+ *
+ * The eager functions below keep the error e itself, which the worker can
+ * only update after the scale is known, i.e. in a second pass. The lazy
+ * functions keep instead what the last step had before its scale was
+ * applied, and form that step's error on the fly in the next pass:
+ *
+ *   mode ZERO      e_i = 0.0f           (no step taken yet; v unused)
+ *   mode EAGER     e_i = v_i            (v holds an error itself, e.g. one
+ *                                        restored from a snapshot of e)
+ *   mode DEFERRED  e_i = v_i - scale    if v_i >= 0.0f
+ *                  e_i = v_i + scale    otherwise (v_i < 0.0f)
+ *
+ * where v is the b (worker) or m (server) of the last step and scale its
+ * scale (sscale). DEFERRED reproduces, bit for bit, the fp32 operation the
+ * eager functions perform at the end of a step (e_i = b_i -+ scale), only
+ * one step later; so a sequence of lazy steps produces exactly the bits,
+ * scales and errors of the same sequence of eager steps, and the error of
+ * a lazy state (obd_codec_impl.lazy_error) equals the eager e byte for
+ * byte. Every element of v is finite in a state a step committed.
+ *
+ * One step, worker (the same arithmetic as obd_codec_compress_avg, and so
+ * with nsrc == 1 as obd_codec_compress):
+ *   a_i = src_0[i] + ... + src_nsrc-1[i] left to right, / (float)nsrc
+ *         (fp32; a_i = src_0[i] unchanged when nsrc == 1, 0.0f for i >=
+ *         count, see the file comment)
+ *   b_i = a_i + e_i      (fp32, e_i from the previous state as above;
+ *                         with mode ZERO this is a_i + 0.0f, which turns
+ *                         -0.0f into +0.0f exactly as the eager code does
+ *                         with a zeroed e)
+ *   signs of b into packed bits, sum of squares of b per block (block and
+ *   lane order of sumsq_block), b stored as the next state's v;
+ *   scale = obd_codec_scale over the block sums; the next state is
+ *   {DEFERRED, scale, v = b}.
+ * One step, server (the arithmetic of obd_codec_server):
+ *   m_i = (+-scale_0 + ... + +-scale_n-1, left to right) / (float)n + e_i
+ *   then signs, block sums and the next state {DEFERRED, sscale, v = m}.
+ *
+ * Each tensor element is read once (sources, previous v) and written
+ * once (next v) per step, in one pass; the signs and block sums come out
+ * of that pass, the scale right after it.
+ *
+ * State model the daemon keeps, per key and per role (worker: padded
+ * elements; server: one chunk): struct obd_codec_lazy_state below, whose
+ * functions are the only transitions. Two policies differ only in what a
+ * failed step costs:
+ *
+ *   RESET     one buffer v, every step writes it in place (next == v).
+ *             A step that fails once its pass has begun (this node's own
+ *             NaN/Inf, another node's, a peer's bad scale, a timeout)
+ *             has overwritten v with a b that never became a step, and
+ *             b = a + e cannot be undone exactly (fp32 addition is not
+ *             invertible): the state is reset to ZERO, as for a new key,
+ *             and the daemon counts the reset. A failed step leaves no
+ *             trace of its data, but the key loses its accumulated error.
+ *   ROLLBACK  two buffers, a step reads v[cur] and writes v[1 - cur];
+ *             commit flips. A failed step leaves no trace at all, however
+ *             late the failure is learned: v[cur], its scale and mode
+ *             were only read.
+ *
+ * Transitions (the same calls for both policies):
+ *   init:      mode ZERO, cur = 0 (the buffers need no contents)
+ *   restore:   an error snapshot e (the format the eager code writes) is
+ *              copied into v[cur], mode EAGER: exact, so old snapshots
+ *              load unchanged
+ *   snapshot:  between steps, lazy_error over prev (any ranges, e.g.
+ *              chunk by chunk into a staging buffer) writes the eager e
+ *              byte for byte, so the snapshot format does not change
+ *   step:      prev = obd_codec_lazy_state_prev(), next =
+ *              obd_codec_lazy_state_next(); the blocks, on any threads,
+ *              then obd_codec_scale over their sums
+ *   commit:    the op succeeded on every node: obd_codec_lazy_state_commit
+ *              with the step's scale (mode DEFERRED)
+ *   abort:     the op failed after the step's pass began on this state
+ *              (worker and server state each on its own):
+ *              obd_codec_lazy_state_abort, which resets a RESET state (and
+ *              says so, for the count) and leaves a ROLLBACK state as it
+ *              was. A state whose pass never began needs nothing.
+ *
+ * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
+ * "ROLLBACK, 2 buffers" rows; one thread, medians of 15 runs at 16 Mi
+ * floats and 10 at 64 Mi on a shared 2-core machine under load): ROLLBACK
+ * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
+ * and its passes take 4-21% longer: worker 0.99x memcpy against 0.82x in
+ * place (64 Mi: 0.99x against 0.95x), server step with 4 inputs 1.20x
+ * against 1.04x (64 Mi: 1.11x against 1.05x), although they move the same
+ * bytes: the separate next buffer is written with streaming stores, but
+ * reading one region while writing another costs the memory system more
+ * than writing back the lines just read.
+ *
+ * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
+ * pass) where ROLLBACK's server step does not, and it halves the memory;
+ * what it gives up is the error of a key whose op failed anyway, which
+ * restarts from zero, counted. ROLLBACK remains one init call away for a
+ * deployment that wants a failed op to leave the error feedback exactly
+ * as it was.
+ *
+ * Allocate the buffers 64-byte aligned (aligned_alloc), like the
+ * trainers' page-aligned shared memory: the streaming stores of ROLLBACK
+ * need 16 bytes at least (32 for whole-vector stores), and a next buffer
+ * whose offset within a page differed slightly from the input's was
+ * measured up to 2x slower (4 KiB aliasing between loads and stores).
+ */
+enum obd_codec_lazy_mode {
+    OBD_CODEC_LAZY_ZERO,
+    OBD_CODEC_LAZY_EAGER,
+    OBD_CODEC_LAZY_DEFERRED,
+};
+
+/* A state as the kernels read it (borrowed: v must stay valid for the
+ * call). v may be NULL when mode is ZERO. */
+struct obd_codec_lazy {
+    enum obd_codec_lazy_mode mode;
+    float scale; /* DEFERRED only: finite and >= 0 (the step's scale) */
+    const float *v;
+};
+
+/* What a failed step costs a state; see the state model above. */
+enum obd_codec_lazy_policy {
+    OBD_CODEC_LAZY_RESET,    /* one buffer, in place; failure resets */
+    OBD_CODEC_LAZY_ROLLBACK, /* two buffers; failure leaves no trace */
+};
+
+/* The lazy state of one key and role. The buffers (the same number of
+ * floats each) are owned by the caller, who frees them; the struct only
+ * borrows them. Fields are read-only outside the functions below. */
+struct obd_codec_lazy_state {
+    enum obd_codec_lazy_policy policy;
+    float *v[2]; /* v[1] is NULL under RESET */
+    float scale[2];
+    enum obd_codec_lazy_mode mode[2];
+    int cur;
+};
+
+/* No step taken yet: mode ZERO, cur = 0. v1 is the second buffer under
+ * ROLLBACK and must be NULL under RESET. */
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
+                               enum obd_codec_lazy_policy policy, float *v0,
+                               float *v1);
+
+/* Restore an error snapshot: e (n floats, the state's length) is copied
+ * into the current buffer, whose mode becomes EAGER. */
+void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
+                                  const float *e, size_t n);
+
+/* What a step reads (borrows the current buffer). */
+struct obd_codec_lazy
+obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s);
+
+/* Where a step writes: the current buffer under RESET, the other one
+ * under ROLLBACK. */
+float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s);
+
+/* The step (its b or m in obd_codec_lazy_state_next(), its scale
+ * `scale`) succeeded on every node: it becomes the current state. */
+void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale);
+
+/* The op failed after the step's pass began. RESET: the state becomes
+ * ZERO and this returns 1 (count it); ROLLBACK: nothing changes, returns
+ * 0. */
+int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
 
 /* Function table of one implementation. All pointers borrow their buffers
  * for the duration of the call only. `x` may be shorter than the padded
@@ -126,6 +290,42 @@ struct obd_codec_impl {
                          float *err, size_t begin, size_t end, float sscale,
                          uint8_t *bits);
 
+    /* Lazy worker step over [begin, end) (see "Lazy error feedback"):
+     * forms b_i from the sources and prev's error, stores next[i] = b_i,
+     * writes the signs of b into bits (bits[0] holds element begin) and
+     * returns the sum of squares of b in the block and lane order of
+     * sumsq_block. nsrc >= 1; src[k] has `count` elements (reads as 0.0f
+     * past count). `end - begin` is a multiple of 8; a caller that wants
+     * the eager functions' scale runs whole OBD_CODEC_BLOCK blocks (begin
+     * a multiple of OBD_CODEC_BLOCK). next is indexed like prev->v; it is
+     * either exactly prev->v (in place) or overlaps neither it nor src.
+     * Each element of src and prev->v is read once, before next[i] is
+     * written. prev must be a state obd_codec_lazy_compress accepts (it
+     * checks, this does not). Cannot fail: a non-finite b_i makes the
+     * returned sum non-finite, which obd_codec_scale reports. With next
+     * apart from prev->v and at least 16-byte aligned at begin, the AVX2
+     * version writes next with streaming stores (see the state model). */
+    double (*lazy_worker_block)(const float *const *src, int nsrc, size_t count,
+                                const struct obd_codec_lazy *prev, float *next,
+                                size_t begin, size_t end, uint8_t *bits);
+
+    /* Lazy server step over [begin, end) of a chunk: m_i from in[k]
+     * (participant k's packed bits of the whole chunk, bit i for chunk
+     * element i), scales[k] and prev's error, next[i] = m_i, signs of m
+     * into bits (bits[0] holds element begin), returns the sum of squares
+     * of m as sumsq_block does. The scales must have passed the checks
+     * obd_codec_server makes (finite, >= 0). Same rules for `end - begin`,
+     * next and prev->v as lazy_worker_block. */
+    double (*lazy_server_block)(const uint8_t *const *in, const float *scales,
+                                int n, const struct obd_codec_lazy *prev,
+                                float *next, size_t begin, size_t end,
+                                uint8_t *bits);
+
+    /* The error a lazy state holds, e[i] for i in [begin, end): 0.0f,
+     * v[i], or v[i] -+ scale as the mode says. e may be v itself. */
+    void (*lazy_error)(const struct obd_codec_lazy *st, float *e, size_t begin,
+                       size_t end);
+
     /* out[i] = +-scale for i in [0, elems), bit i of bits. */
     void (*decompress)(const uint8_t *bits, float scale, float *out,
                        size_t elems);
@@ -133,6 +333,14 @@ struct obd_codec_impl {
     /* out[i] += +-scale for i in [0, elems). */
     void (*decompress_add)(const uint8_t *bits, float scale, float *out,
                            size_t elems);
+
+    /* decompress with streaming (non-temporal) stores where the CPU has
+     * them: the same out, but written around the caches, which saves
+     * reading every output line before overwriting it. For outputs larger
+     * than the last-level cache, which are not in it anyway when they
+     * are read next; a small output is better written by decompress. */
+    void (*decompress_stream)(const uint8_t *bits, float scale, float *out,
+                              size_t elems);
 };
 
 /* The implementations. obd_codec_avx2() returns NULL when the CPU (or the
@@ -185,5 +393,35 @@ int obd_codec_compress_avg(const struct obd_codec_impl *impl,
 int obd_codec_server(const struct obd_codec_impl *impl,
                      const uint8_t *const *in, const float *scales, int n,
                      float *err, size_t chunk, uint8_t *bits, float *sscale);
+
+/* Whole-tensor lazy steps on one thread, built from the table above (the
+ * daemon runs the same blocks on its pool and combines the sums with
+ * obd_codec_scale).
+ *
+ * Worker: src[k] (k < nsrc) of `count` elements, prev and next of
+ * `padded` elements, bits padded / 8 bytes. On success writes bits, next
+ * and *scale; the caller then commits {DEFERRED, *scale, next}. Returns
+ * OBD_CODEC_EINVAL (bad sizes, nsrc < 1, a DEFERRED prev with a scale that
+ * is negative or not finite, or a non-ZERO prev without v), writing
+ * nothing; OBD_CODEC_ENONFINITE when some b_i is NaN or +-Inf, with bits
+ * and next partly written and *scale untouched: prev is untouched when
+ * next != prev->v, and destroyed when they are the same buffer (that
+ * caller resets the state to ZERO). With a ZERO or an EAGER prev holding
+ * e, bits, *scale and next's error are byte-identical to
+ * obd_codec_compress_avg (obd_codec_compress for nsrc == 1) on e. */
+int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
+                            const float *const *src, int nsrc, size_t count,
+                            const struct obd_codec_lazy *prev, float *next,
+                            size_t padded, uint8_t *bits, float *scale);
+
+/* Server, for one chunk of `chunk` elements (a multiple of 8): the same
+ * contract as obd_codec_server, with the server error held as prev (read)
+ * and next (written) as for obd_codec_lazy_compress. OBD_CODEC_ENONFINITE
+ * for a bad participant scale (nothing written) or a non-finite m_i
+ * (bits and next partly written). */
+int obd_codec_lazy_server(const struct obd_codec_impl *impl,
+                          const uint8_t *const *in, const float *scales, int n,
+                          const struct obd_codec_lazy *prev, float *next,
+                          size_t chunk, uint8_t *bits, float *sscale);
 
 #endif

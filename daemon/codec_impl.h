@@ -13,6 +13,11 @@
  * obd_codec_avx2() calls this, after checking the CPU. */
 const struct obd_codec_impl *obd_codec_avx2_table(void);
 
+/* Kernel bodies taking the mode of a lazy state (and the store kind) as a
+ * parameter are instantiated once per constant value with this, so the
+ * per-element code has no branch on them. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* Element i of the zero-padded input. */
 static inline float padded_x(const float *x, size_t count, size_t i)
 {

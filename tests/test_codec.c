@@ -1537,6 +1537,803 @@ START_TEST(full_round_vs_reference)
 }
 END_TEST
 
+/* ---- Lazy error feedback (the single-pass steps) ---------------------- */
+
+/* A lazy state for the tests: obd_codec_lazy_state over buffers this
+ * owns, RESET (in place) or ROLLBACK (two buffers). `off` shifts both
+ * buffers by that many floats inside their allocations, so the kernels
+ * meet every alignment (and hence every kind of store). */
+struct lstate {
+    float *mem[2];
+    struct obd_codec_lazy_state st;
+    size_t n;
+};
+
+static void lstate_init(struct lstate *s, size_t n, int inplace, size_t off)
+{
+    for (int k = 0; k < 2; k++) {
+        s->mem[k] = xmalloc((n + 8) * sizeof(float));
+        memset(s->mem[k], 0x7f, (n + 8) * sizeof(float)); /* NaN-free junk */
+    }
+    obd_codec_lazy_state_init(
+        &s->st, inplace ? OBD_CODEC_LAZY_RESET : OBD_CODEC_LAZY_ROLLBACK,
+        s->mem[0] + off, inplace ? NULL : s->mem[1] + off);
+    s->n = n;
+}
+
+static void lstate_fini(struct lstate *s)
+{
+    free(s->mem[0]);
+    free(s->mem[1]);
+}
+
+static void lstate_restore(struct lstate *s, const float *e)
+{
+    obd_codec_lazy_state_restore(&s->st, e, s->n);
+}
+
+static struct obd_codec_lazy lstate_prev(const struct lstate *s)
+{
+    return obd_codec_lazy_state_prev(&s->st);
+}
+
+static float *lstate_next(struct lstate *s)
+{
+    return obd_codec_lazy_state_next(&s->st);
+}
+
+static void lstate_commit(struct lstate *s, float scale)
+{
+    obd_codec_lazy_state_commit(&s->st, scale);
+}
+
+/* The state's error, as a snapshot would store it. */
+static void lstate_error(const struct obd_codec_impl *im,
+                         const struct lstate *s, float *e)
+{
+    struct obd_codec_lazy st = lstate_prev(s);
+
+    im->lazy_error(&st, e, 0, s->n);
+}
+
+static int lstate_worker(const struct obd_codec_impl *im, struct lstate *s,
+                         const float *const *src, int nsrc, size_t count,
+                         uint8_t *bits, float *scale)
+{
+    struct obd_codec_lazy prev = lstate_prev(s);
+    int rc = obd_codec_lazy_compress(im, src, nsrc, count, &prev,
+                                     lstate_next(s), s->n, bits, scale);
+    if (rc == 0)
+        lstate_commit(s, *scale);
+    return rc;
+}
+
+static int lstate_server(const struct obd_codec_impl *im, struct lstate *s,
+                         const uint8_t *const *in, const float *scales, int n,
+                         uint8_t *bits, float *sscale)
+{
+    struct obd_codec_lazy prev = lstate_prev(s);
+    int rc = obd_codec_lazy_server(im, in, scales, n, &prev, lstate_next(s),
+                                   s->n, bits, sscale);
+    if (rc == 0)
+        lstate_commit(s, *sscale);
+    return rc;
+}
+
+static void expect_same_floats(const float *a, const float *b, size_t n,
+                               const char *what, int step)
+{
+    for (size_t i = 0; i < n; i++)
+        EXPECT(memcmp(&a[i], &b[i], sizeof(float)) == 0,
+               "step %d: %s[%zu] = %a, eager %a", step, what, i, (double)a[i],
+               (double)b[i]);
+}
+
+/* Three lazy states (double-buffered aligned, double-buffered at odd
+ * offsets, in place) against the eager functions over `steps` steps of
+ * fresh random inputs: bits, scale and the materialised error must be
+ * byte-identical after every step. Mid-way the first state is
+ * snapshotted (its error) and restored into a fresh state, which must
+ * carry on identically. `e0` NULL starts from zero (mode ZERO), else from
+ * a restored e0 (mode EAGER). */
+static void check_lazy_worker(const struct obd_codec_impl *im, size_t count,
+                              size_t N, int nsrc, const float *e0, int steps,
+                              struct rng *r)
+{
+    float *src_mem[3], *e = xmalloc(N * sizeof(float));
+    float *b = xmalloc(N * sizeof(float)), *le = xmalloc(N * sizeof(float));
+    const float *src[3];
+    uint8_t *bits = xmalloc(N / 8), *lbits = xmalloc(N / 8);
+    struct lstate ls[3];
+    const size_t offs[3] = {0, 1, 4};
+
+    for (int k = 0; k < nsrc; k++) {
+        src_mem[k] = xmalloc((count ? count : 1) * sizeof(float));
+        src[k] = src_mem[k];
+    }
+    for (int t = 0; t < 3; t++) {
+        lstate_init(&ls[t], N, t == 2, offs[t]);
+        if (e0)
+            lstate_restore(&ls[t], e0);
+    }
+    if (e0)
+        memcpy(e, e0, N * sizeof(float));
+    else
+        memset(e, 0, N * sizeof(float));
+
+    for (int step = 0; step < steps; step++) {
+        float sc = 0.0f;
+
+        for (int k = 0; k < nsrc; k++) {
+            if (step % 3 == 2)
+                fill_mixed(r, src_mem[k], count);
+            else
+                fill_unit(r, src_mem[k], count, 1.0f);
+        }
+        if (nsrc == 1)
+            ck_assert_int_eq(
+                obd_codec_compress(im, src[0], count, e, N, bits, &sc), 0);
+        else
+            ck_assert_int_eq(obd_codec_compress_avg(im, src, nsrc, count, e, b,
+                                                    N, bits, &sc),
+                             0);
+        if (step == steps / 2) {
+            /* Snapshot and restore: the error goes out and comes back in
+             * the eager format, exactly. */
+            lstate_error(im, &ls[0], le);
+            lstate_fini(&ls[0]);
+            lstate_init(&ls[0], N, 0, offs[0]);
+            lstate_restore(&ls[0], le);
+        }
+        for (int t = 0; t < 3; t++) {
+            float lsc = -1.0f;
+
+            memset(lbits, 0xa5, N / 8);
+            ck_assert_int_eq(
+                lstate_worker(im, &ls[t], src, nsrc, count, lbits, &lsc), 0);
+            ck_assert_msg(memcmp(&lsc, &sc, sizeof(float)) == 0,
+                          "%s step %d state %d: scale %a, eager %a", im->name,
+                          step, t, (double)lsc, (double)sc);
+            ck_assert_msg(memcmp(lbits, bits, N / 8) == 0,
+                          "%s step %d state %d: bits differ", im->name, step,
+                          t);
+            lstate_error(im, &ls[t], le);
+            expect_same_floats(le, e, N, "e", step);
+        }
+    }
+    for (int t = 0; t < 3; t++)
+        lstate_fini(&ls[t]);
+    for (int k = 0; k < nsrc; k++)
+        free(src_mem[k]);
+    free(lbits);
+    free(bits);
+    free(le);
+    free(b);
+    free(e);
+}
+
+START_TEST(lazy_worker_equals_eager)
+{
+    struct rng r = {0x1a2bu};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    /* Sizes around the 16-lane groups, the 8 KiB-of-bits norm block and
+     * odd counts; large ones take fewer steps. */
+    const size_t lcounts[] = {1, 7, 8, 9, 63, 200, 1000, 65536 + 24, 1000003};
+
+    for (int k = 0; k < ni; k++)
+        for (size_t c = 0; c < sizeof(lcounts) / sizeof(lcounts[0]); c++)
+            for (int nsrc = 1; nsrc <= 3; nsrc++) {
+                int n = (int)(c % 5) + 1; /* padding as for n nodes */
+                size_t count = lcounts[c];
+                size_t N = obd_codec_padded_len(count, n);
+                int steps = count > 100000 ? 6 : 50;
+                float *e0;
+
+                if (nsrc == 3 && count > 100000)
+                    continue;
+                e0 = xmalloc(N * sizeof(float));
+                check_lazy_worker(im[k], count, N, nsrc, NULL, steps, &r);
+                fill_mixed(&r, e0, N);
+                check_lazy_worker(im[k], count, N, nsrc, e0, steps, &r);
+                free(e0);
+            }
+}
+END_TEST
+
+/* The server's counterpart: n participants, fresh bits and scales every
+ * step (some steps with equal scales, so terms cancel to exact zeros, and
+ * some with -0.0 scales). */
+static void check_lazy_server(const struct obd_codec_impl *im, int n,
+                              size_t chunk, const float *e0, int steps,
+                              struct rng *r)
+{
+    uint8_t *bm[16], *bits = xmalloc(chunk / 8), *lbits = xmalloc(chunk / 8);
+    const uint8_t *in[16];
+    float scales[16], *err = xmalloc(chunk * sizeof(float));
+    float *le = xmalloc(chunk * sizeof(float));
+    struct lstate ls[3];
+    const size_t offs[3] = {0, 3, 4};
+
+    for (int k = 0; k < n; k++) {
+        bm[k] = xmalloc(chunk / 8);
+        in[k] = bm[k];
+    }
+    for (int t = 0; t < 3; t++) {
+        lstate_init(&ls[t], chunk, t == 2, offs[t]);
+        if (e0)
+            lstate_restore(&ls[t], e0);
+    }
+    if (e0)
+        memcpy(err, e0, chunk * sizeof(float));
+    else
+        memset(err, 0, chunk * sizeof(float));
+
+    for (int step = 0; step < steps; step++) {
+        float sc = 0.0f;
+
+        for (int k = 0; k < n; k++) {
+            fill_bytes(r, bm[k], chunk / 8);
+            scales[k] = step % 7 == 3 ? 0.5f
+                        : step % 7 == 5
+                            ? -0.0f
+                            : (float)(0.01 + (rng_next(r) >> 11) * 0x1p-53);
+        }
+        ck_assert_int_eq(
+            obd_codec_server(im, in, scales, n, err, chunk, bits, &sc), 0);
+        if (step == steps / 2) {
+            lstate_error(im, &ls[0], le);
+            lstate_fini(&ls[0]);
+            lstate_init(&ls[0], chunk, 0, offs[0]);
+            lstate_restore(&ls[0], le);
+        }
+        for (int t = 0; t < 3; t++) {
+            float lsc = -1.0f;
+
+            memset(lbits, 0xa5, chunk / 8);
+            ck_assert_int_eq(
+                lstate_server(im, &ls[t], in, scales, n, lbits, &lsc), 0);
+            ck_assert_msg(memcmp(&lsc, &sc, sizeof(float)) == 0,
+                          "%s n=%d step %d state %d: sscale %a, eager %a",
+                          im->name, n, step, t, (double)lsc, (double)sc);
+            ck_assert_msg(memcmp(lbits, bits, chunk / 8) == 0,
+                          "%s n=%d step %d state %d: bits differ", im->name, n,
+                          step, t);
+            lstate_error(im, &ls[t], le);
+            expect_same_floats(le, err, chunk, "server e", step);
+        }
+    }
+    for (int t = 0; t < 3; t++)
+        lstate_fini(&ls[t]);
+    for (int k = 0; k < n; k++)
+        free(bm[k]);
+    free(le);
+    free(err);
+    free(lbits);
+    free(bits);
+}
+
+START_TEST(lazy_server_equals_eager)
+{
+    struct rng r = {0x5e4e4u};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const size_t chunks[] = {8, 16, 24, 40, 1000, 65536 + 40, 250008};
+
+    for (int k = 0; k < ni; k++)
+        for (int n = 1; n <= 16; n++)
+            for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+                size_t chunk = chunks[c];
+                int steps = chunk > 100000 ? 4 : chunk > 1000 ? 10 : 50;
+                float *e0;
+
+                if (chunk > 100000 && n % 4 != 0)
+                    continue;
+                check_lazy_server(im[k], n, chunk, NULL, steps, &r);
+                e0 = xmalloc(chunk * sizeof(float));
+                fill_mixed(&r, e0, chunk);
+                for (size_t i = 0; i < chunk; i++)
+                    e0[i] *= 0x1p-40f; /* keep m finite */
+                check_lazy_server(im[k], n, chunk, e0, steps, &r);
+                free(e0);
+            }
+}
+END_TEST
+
+/* NaN or Inf anywhere, in a source or in a restored error: the step
+ * returns OBD_CODEC_ENONFINITE, *scale is untouched and a double-buffered
+ * state is untouched, so the next step (with good data) is exactly the
+ * eager step that never saw the bad one. Also b overflowing from finite
+ * inputs. */
+START_TEST(lazy_worker_nonfinite)
+{
+    struct rng r = {0xbadu};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    const size_t count = 61, N = 64;
+
+    for (int k = 0; k < ni; k++)
+        for (int nsrc = 1; nsrc <= 2; nsrc++)
+            for (size_t pos = 0; pos < N; pos++)
+                for (size_t v = 0; v < 5; v++) {
+                    float x0[64], x1[64], good[64], e[64], b[64], le[64];
+                    float *xs[2] = {x0, x1}, sc = 0.0f, lsc = 42.0f;
+                    const float *src[2] = {x0, x1};
+                    uint8_t bits[8], lbits[8];
+                    struct lstate ls;
+                    float *keep;
+                    int where = (int)(pos % 3); /* 0, 1: a source; 2: e */
+
+                    fill_unit(&r, x0, count, 1.0f);
+                    fill_unit(&r, x1, count, 1.0f);
+                    fill_unit(&r, e, N, 0.5f);
+                    memcpy(good, x0, sizeof(good));
+                    lstate_init(&ls, N, 0, pos % 2);
+                    lstate_restore(&ls, e);
+                    /* One good step, so the state is DEFERRED. */
+                    ck_assert_int_eq(lstate_worker(im[k], &ls, src, nsrc, count,
+                                                   lbits, &lsc),
+                                     0);
+                    if (nsrc == 1)
+                        ck_assert_int_eq(obd_codec_compress(im[k], x0, count, e,
+                                                            N, bits, &sc),
+                                         0);
+                    else
+                        ck_assert_int_eq(obd_codec_compress_avg(im[k], src, 2,
+                                                                count, e, b, N,
+                                                                bits, &sc),
+                                         0);
+                    if (where == 2 || pos >= count) {
+                        /* A corrupt restored error (past count only e can
+                         * hold anything). */
+                        struct lstate bad_st;
+                        float e1[64];
+
+                        memcpy(e1, e, sizeof(e1));
+                        e1[pos] = v < 4 ? bad[v] : FLT_MAX;
+                        if (v == 4)
+                            for (int j = 0; j < nsrc; j++)
+                                xs[j][pos < count ? pos : 0] = FLT_MAX;
+                        lstate_init(&bad_st, N, 0, 0);
+                        lstate_restore(&bad_st, e1);
+                        if (v < 4 || pos < count) {
+                            memcpy(le, bad_st.st.v[0], sizeof(le));
+                            lsc = 42.0f;
+                            ck_assert_int_eq(lstate_worker(im[k], &bad_st, src,
+                                                           nsrc, count, lbits,
+                                                           &lsc),
+                                             OBD_CODEC_ENONFINITE);
+                            ck_assert(lsc == 42.0f);
+                            ck_assert(memcmp(le, bad_st.st.v[0], sizeof(le)) ==
+                                      0);
+                            ck_assert_int_eq(bad_st.st.mode[0],
+                                             OBD_CODEC_LAZY_EAGER);
+                        }
+                        lstate_fini(&bad_st);
+                        memcpy(x0, good, sizeof(good));
+                        lstate_fini(&ls);
+                        continue;
+                    }
+                    /* A bad source element (v == 4: finite, but the sum
+                     * overflows). */
+                    if (v < 4) {
+                        xs[where][pos] = bad[v];
+                    } else {
+                        for (int j = 0; j < nsrc; j++)
+                            xs[j][pos] = FLT_MAX;
+                        ls.st.v[ls.st.cur][pos] =
+                            FLT_MAX; /* b = FLT_MAX + ... */
+                    }
+                    if (v < 4 && where == 1 && nsrc == 1) {
+                        /* x1 is not read with one source. */
+                        lstate_fini(&ls);
+                        continue;
+                    }
+                    keep = fdup(ls.st.v[ls.st.cur], N);
+                    {
+                        enum obd_codec_lazy_mode mk = ls.st.mode[ls.st.cur];
+                        float sk = ls.st.scale[ls.st.cur];
+                        int ck = ls.st.cur;
+
+                        lsc = 42.0f;
+                        ck_assert_int_eq(lstate_worker(im[k], &ls, src, nsrc,
+                                                       count, lbits, &lsc),
+                                         OBD_CODEC_ENONFINITE);
+                        ck_assert(lsc == 42.0f);
+                        ck_assert_int_eq(ls.st.cur, ck);
+                        ck_assert_int_eq(ls.st.mode[ls.st.cur], mk);
+                        ck_assert(memcmp(&ls.st.scale[ls.st.cur], &sk, 4) == 0);
+                        ck_assert(memcmp(keep, ls.st.v[ls.st.cur], N * 4) == 0);
+                        ck_assert_int_eq(obd_codec_lazy_state_abort(&ls.st), 0);
+                        ck_assert_int_eq(ls.st.mode[ls.st.cur], mk);
+                    }
+                    free(keep);
+                    if (v == 4) {
+                        /* The state was edited by hand above; done. */
+                        lstate_fini(&ls);
+                        continue;
+                    }
+                    /* The failed step left no trace: a good step now
+                     * equals the eager one. */
+                    fill_unit(&r, x0, count, 1.0f);
+                    fill_unit(&r, x1, count, 1.0f);
+                    if (nsrc == 1)
+                        ck_assert_int_eq(obd_codec_compress(im[k], x0, count, e,
+                                                            N, bits, &sc),
+                                         0);
+                    else
+                        ck_assert_int_eq(obd_codec_compress_avg(im[k], src, 2,
+                                                                count, e, b, N,
+                                                                bits, &sc),
+                                         0);
+                    ck_assert_int_eq(lstate_worker(im[k], &ls, src, nsrc, count,
+                                                   lbits, &lsc),
+                                     0);
+                    ck_assert(memcmp(&lsc, &sc, 4) == 0);
+                    ck_assert(memcmp(lbits, bits, sizeof(bits)) == 0);
+                    lstate_error(im[k], &ls, le);
+                    ck_assert(memcmp(le, e, sizeof(le)) == 0);
+                    lstate_fini(&ls);
+                }
+}
+END_TEST
+
+/* The server: a bad participant scale writes nothing at all; a NaN or Inf
+ * in a restored error, or an m that overflows, at any position, leaves a
+ * double-buffered state untouched. */
+START_TEST(lazy_server_nonfinite)
+{
+    struct rng r = {0x5badu};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const float bad_scales[] = {-1.0f, -FLT_TRUE_MIN, NAN,
+                                -NAN,  INFINITY,      -INFINITY};
+    const float bad_err[] = {NAN, INFINITY, -INFINITY};
+    const size_t chunk = 48;
+
+    for (int k = 0; k < ni; k++)
+        for (int n = 1; n <= 5; n++) {
+            uint8_t bm[5][6], bits[6];
+            const uint8_t *in[5];
+            float scales[5], e[48], keep[48], nx[48], sc;
+            struct lstate ls;
+
+            for (int j = 0; j < n; j++) {
+                fill_bytes(&r, bm[j], chunk / 8);
+                in[j] = bm[j];
+                scales[j] = 0.25f * (float)(j + 1);
+            }
+            fill_unit(&r, e, chunk, 0.5f);
+            for (size_t b = 0; b < sizeof(bad_scales) / sizeof(float); b++) {
+                struct obd_codec_lazy prev = {OBD_CODEC_LAZY_EAGER, 0.0f, e};
+                float s0 = scales[b % (size_t)n];
+
+                scales[b % (size_t)n] = bad_scales[b];
+                memset(nx, 0x11, sizeof(nx));
+                memcpy(keep, nx, sizeof(nx));
+                memset(bits, 0x3c, sizeof(bits));
+                sc = 42.0f;
+                ck_assert_int_eq(obd_codec_lazy_server(im[k], in, scales, n,
+                                                       &prev, nx, chunk, bits,
+                                                       &sc),
+                                 OBD_CODEC_ENONFINITE);
+                ck_assert(sc == 42.0f);
+                ck_assert(memcmp(nx, keep, sizeof(nx)) == 0);
+                for (int q = 0; q < 6; q++)
+                    ck_assert_uint_eq(bits[q], 0x3c);
+                scales[b % (size_t)n] = s0;
+            }
+            for (size_t pos = 0; pos < chunk; pos++)
+                for (size_t b = 0; b < 4; b++) {
+                    float e1[48];
+
+                    lstate_init(&ls, chunk, 0, pos % 2);
+                    memcpy(e1, e, sizeof(e1));
+                    if (b < 3) {
+                        e1[pos] = bad_err[b];
+                    } else {
+                        /* Finite everywhere, but m overflows: every
+                         * participant votes + with scale 3e38 and the
+                         * error adds FLT_MAX. */
+                        e1[pos] = FLT_MAX;
+                        for (int j = 0; j < n; j++) {
+                            bm[j][pos / 8] |= (uint8_t)(0x80 >> (pos % 8));
+                            scales[j] = 3e38f;
+                        }
+                    }
+                    lstate_restore(&ls, e1);
+                    memcpy(keep, ls.st.v[0], sizeof(keep));
+                    sc = 42.0f;
+                    ck_assert_int_eq(
+                        lstate_server(im[k], &ls, in, scales, n, bits, &sc),
+                        OBD_CODEC_ENONFINITE);
+                    ck_assert(sc == 42.0f);
+                    ck_assert_int_eq(ls.st.cur, 0);
+                    ck_assert_int_eq(ls.st.mode[0], OBD_CODEC_LAZY_EAGER);
+                    ck_assert(memcmp(keep, ls.st.v[0], sizeof(keep)) == 0);
+                    lstate_fini(&ls);
+                    for (int j = 0; j < n; j++)
+                        scales[j] = 0.25f * (float)(j + 1);
+                }
+        }
+}
+END_TEST
+
+START_TEST(lazy_invalid)
+{
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    float x[16] = {0}, v[16] = {0}, nx[16], sc = 7.0f;
+    const float *src[1] = {x};
+    uint8_t bits[2] = {0x5a, 0x5a}, b0[2] = {0};
+    const uint8_t *in[1] = {b0};
+    float scales[1] = {1.0f};
+    struct obd_codec_lazy ok = {OBD_CODEC_LAZY_ZERO, 0.0f, NULL};
+    const struct obd_codec_lazy bad[] = {
+        {OBD_CODEC_LAZY_EAGER, 0.0f, NULL},
+        {OBD_CODEC_LAZY_DEFERRED, 1.0f, NULL},
+        {OBD_CODEC_LAZY_DEFERRED, -1.0f, v},
+        {OBD_CODEC_LAZY_DEFERRED, NAN, v},
+        {OBD_CODEC_LAZY_DEFERRED, INFINITY, v},
+        {(enum obd_codec_lazy_mode)7, 0.0f, v},
+    };
+
+    for (int k = 0; k < ni; k++) {
+        memset(nx, 0x11, sizeof(nx));
+        ck_assert_int_eq(
+            obd_codec_lazy_compress(im[k], src, 0, 1, &ok, nx, 8, bits, &sc),
+            OBD_CODEC_EINVAL);
+        ck_assert_int_eq(
+            obd_codec_lazy_compress(im[k], src, 1, 1, &ok, nx, 0, bits, &sc),
+            OBD_CODEC_EINVAL);
+        ck_assert_int_eq(
+            obd_codec_lazy_compress(im[k], src, 1, 1, &ok, nx, 12, bits, &sc),
+            OBD_CODEC_EINVAL);
+        ck_assert_int_eq(
+            obd_codec_lazy_compress(im[k], src, 1, 17, &ok, nx, 16, bits, &sc),
+            OBD_CODEC_EINVAL);
+        ck_assert_int_eq(
+            obd_codec_lazy_server(im[k], in, scales, 0, &ok, nx, 8, bits, &sc),
+            OBD_CODEC_EINVAL);
+        ck_assert_int_eq(
+            obd_codec_lazy_server(im[k], in, scales, 1, &ok, nx, 12, bits, &sc),
+            OBD_CODEC_EINVAL);
+        for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+            ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, 16, &bad[b],
+                                                     nx, 16, bits, &sc),
+                             OBD_CODEC_EINVAL);
+            ck_assert_int_eq(obd_codec_lazy_server(im[k], in, scales, 1,
+                                                   &bad[b], nx, 16, bits, &sc),
+                             OBD_CODEC_EINVAL);
+        }
+        ck_assert(sc == 7.0f);
+        ck_assert_uint_eq(bits[0], 0x5a);
+        ck_assert_uint_eq(bits[1], 0x5a);
+        for (size_t i = 0; i < 16; i++) {
+            uint32_t u;
+            memcpy(&u, &nx[i], sizeof(u));
+            ck_assert_uint_eq(u, 0x11111111u);
+        }
+    }
+}
+END_TEST
+
+/* The block kernels, portable against AVX2 bit for bit: every mode,
+ * nsrc 1..3 and n 1..16, ranges at begin offsets that are multiples of 8
+ * (but not of 16 or 32) with the sources ending inside, next in place or
+ * apart at every alignment; returned sums compared as doubles, byte for
+ * byte. Also lazy_error, in place and apart. */
+START_TEST(lazy_portable_equals_avx2)
+{
+    const struct obd_codec_impl *P = obd_codec_portable();
+    const struct obd_codec_impl *V = obd_codec_avx2();
+    struct rng r = {0x1d1du};
+    const size_t N = 4096 + 64;
+
+    if (V == NULL)
+        return;
+    for (int iter = 0; iter < 400; iter++) {
+        enum obd_codec_lazy_mode mode = (enum obd_codec_lazy_mode)(iter % 3);
+        int nsrc = 1 + iter % 3, n = 1 + (iter * 7) % 16;
+        size_t begin = 8 * (rng_next(&r) % 200);
+        size_t end = begin + 8 * (rng_next(&r) % 300);
+        size_t count = rng_next(&r) % (N + 1);
+        size_t off = rng_next(&r) % 8;
+        int inplace = iter % 4 == 0;
+        float *srcm[3], *v = xmalloc(N * sizeof(float));
+        float *na = xmalloc((N + 8) * sizeof(float));
+        float *nb = xmalloc((N + 8) * sizeof(float));
+        float *va = NULL, *vb = NULL;
+        const float *src[3];
+        uint8_t *bm[16], *ba = xmalloc(N / 8), *bb = xmalloc(N / 8);
+        const uint8_t *in[16];
+        float scales[16];
+        struct obd_codec_lazy pa, pb;
+        double sa, sb;
+
+        for (int k = 0; k < nsrc; k++) {
+            srcm[k] = xmalloc((count ? count : 1) * sizeof(float));
+            fill_mixed(&r, srcm[k], count);
+            src[k] = srcm[k];
+        }
+        for (int k = 0; k < n; k++) {
+            bm[k] = xmalloc(N / 8);
+            fill_bytes(&r, bm[k], N / 8);
+            in[k] = bm[k];
+            scales[k] = iter % 5 == 0 ? -0.0f : rng_unit(&r) * 0.5f + 0.5f;
+        }
+        fill_mixed(&r, v, N);
+        pa = (struct obd_codec_lazy){mode, iter % 9 == 0 ? 0.0f : 0.3f, v};
+        pb = pa;
+        if (inplace) {
+            /* Each implementation gets its own copy of the state. */
+            va = fdup(v, N);
+            vb = fdup(v, N);
+            pa.v = va;
+            pb.v = vb;
+        }
+        for (int op = 0; op < 3; op++) {
+            float *xa = inplace ? va : na + off, *xb = inplace ? vb : nb + off;
+
+            if (inplace && op > 0) {
+                memcpy(va, v, N * sizeof(float));
+                memcpy(vb, v, N * sizeof(float));
+            }
+            memset(ba, 0, N / 8);
+            memset(bb, 0, N / 8);
+            if (op == 0) {
+                sa = P->lazy_worker_block(src, nsrc, count, &pa, xa, begin, end,
+                                          ba);
+                sb = V->lazy_worker_block(src, nsrc, count, &pb, xb, begin, end,
+                                          bb);
+            } else if (op == 1) {
+                sa = P->lazy_server_block(in, scales, n, &pa, xa, begin, end,
+                                          ba);
+                sb = V->lazy_server_block(in, scales, n, &pb, xb, begin, end,
+                                          bb);
+            } else {
+                P->lazy_error(&pa, xa, begin, end);
+                V->lazy_error(&pb, xb, begin, end);
+                sa = sb = 0.0;
+            }
+            ck_assert_msg(memcmp(&sa, &sb, sizeof(double)) == 0,
+                          "iter %d op %d: sums %a vs %a", iter, op, sa, sb);
+            ck_assert_msg(memcmp(xa + begin, xb + begin,
+                                 (end - begin) * sizeof(float)) == 0,
+                          "iter %d op %d: next differs", iter, op);
+            ck_assert_msg(memcmp(ba, bb, N / 8) == 0,
+                          "iter %d op %d: bits differ", iter, op);
+        }
+        for (int k = 0; k < n; k++)
+            free(bm[k]);
+        for (int k = 0; k < nsrc; k++)
+            free(srcm[k]);
+        free(va);
+        free(vb);
+        free(bb);
+        free(ba);
+        free(nb);
+        free(na);
+        free(v);
+    }
+}
+END_TEST
+
+/* A RESET state (one buffer, in place) whose step fails: abort resets it
+ * to ZERO and says so; the next step is exactly the eager step from a
+ * zero error. A ROLLBACK state's abort changes nothing. Also an abort
+ * after a failure of another node (the step itself succeeded here). */
+START_TEST(lazy_state_abort)
+{
+    struct rng r = {0xab047u};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const size_t count = 1000, N = 1000;
+
+    for (int k = 0; k < ni; k++)
+        for (int other = 0; other < 2; other++) {
+            float *x = xmalloc(N * sizeof(float)), *e = xmalloc(N * 4);
+            float *le = xmalloc(N * sizeof(float)), sc, lsc = 0.0f;
+            uint8_t bits[125], lbits[125];
+            const float *src[1] = {x};
+            struct lstate ls, lr;
+
+            lstate_init(&ls, N, 1, 0);
+            lstate_init(&lr, N, 0, 0);
+            for (int step = 0; step < 3; step++) {
+                fill_unit(&r, x, count, 1.0f);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], &ls, src, 1, count, lbits, &lsc), 0);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], &lr, src, 1, count, lbits, &lsc), 0);
+            }
+            lstate_error(im[k], &lr, e);
+            /* The failing step: a NaN here, or (other) a good step here
+             * while some other node failed the op. */
+            fill_unit(&r, x, count, 1.0f);
+            x[count / 2] = other ? x[count / 2] : NAN;
+            {
+                struct obd_codec_lazy p1 = lstate_prev(&ls),
+                                      p2 = lstate_prev(&lr);
+                int want = other ? 0 : OBD_CODEC_ENONFINITE;
+                ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, count,
+                                                         &p1, lstate_next(&ls),
+                                                         N, lbits, &lsc),
+                                 want);
+                ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, count,
+                                                         &p2, lstate_next(&lr),
+                                                         N, lbits, &lsc),
+                                 want);
+            }
+            ck_assert_int_eq(obd_codec_lazy_state_abort(&ls.st), 1);
+            ck_assert_int_eq(ls.st.mode[ls.st.cur], OBD_CODEC_LAZY_ZERO);
+            ck_assert_int_eq(obd_codec_lazy_state_abort(&lr.st), 0);
+            ck_assert_int_eq(lr.st.mode[lr.st.cur], OBD_CODEC_LAZY_DEFERRED);
+            /* Next step: RESET from zero, ROLLBACK from the kept error. */
+            fill_unit(&r, x, count, 1.0f);
+            for (int t = 0; t < 2; t++) {
+                struct lstate *st = t ? &lr : &ls;
+                float *ee = xmalloc(N * sizeof(float));
+
+                if (t)
+                    memcpy(ee, e, N * sizeof(float));
+                else
+                    memset(ee, 0, N * sizeof(float));
+                ck_assert_int_eq(
+                    obd_codec_compress(im[k], x, count, ee, N, bits, &sc), 0);
+                ck_assert_int_eq(
+                    lstate_worker(im[k], st, src, 1, count, lbits, &lsc), 0);
+                ck_assert(memcmp(&sc, &lsc, sizeof(float)) == 0);
+                ck_assert(memcmp(bits, lbits, sizeof(bits)) == 0);
+                lstate_error(im[k], st, le);
+                ck_assert(memcmp(ee, le, N * sizeof(float)) == 0);
+                free(ee);
+            }
+            lstate_fini(&lr);
+            lstate_fini(&ls);
+            free(le);
+            free(e);
+            free(x);
+        }
+}
+END_TEST
+
+/* decompress_stream writes exactly what decompress writes, at every
+ * alignment of the output (streaming stores of 32 or 16 bytes, or none)
+ * and every length, and nothing outside [0, elems). */
+START_TEST(decompress_stream_equals_decompress)
+{
+    struct rng r = {0xd5u};
+    const struct obd_codec_impl *im[2];
+    int ni = impls(im);
+    const size_t lens[] = {0, 1, 7, 8, 9, 63, 1000, 1000003};
+    const float scales[] = {0.75f, -0.0f, 0x1p-140f};
+
+    for (int k = 0; k < ni; k++)
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+            for (size_t off = 0; off < 8; off++) {
+                size_t n = lens[l];
+                uint8_t *bits = xmalloc(n / 8 + 1);
+                float *a = xmalloc((n + 16) * sizeof(float));
+                float *b = xmalloc((n + 16) * sizeof(float));
+                float sc = scales[(l + off) % 3];
+
+                fill_bytes(&r, bits, n / 8 + 1);
+                memset(a, 0x5c, (n + 16) * sizeof(float));
+                memset(b, 0x5c, (n + 16) * sizeof(float));
+                im[k]->decompress(bits, sc, a + off, n);
+                im[k]->decompress_stream(bits, sc, b + off, n);
+                ck_assert_msg(memcmp(a, b, (n + 16) * sizeof(float)) == 0,
+                              "%s: %zu elements at offset %zu", im[k]->name, n,
+                              off);
+                free(b);
+                free(a);
+                free(bits);
+            }
+}
+END_TEST
+
 static Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
@@ -1563,6 +2360,14 @@ static Suite *codec_suite(void)
     tcase_add_test(tc, worker_conservation);
     tcase_add_test(tc, server_conservation);
     tcase_add_test(tc, full_round_vs_reference);
+    tcase_add_test(tc, lazy_worker_equals_eager);
+    tcase_add_test(tc, lazy_server_equals_eager);
+    tcase_add_test(tc, lazy_worker_nonfinite);
+    tcase_add_test(tc, lazy_server_nonfinite);
+    tcase_add_test(tc, lazy_invalid);
+    tcase_add_test(tc, lazy_state_abort);
+    tcase_add_test(tc, lazy_portable_equals_avx2);
+    tcase_add_test(tc, decompress_stream_equals_decompress);
     suite_add_tcase(s, tc);
     return s;
 }

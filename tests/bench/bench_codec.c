@@ -1,31 +1,56 @@
-/* Throughput of the 1-bit codec against memcpy of the same tensor.
+/* Throughput of the 1-bit codec against memcpy and against the traffic
+ * floor of a single-pass codec, all measured in the same run.
  *
- * usage: bench_codec [-n ELEMS] [-r REPEATS] [-t THREADS] [--json]
+ * usage: bench_codec [-n ELEMS] [-r REPEATS] [-t THREADS] [-i IMPL] [--json]
  *
  * Every operation runs over one tensor of ELEMS fp32 elements (default
- * 64 Mi, i.e. 256 MiB) and is timed as the median of REPEATS runs, for each
- * implementation, on one thread and on THREADS threads (default: all online
- * CPUs). The baseline is memcpy of the 256 MiB input into another buffer,
- * measured in the same run. GB/s is tensor bytes (ELEMS * 4) per second
- * for every row, so rows compare directly.
+ * 64 Mi, i.e. 256 MiB), for each implementation, on one thread and on
+ * THREADS threads (default: all online CPUs); -i portable or -i avx2 runs
+ * only that implementation. Baselines, one thread each: memcpy of the
+ * input into another buffer (reads 4, writes 4 bytes per element), and
+ * "floor", a plain pass y[i] = x[i] + y[i] that reads two fp32 streams and
+ * writes one in place: the memory traffic of a single-pass codec step
+ * (read the input and the state, write the state), so a codec row near
+ * ratio_floor 1.0 is memory-bound. "floor (2 buffers)" writes
+ * z[i] = x[i] + y[i] to a third buffer with plain stores.
+ *
+ * REPEATS rounds: each round times memcpy, the floors and every op once,
+ * back to back, so load from other processes on a shared machine hits
+ * baselines and ops alike. ms is the median time over rounds; a ratio is
+ * the median over rounds of the op's time / the baseline's time in the
+ * same round. GB/s is tensor bytes (ELEMS * 4) / ms for every row, so rows
+ * compare directly. All buffers are 64-byte aligned, like the daemon's.
  *
  * The server step treats the whole tensor as one chunk fed by 4
  * participants (4 packed inputs of ELEMS / 8 bytes and the server error of
- * ELEMS floats), so its memory traffic is comparable to the other rows.
+ * ELEMS floats), so memcpy of the tensor is memcpy of its chunk.
  *
- * compress_avg is the worker compress of the average of AVG_NSRC = 2 local
- * buffers of ELEMS floats each (obd_codec_compress_avg), with a scratch b
- * of ELEMS floats. Per element it moves (AVG_NSRC + 4) * 4 bytes plus 1/8
- * byte of bits: pass 1 reads the AVG_NSRC sources and e and writes b,
- * pass 2 reads b and writes e (and the bits). memcpy moves 8, so at equal
- * bandwidth its ratio cannot go below (AVG_NSRC + 4) / 2 = 3.0 (more if
- * the stores cost a read for ownership).
+ * Rows:
+ *   compress, server (n=4)   the eager two-pass functions the daemon calls
+ *                            today (obd_codec_compress, obd_codec_server)
+ *   lazy compress / lazy server (n=4)
+ *                            the single-pass lazy steps (codec.h, "Lazy
+ *                            error feedback") from a DEFERRED state, with
+ *                            the state in place (policy RESET) and
+ *                            double-buffered (policy ROLLBACK), committed
+ *                            after every step through obd_codec_lazy_state
+ *   lazy_error               materialising the eager e of a lazy state
+ *   decompress, decompress_add, decompress_stream (streaming stores)
+ *   compress_avg (nsrc=2)    the eager compress of the average of AVG_NSRC
+ *                            local buffers (obd_codec_compress_avg); it
+ *                            moves (AVG_NSRC + 4) * 4 bytes per element, a
+ *                            ratio of 3.0 to memcpy at equal bandwidth
+ *   lazy compress_avg (nsrc=2, ROLLBACK)
+ *                            the lazy step over the same average (no
+ *                            scratch b: (AVG_NSRC + 2) * 4 bytes)
  *
  * Multi-threaded runs split the tensor into whole OBD_CODEC_BLOCK blocks:
- * pass 1 collects every block's sum of squares, obd_codec_scale combines
- * them in block order, and pass 2 runs on each thread's range with the
- * common scale. The result must equal the single-threaded one byte for
- * byte; the program checks that before timing and exits non-zero if not. */
+ * pass 1 (the only pass of a lazy step) collects every block's sum of
+ * squares, obd_codec_scale combines them in block order, and pass 2 runs
+ * on each thread's range with the common scale. Before timing, the program
+ * checks that multi-threaded results equal single-threaded ones and that a
+ * lazy step equals the eager one (bits, scale and error, byte for byte),
+ * and exits non-zero if not. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,14 +65,62 @@
 #define SERVER_N    4
 #define AVG_NSRC    2
 
+/* A lazy state as the daemon keeps it (codec.h): RESET (one buffer, in
+ * place) or ROLLBACK (two buffers). */
+struct lazy_state {
+    float *buf[2];
+    enum obd_codec_lazy_policy policy;
+    struct obd_codec_lazy_state st;
+};
+
 struct bench {
     size_t elems, nblocks;
-    float *x, *e, *dst, *err, *out, *x2, *bsc;
+    float *x, *e, *dst, *err, *out, *x2, *bsc, *fz;
     const float *src[AVG_NSRC];
     uint8_t *bits, *sbits, *in_bits[SERVER_N];
     const uint8_t *in[SERVER_N];
     float scales[SERVER_N];
     double *sums;
+    struct lazy_state wl, wl1, sl, sl1; /* worker/server, 2 buffers/in place */
+};
+
+enum {
+    OP_COMPRESS,
+    OP_LAZY_COMPRESS_1,
+    OP_LAZY_COMPRESS,
+    OP_SERVER,
+    OP_LAZY_SERVER_1,
+    OP_LAZY_SERVER,
+    OP_LAZY_ERROR,
+    OP_DECOMPRESS,
+    OP_DECOMPRESS_ADD,
+    OP_DECOMPRESS_STREAM,
+    OP_COMPRESS_AVG,
+    OP_LAZY_COMPRESS_AVG,
+    NOPS
+};
+
+/* How an op runs: TWO_PASS ops collect block sums, then write with the
+ * common scale; LAZY ops are one pass plus a commit; PLAIN ops are one
+ * pass with no scale. */
+enum kind { TWO_PASS, LAZY, PLAIN };
+
+static const struct {
+    const char *name;
+    enum kind kind;
+} ops[NOPS] = {
+    [OP_COMPRESS] = {"compress", TWO_PASS},
+    [OP_LAZY_COMPRESS_1] = {"lazy compress (RESET, in place)", LAZY},
+    [OP_LAZY_COMPRESS] = {"lazy compress (ROLLBACK, 2 buffers)", LAZY},
+    [OP_SERVER] = {"server (n=4)", TWO_PASS},
+    [OP_LAZY_SERVER_1] = {"lazy server (n=4, RESET, in place)", LAZY},
+    [OP_LAZY_SERVER] = {"lazy server (n=4, ROLLBACK, 2 buffers)", LAZY},
+    [OP_LAZY_ERROR] = {"lazy_error", PLAIN},
+    [OP_DECOMPRESS] = {"decompress", PLAIN},
+    [OP_DECOMPRESS_ADD] = {"decompress_add", PLAIN},
+    [OP_DECOMPRESS_STREAM] = {"decompress_stream", PLAIN},
+    [OP_COMPRESS_AVG] = {"compress_avg (nsrc=2)", TWO_PASS},
+    [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, ROLLBACK)", LAZY},
 };
 
 /* One thread's share of an operation: blocks [b0, b1). */
@@ -55,18 +128,9 @@ struct job {
     const struct obd_codec_impl *impl;
     struct bench *b;
     size_t b0, b1;
-    int phase; /* 1: sums, 2: write with the common scale */
+    int phase; /* 1: sums (or the whole pass), 2: write with the scale */
     int op;
     float scale;
-};
-
-enum {
-    OP_COMPRESS,
-    OP_SERVER,
-    OP_DECOMPRESS,
-    OP_DECOMPRESS_ADD,
-    OP_COMPRESS_AVG,
-    NOPS
 };
 
 static double now_ms(void)
@@ -77,9 +141,11 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Every buffer 64-byte aligned, as the daemon's are: the trainers'
+ * shared memory is page-aligned and codec.h asks for aligned state. */
 static void *xmalloc(size_t bytes)
 {
-    void *p = malloc(bytes);
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
 
     if (p == NULL) {
         fprintf(stderr, "bench_codec: out of memory (%zu bytes)\n", bytes);
@@ -95,15 +161,47 @@ static size_t block_end(const struct bench *b, size_t j)
     return end < b->elems ? end : b->elems;
 }
 
+static struct lazy_state *op_state(struct bench *b, int op)
+{
+    switch (op) {
+    case OP_LAZY_COMPRESS_1:
+        return &b->wl1;
+    case OP_LAZY_SERVER_1:
+        return &b->sl1;
+    case OP_LAZY_SERVER:
+    case OP_LAZY_ERROR:
+        return &b->sl;
+    default:
+        return &b->wl;
+    }
+}
+
+/* The previous state and the buffer the step writes. */
+static void lazy_prev(const struct lazy_state *st, struct obd_codec_lazy *prev,
+                      float **next)
+{
+    *prev = obd_codec_lazy_state_prev(&st->st);
+    *next = obd_codec_lazy_state_next(&st->st);
+}
+
+/* The step succeeded. */
+static void lazy_commit(struct lazy_state *st, float scale)
+{
+    obd_codec_lazy_state_commit(&st->st, scale);
+}
+
 static void *run_job(void *arg)
 {
     struct job *jb = arg;
     struct bench *b = jb->b;
     const struct obd_codec_impl *im = jb->impl;
     size_t lo = jb->b0 * OBD_CODEC_BLOCK, hi = block_end(b, jb->b1 - 1);
+    struct obd_codec_lazy prev;
+    float *next;
 
     if (jb->b0 >= jb->b1)
         return NULL;
+    lazy_prev(op_state(b, jb->op), &prev, &next);
     switch (jb->op) {
     case OP_COMPRESS:
         if (jb->phase == 1)
@@ -114,6 +212,19 @@ static void *run_job(void *arg)
             im->compress_range(b->x, b->elems, b->e, lo, hi, jb->scale,
                                b->bits + lo / 8);
         break;
+    case OP_LAZY_COMPRESS_1:
+    case OP_LAZY_COMPRESS:
+        for (size_t j = jb->b0; j < jb->b1; j++)
+            b->sums[j] = im->lazy_worker_block(
+                b->src, 1, b->elems, &prev, next, j * OBD_CODEC_BLOCK,
+                block_end(b, j), b->bits + j * OBD_CODEC_BLOCK / 8);
+        break;
+    case OP_LAZY_COMPRESS_AVG:
+        for (size_t j = jb->b0; j < jb->b1; j++)
+            b->sums[j] = im->lazy_worker_block(
+                b->src, AVG_NSRC, b->elems, &prev, next, j * OBD_CODEC_BLOCK,
+                block_end(b, j), b->bits + j * OBD_CODEC_BLOCK / 8);
+        break;
     case OP_SERVER:
         if (jb->phase == 1)
             for (size_t j = jb->b0; j < jb->b1; j++)
@@ -123,6 +234,16 @@ static void *run_job(void *arg)
         else
             im->server_range(b->in, b->scales, SERVER_N, b->err, lo, hi,
                              jb->scale, b->sbits + lo / 8);
+        break;
+    case OP_LAZY_SERVER_1:
+    case OP_LAZY_SERVER:
+        for (size_t j = jb->b0; j < jb->b1; j++)
+            b->sums[j] = im->lazy_server_block(
+                b->in, b->scales, SERVER_N, &prev, next, j * OBD_CODEC_BLOCK,
+                block_end(b, j), b->sbits + j * OBD_CODEC_BLOCK / 8);
+        break;
+    case OP_LAZY_ERROR:
+        im->lazy_error(&prev, b->out, lo, hi);
         break;
     case OP_COMPRESS_AVG:
         if (jb->phase == 1)
@@ -138,6 +259,10 @@ static void *run_job(void *arg)
         break;
     case OP_DECOMPRESS_ADD:
         im->decompress_add(b->bits + lo / 8, jb->scale, b->out + lo, hi - lo);
+        break;
+    case OP_DECOMPRESS_STREAM:
+        im->decompress_stream(b->bits + lo / 8, jb->scale, b->out + lo,
+                              hi - lo);
         break;
     }
     return NULL;
@@ -174,15 +299,16 @@ static void run_phase(const struct obd_codec_impl *im, struct bench *b,
         pthread_join(tid[t], NULL);
 }
 
-/* One whole operation. Single-threaded compress and server go through the
- * public helpers; multi-threaded ones follow the block protocol. */
+/* One whole operation. Single-threaded eager compress and server go
+ * through the public helpers; everything else follows the block
+ * protocol. */
 static int run_op(const struct obd_codec_impl *im, struct bench *b,
                   int nthreads, int op, float *scale_out)
 {
     float sc = 0.5f;
     int rc;
 
-    if (op == OP_DECOMPRESS || op == OP_DECOMPRESS_ADD) {
+    if (ops[op].kind == PLAIN) {
         run_phase(im, b, nthreads, op, 0, 0.5f);
         return 0;
     }
@@ -199,9 +325,33 @@ static int run_op(const struct obd_codec_impl *im, struct bench *b,
     rc = obd_codec_scale(b->sums, b->nblocks, b->elems, &sc);
     if (rc != 0)
         return rc;
-    run_phase(im, b, nthreads, op, 2, sc);
+    if (ops[op].kind == LAZY)
+        lazy_commit(op_state(b, op), sc);
+    else
+        run_phase(im, b, nthreads, op, 2, sc);
     *scale_out = sc;
     return 0;
+}
+
+/* The baselines: memcpy, and the read-two-write-one floor in place and to
+ * a third buffer. Written with 16-byte vectors so that the compiler emits
+ * packed loads and stores without -mavx2; one core saturates its memory
+ * path with these. */
+typedef float v4f __attribute__((vector_size(16)));
+
+static void floor_pass(const float *x, const float *y, float *z, size_t n)
+{
+    size_t i = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        v4f a, c;
+        memcpy(&a, x + i, sizeof(a));
+        memcpy(&c, y + i, sizeof(c));
+        c += a;
+        memcpy(z + i, &c, sizeof(c));
+    }
+    for (; i < n; i++)
+        z[i] = x[i] + y[i];
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -230,6 +380,13 @@ static float rng_unit(uint64_t *s)
     return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0);
 }
 
+/* A lazy state holding the eager error e (restored from a snapshot). */
+static void lazy_from(struct lazy_state *st, const float *e, size_t n)
+{
+    obd_codec_lazy_state_init(&st->st, st->policy, st->buf[0], st->buf[1]);
+    obd_codec_lazy_state_restore(&st->st, e, n);
+}
+
 /* Fresh deterministic inputs; also touches every page of every buffer. */
 static void reset_inputs(struct bench *b)
 {
@@ -246,79 +403,161 @@ static void reset_inputs(struct bench *b)
             b->in_bits[k][i] = (uint8_t)(rng_next(&s) >> 56);
         b->scales[k] = 0.25f * (float)(k + 1);
     }
+    lazy_from(&b->wl, b->e, b->elems);
+    lazy_from(&b->wl1, b->e, b->elems);
+    lazy_from(&b->sl, b->err, b->elems);
+    lazy_from(&b->sl1, b->err, b->elems);
     memset(b->dst, 0, b->elems * sizeof(float));
+    memset(b->fz, 0, b->elems * sizeof(float));
     memset(b->bsc, 0, b->elems * sizeof(float));
     memset(b->out, 0, b->elems * sizeof(float));
     memset(b->bits, 0, b->elems / 8);
     memset(b->sbits, 0, b->elems / 8);
 }
 
-/* Single- and multi-threaded results must be identical: compress and
- * server step from the same state, then compare every output byte; then
- * the same for compress_avg (bits, scale, error and the scratch b). */
-static int check_mt(const struct obd_codec_impl *im, struct bench *b,
-                    int nthreads)
+/* The error of a lazy state, materialised into b->out. */
+static const float *lazy_e(const struct obd_codec_impl *im, struct bench *b,
+                           const struct lazy_state *st)
+{
+    struct obd_codec_lazy prev;
+    float *next;
+
+    lazy_prev(st, &prev, &next);
+    im->lazy_error(&prev, b->out, 0, b->elems);
+    return b->out;
+}
+
+/* One op on `nthreads` from the inputs' fresh state; copies of the bits,
+ * the scale and the error (eager e, or the lazy state's materialised e)
+ * for comparison. */
+struct snap {
+    float *e;
+    uint8_t *bits;
+    float scale;
+};
+
+static int snap_op(const struct obd_codec_impl *im, struct bench *b,
+                   int nthreads, int op, int steps, struct snap *out)
 {
     size_t fb = b->elems * sizeof(float), nb = b->elems / 8;
-    float *e1 = xmalloc(fb), *err1 = xmalloc(fb);
-    uint8_t *bits1 = xmalloc(nb), *sbits1 = xmalloc(nb);
-    float s1, s2, t1, t2;
-    int same;
+    const float *e;
+    int server =
+        op == OP_SERVER || op == OP_LAZY_SERVER || op == OP_LAZY_SERVER_1;
 
     reset_inputs(b);
-    if (run_op(im, b, 1, OP_COMPRESS, &s1) != 0 ||
-        run_op(im, b, 1, OP_SERVER, &t1) != 0)
-        return -1;
-    memcpy(e1, b->e, fb);
-    memcpy(err1, b->err, fb);
-    memcpy(bits1, b->bits, nb);
-    memcpy(sbits1, b->sbits, nb);
-    reset_inputs(b);
-    if (run_op(im, b, nthreads, OP_COMPRESS, &s2) != 0 ||
-        run_op(im, b, nthreads, OP_SERVER, &t2) != 0)
-        return -1;
-    same = memcmp(&s1, &s2, sizeof(float)) == 0 &&
-           memcmp(&t1, &t2, sizeof(float)) == 0 && memcmp(e1, b->e, fb) == 0 &&
-           memcmp(err1, b->err, fb) == 0 && memcmp(bits1, b->bits, nb) == 0 &&
-           memcmp(sbits1, b->sbits, nb) == 0;
+    for (int s = 0; s < steps; s++)
+        if (run_op(im, b, nthreads, op, &out->scale) != 0)
+            return -1;
+    if (ops[op].kind == LAZY)
+        e = lazy_e(im, b, op_state(b, op));
+    else
+        e = op == OP_SERVER ? b->err : b->e;
+    memcpy(out->e, e, fb);
+    memcpy(out->bits, server ? b->sbits : b->bits, nb);
+    return 0;
+}
 
-    reset_inputs(b);
-    if (run_op(im, b, 1, OP_COMPRESS_AVG, &s1) != 0)
-        return -1;
-    memcpy(e1, b->e, fb);
-    memcpy(err1, b->bsc, fb);
-    memcpy(bits1, b->bits, nb);
-    reset_inputs(b);
-    if (run_op(im, b, nthreads, OP_COMPRESS_AVG, &s2) != 0)
-        return -1;
-    same = same && memcmp(&s1, &s2, sizeof(float)) == 0 &&
-           memcmp(e1, b->e, fb) == 0 && memcmp(err1, b->bsc, fb) == 0 &&
-           memcmp(bits1, b->bits, nb) == 0;
-    free(sbits1);
-    free(bits1);
-    free(err1);
-    free(e1);
-    return same ? 0 : -1;
+static int snap_eq(const struct snap *a, const struct snap *b, size_t elems)
+{
+    return memcmp(&a->scale, &b->scale, sizeof(float)) == 0 &&
+           memcmp(a->e, b->e, elems * sizeof(float)) == 0 &&
+           memcmp(a->bits, b->bits, elems / 8) == 0;
+}
+
+/* Before timing: every lazy op equals its eager op over three steps
+ * (bits, scale and error byte for byte), and multi-threaded runs equal
+ * single-threaded ones. */
+static int check(const struct obd_codec_impl *im, struct bench *b, int nthreads)
+{
+    static const int pairs[][2] = {
+        {OP_COMPRESS, OP_LAZY_COMPRESS},
+        {OP_COMPRESS, OP_LAZY_COMPRESS_1},
+        {OP_SERVER, OP_LAZY_SERVER},
+        {OP_SERVER, OP_LAZY_SERVER_1},
+        {OP_COMPRESS_AVG, OP_LAZY_COMPRESS_AVG},
+    };
+    struct snap s[3];
+    int ok = 1;
+
+    for (int k = 0; k < 3; k++) {
+        s[k].e = xmalloc(b->elems * sizeof(float));
+        s[k].bits = xmalloc(b->elems / 8);
+    }
+    for (size_t p = 0; p < sizeof(pairs) / sizeof(pairs[0]) && ok; p++) {
+        if (snap_op(im, b, 1, pairs[p][0], 3, &s[0]) != 0 ||
+            snap_op(im, b, 1, pairs[p][1], 3, &s[1]) != 0 ||
+            snap_op(im, b, nthreads, pairs[p][0], 3, &s[2]) != 0)
+            ok = 0;
+        ok = ok && snap_eq(&s[0], &s[1], b->elems) &&
+             snap_eq(&s[0], &s[2], b->elems);
+        if (ok && snap_op(im, b, nthreads, pairs[p][1], 3, &s[2]) != 0)
+            ok = 0;
+        ok = ok && snap_eq(&s[0], &s[2], b->elems);
+        if (!ok)
+            fprintf(stderr, "bench_codec: %s: %s differs from %s\n", im->name,
+                    ops[pairs[p][1]].name, ops[pairs[p][0]].name);
+    }
+    for (int k = 0; k < 3; k++) {
+        free(s[k].bits);
+        free(s[k].e);
+    }
+    return ok ? 0 : -1;
 }
 
 struct row {
     const char *op, *impl;
     int threads;
-    double ms;
+    double ms, ratio, ratio_floor;
 };
+
+static double time_once(void (*fn)(struct bench *), struct bench *b)
+{
+    double t0 = now_ms();
+
+    fn(b);
+    return now_ms() - t0;
+}
+
+static void do_memcpy(struct bench *b)
+{
+    memcpy(b->dst, b->x, b->elems * sizeof(float));
+}
+
+static void do_floor(struct bench *b)
+{
+    floor_pass(b->x, b->dst, b->dst, b->elems);
+}
+
+static void do_floor2(struct bench *b)
+{
+    floor_pass(b->x, b->dst, b->fz, b->elems);
+}
+
+static void lazy_alloc(struct lazy_state *st, size_t elems, int inplace)
+{
+    st->policy = inplace ? OBD_CODEC_LAZY_RESET : OBD_CODEC_LAZY_ROLLBACK;
+    st->buf[0] = xmalloc(elems * sizeof(float));
+    st->buf[1] = inplace ? NULL : xmalloc(elems * sizeof(float));
+}
+
+static void lazy_free(struct lazy_state *st)
+{
+    free(st->buf[0]);
+    free(st->buf[1]);
+}
 
 int main(int argc, char **argv)
 {
-    static const char *const op_names[] = {"compress", "server (n=4)",
-                                           "decompress", "decompress_add",
-                                           "compress_avg (nsrc=2)"};
     size_t elems = (size_t)64 << 20;
+    const char *only = NULL;
     int repeats = 7, json = 0, nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const struct obd_codec_impl *impls[2];
-    int nimpl = 0, nrows = 0, mt_ok = 1;
-    struct row rows[32];
+    int nimpl = 0, nrows = 0, ok = 1;
+    struct row rows[64];
     struct bench b;
-    double memcpy_ms, *t;
+    double *t, *t2, *tm, *tf, *tf2, *top[NOPS], *base[3];
+    double bms[3], bratio[3], bfloor[3];
+    int nbase;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc)
@@ -327,12 +566,14 @@ int main(int argc, char **argv)
             repeats = atoi(argv[++i]);
         else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc)
             nthreads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-i") == 0 && i + 1 < argc)
+            only = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = 1;
         else {
             fprintf(stderr,
                     "usage: %s [-n ELEMS] [-r REPEATS] [-t THREADS] "
-                    "[--json]\n",
+                    "[-i portable|avx2] [--json]\n",
                     argv[0]);
             return 2;
         }
@@ -349,6 +590,7 @@ int main(int argc, char **argv)
     b.x = xmalloc(elems * sizeof(float));
     b.e = xmalloc(elems * sizeof(float));
     b.dst = xmalloc(elems * sizeof(float));
+    b.fz = xmalloc(elems * sizeof(float));
     b.err = xmalloc(elems * sizeof(float));
     b.out = xmalloc(elems * sizeof(float));
     b.x2 = xmalloc(elems * sizeof(float));
@@ -362,78 +604,150 @@ int main(int argc, char **argv)
         b.in_bits[k] = xmalloc(elems / 8);
         b.in[k] = b.in_bits[k];
     }
-    t = xmalloc((size_t)repeats * sizeof(double));
+    lazy_alloc(&b.wl, elems, 0);
+    lazy_alloc(&b.wl1, elems, 1);
+    lazy_alloc(&b.sl, elems, 0);
+    lazy_alloc(&b.sl1, elems, 1);
+    t = xmalloc((size_t)repeats * 4 * sizeof(double));
+    t2 = xmalloc((size_t)repeats * sizeof(double));
+    tm = xmalloc((size_t)repeats * sizeof(double));
+    tf = xmalloc((size_t)repeats * sizeof(double));
+    tf2 = xmalloc((size_t)repeats * sizeof(double));
+    for (int op = 0; op < NOPS; op++)
+        top[op] = xmalloc((size_t)repeats * sizeof(double));
+    for (int j = 0; j < 3; j++)
+        base[j] = xmalloc((size_t)repeats * 4 * sizeof(double));
+
+    if (only == NULL || strcmp(only, "portable") == 0)
+        impls[nimpl++] = obd_codec_portable();
+    if (obd_codec_avx2() != NULL && (only == NULL || strcmp(only, "avx2") == 0))
+        impls[nimpl++] = obd_codec_avx2();
+    if (nimpl == 0) {
+        fprintf(stderr, "bench_codec: no implementation \"%s\"\n", only);
+        return 2;
+    }
+    for (int k = 0; k < nimpl; k++)
+        if (check(impls[k], &b, nthreads) != 0)
+            ok = 0;
     reset_inputs(&b);
 
-    impls[nimpl++] = obd_codec_portable();
-    if (obd_codec_avx2() != NULL)
-        impls[nimpl++] = obd_codec_avx2();
-
-    for (int r = 0; r < repeats; r++) {
-        double t0 = now_ms();
-        memcpy(b.dst, b.x, elems * sizeof(float));
-        t[r] = now_ms() - t0;
-    }
-    memcpy_ms = median(t, repeats);
-
+    /* Rounds: every round times memcpy, the floors and every op once,
+     * back to back, so that load from other processes on a shared machine
+     * hits the baselines and the ops alike; ratios are per round, and the
+     * table shows their medians. */
+    nbase = 0;
     for (int k = 0; k < nimpl; k++) {
         int tcounts[2] = {1, nthreads};
-        if (check_mt(impls[k], &b, nthreads) != 0)
-            mt_ok = 0;
-        reset_inputs(&b);
-        for (int tc = 0; tc < (nthreads > 1 ? 2 : 1); tc++)
-            for (int op = 0; op < NOPS; op++) {
-                for (int r = 0; r < repeats; r++) {
-                    float sc;
+        for (int tc = 0; tc < (nthreads > 1 ? 2 : 1); tc++) {
+            float sc;
+
+            /* Lazy ops are timed from a DEFERRED state, the steady
+             * state: one untimed step first. */
+            reset_inputs(&b);
+            for (int op = 0; op < NOPS; op++)
+                if (ops[op].kind == LAZY)
+                    run_op(impls[k], &b, tcounts[tc], op, &sc);
+            for (int r = 0; r < repeats; r++) {
+                tm[r] = time_once(do_memcpy, &b);
+                tf[r] = time_once(do_floor, &b);
+                tf2[r] = time_once(do_floor2, &b);
+                base[0][nbase] = tm[r];
+                base[1][nbase] = tf[r];
+                base[2][nbase++] = tf2[r];
+                for (int op = 0; op < NOPS; op++) {
                     double t0 = now_ms();
                     if (run_op(impls[k], &b, tcounts[tc], op, &sc) != 0) {
                         fprintf(stderr, "bench_codec: %s failed\n",
-                                op_names[op]);
+                                ops[op].name);
                         return 1;
                     }
-                    t[r] = now_ms() - t0;
+                    top[op][r] = now_ms() - t0;
                 }
-                rows[nrows++] = (struct row){op_names[op], impls[k]->name,
-                                             tcounts[tc], median(t, repeats)};
             }
+            for (int op = 0; op < NOPS; op++) {
+                struct row *w = &rows[nrows++];
+
+                *w = (struct row){
+                    ops[op].name, impls[k]->name, tcounts[tc], 0, 0, 0};
+                for (int r = 0; r < repeats; r++) {
+                    t[r] = top[op][r] / tm[r];
+                    t2[r] = top[op][r] / tf[r];
+                }
+                w->ratio = median(t, repeats);
+                w->ratio_floor = median(t2, repeats);
+                w->ms = median(top[op], repeats);
+            }
+        }
+    }
+    for (int j = 0; j < 3; j++) {
+        for (int r = 0; r < nbase; r++)
+            t[r] = base[j][r] / base[0][r];
+        bratio[j] = median(t, nbase);
+        for (int r = 0; r < nbase; r++)
+            t[r] = base[j][r] / base[1][r];
+        bfloor[j] = median(t, nbase);
+        bms[j] = median(base[j], nbase);
     }
 
     double gb = (double)elems * sizeof(float) / 1e9;
+    static const char *const bname[3] = {"memcpy", "floor",
+                                         "floor (2 buffers)"};
+    static const char *const bimpl[3] = {"libc", "plain", "plain"};
     if (json) {
         printf("{\"elems\": %zu, \"repeats\": %d, \"memcpy_ms\": %.3f, "
-               "\"mt_equals_st\": %s, \"rows\": [\n",
-               elems, repeats, memcpy_ms, mt_ok ? "true" : "false");
-        printf("  {\"op\": \"memcpy\", \"impl\": \"libc\", \"threads\": 1, "
-               "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": 1.00}",
-               memcpy_ms, gb / (memcpy_ms / 1e3));
+               "\"floor_ms\": %.3f, \"floor2_ms\": %.3f, "
+               "\"checks_pass\": %s, \"mt_equals_st\": %s, \"rows\": [\n",
+               elems, repeats, bms[0], bms[1], bms[2], ok ? "true" : "false",
+               ok ? "true" : "false");
+        for (int j = 0; j < 3; j++)
+            printf("%s  {\"op\": \"%s\", \"impl\": \"%s\", \"threads\": 1, "
+                   "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f, "
+                   "\"ratio_floor\": %.2f}",
+                   j ? ",\n" : "", bname[j], bimpl[j], bms[j],
+                   gb / (bms[j] / 1e3), bratio[j], bfloor[j]);
         for (int i = 0; i < nrows; i++)
             printf(",\n  {\"op\": \"%s\", \"impl\": \"%s\", \"threads\": %d, "
-                   "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f}",
+                   "\"ms\": %.3f, \"gbps\": %.2f, \"ratio\": %.2f, "
+                   "\"ratio_floor\": %.2f}",
                    rows[i].op, rows[i].impl, rows[i].threads, rows[i].ms,
-                   gb / (rows[i].ms / 1e3), rows[i].ms / memcpy_ms);
+                   gb / (rows[i].ms / 1e3), rows[i].ratio, rows[i].ratio_floor);
         printf("\n]}\n");
     } else {
-        printf("%zu elements (%.0f MiB fp32), median of %d; GB/s = tensor "
-               "bytes / time\n\n",
+        printf("%zu elements (%.0f MiB fp32), %d rounds; ms = median time, "
+               "GB/s = tensor bytes / ms, ratios = median over rounds of the "
+               "time / the baseline's time in the same round\n\n",
                elems, (double)elems * 4 / (1 << 20), repeats);
-        printf("| op | impl | threads | ms | GB/s | ratio to memcpy |\n");
-        printf("|---|---|---|---|---|---|\n");
-        printf("| memcpy | libc | 1 | %.2f | %.2f | 1.00 |\n", memcpy_ms,
-               gb / (memcpy_ms / 1e3));
+        printf("| op | impl | threads | ms | GB/s | ratio to memcpy | ratio "
+               "to floor |\n");
+        printf("|---|---|---|---|---|---|---|\n");
+        for (int j = 0; j < 3; j++)
+            printf("| %s | %s | 1 | %.2f | %.2f | %.2f | %.2f |\n", bname[j],
+                   bimpl[j], bms[j], gb / (bms[j] / 1e3), bratio[j], bfloor[j]);
         for (int i = 0; i < nrows; i++)
-            printf("| %s | %s | %d | %.2f | %.2f | %.2f |\n", rows[i].op,
+            printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", rows[i].op,
                    rows[i].impl, rows[i].threads, rows[i].ms,
-                   gb / (rows[i].ms / 1e3), rows[i].ms / memcpy_ms);
-        printf("\nmulti-threaded (%d) result equals single-threaded: %s\n",
-               nthreads, mt_ok ? "yes (memcmp of bits, scale, error)" : "NO");
-        printf("compress_avg (nsrc=%d) moves (nsrc + 4) * 4 = %d bytes per "
-               "element (+ 1/8 of bits), memcpy 8: a ratio of %.2f at equal "
-               "bandwidth\n",
-               AVG_NSRC, (AVG_NSRC + 4) * 4, (AVG_NSRC + 4) / 2.0);
+                   gb / (rows[i].ms / 1e3), rows[i].ratio, rows[i].ratio_floor);
+        printf("\nlazy steps equal eager ones, multi-threaded (%d) equal "
+               "single-threaded: %s\n",
+               nthreads, ok ? "yes (memcmp of bits, scale, error)" : "NO");
+        printf("floor: y = x + y in place (read 2, write 1 stream); "
+               "floor (2 buffers): z = x + y\n");
     }
 
+    for (int j = 0; j < 3; j++)
+        free(base[j]);
+    for (int op = 0; op < NOPS; op++)
+        free(top[op]);
+    free(tf2);
+    free(tf);
+    free(tm);
+    free(t2);
     for (int k = 0; k < SERVER_N; k++)
         free(b.in_bits[k]);
+    lazy_free(&b.sl1);
+    lazy_free(&b.sl);
+    lazy_free(&b.wl1);
+    lazy_free(&b.wl);
     free(t);
     free(b.bsc);
     free(b.x2);
@@ -442,8 +756,9 @@ int main(int argc, char **argv)
     free(b.bits);
     free(b.out);
     free(b.err);
+    free(b.fz);
     free(b.dst);
     free(b.e);
     free(b.x);
-    return mt_ok ? 0 : 1;
+    return ok ? 0 : 1;
 }
