@@ -1,8 +1,11 @@
 """obcomm.torch.OneBitAdam against real daemons and real processes."""
 
+import math
 import os
 
+import numpy as np
 import pytest
+import torch
 
 
 def test_warmup_equals_torch_adam(make_cluster):
@@ -37,6 +40,46 @@ def test_ranks_identical_after_freeze(make_cluster):
     assert ref["lr"] == pytest.approx(1e-3 * 0.7 ** 6, rel=1e-12)
     m0 = cl.metrics(0)
     assert m0["onebit_ops"] == 20 - 8
+
+
+def expected_masked(v, ratio):
+    """The C rule (client/adam.c, auto_threshold): mean of v summed in
+    double in index order, threshold (float)((double)ratio_f * sqrt(mean))^2
+    on v, masked when v <= threshold."""
+    s = 0.0
+    for x in v.tolist():
+        s += x
+    r = float(np.float32(ratio)) * math.sqrt(s / len(v))
+    thr = np.float32(r * r)
+    return int((v.numpy() <= thr).sum())
+
+
+def test_masks(make_cluster):
+    """1 node x 2 trainers, freeze at 8: the automatic mask holds exactly
+    the coordinates the rule names (default ratio 0.01, ratio 0: v == 0,
+    off: none); an explicit mask keeps its coordinates where they were at
+    the freeze (no weight decay) while the rest moves."""
+    cl = make_cluster(1)
+    ratios = [0.01, 0.0, 0.1, "off"]
+    res = cl.run("mask", "train", 2, args={"freeze": 8, "steps": 12,
+                                           "mask_counts": ratios})
+    for r in res:
+        v = r["v"]
+        assert r["masked"] == expected_masked(v, 0.01)
+        got = r["masked_by_ratio"]
+        assert got["0.01"] == r["masked"]
+        assert got["0.0"] == int((v == 0).sum())
+        assert got["0.0"] > 0  # the always-zero input columns
+        assert got["0.1"] == expected_masked(v, 0.1)
+        assert got["0.0"] < got["0.01"] < got["0.1"]
+        assert got["off"] == 0
+    res = cl.run("mask2", "train", 2, args={"freeze": 8, "steps": 12,
+                                            "explicit_mask": True})
+    for r in res:
+        assert r["masked"] == 32  # fc2.weight's first row
+        a, b = r["fc2_at_freeze"], r["fc2_final"]
+        assert torch.equal(a[0], b[0])
+        assert (a[1:] != b[1:]).any()
 
 
 def test_state_dict_round_trip_bit_for_bit(make_cluster, tmp_path):

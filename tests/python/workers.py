@@ -181,8 +181,12 @@ def train(args):
     opt = obcomm.torch.OneBitAdam(model.parameters(), lr=args.get("lr", 1e-3),
                                   freeze_step=args["freeze"], comm=comm,
                                   weight_decay=args.get("wd", 0.0))
-    if args.get("auto_mask") is False:
-        opt.set_auto_mask(False)
+    if "auto_mask" in args:
+        opt.set_auto_mask(args["auto_mask"])
+    if args.get("explicit_mask"):
+        keep = torch.ones_like(model.fc2.weight)
+        keep[0] = 0
+        opt.set_mask(model.fc2.weight, keep)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
     first = 0
     if args.get("load"):
@@ -193,7 +197,10 @@ def train(args):
         first = ck["step"]
     digests = []
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    at_freeze = None
     for step in range(first, first + args["steps"]):
+        if step == args["freeze"]:
+            at_freeze = model.fc2.weight.detach().clone()
         opt.zero_grad()
         loss = grads_of(model, comm.rank, step)
         loss.backward()
@@ -205,6 +212,17 @@ def train(args):
            "moved": {n: (p.detach() - start[n]).abs().max().item()
                      for n, p in model.named_parameters()},
            "lr": opt.param_groups[0]["lr"]}
+    if at_freeze is not None:
+        out["fc2_at_freeze"] = at_freeze
+        out["fc2_final"] = model.fc2.weight.detach().clone()
+    if args.get("mask_counts"):
+        sd = opt.state_dict()
+        out["v"] = torch.cat([s["exp_avg_sq"].reshape(-1)
+                              for s in sd["state"].values()])
+        out["masked_by_ratio"] = {}
+        for r in args["mask_counts"]:  # a ratio, or "off"
+            opt.set_auto_mask(False if r == "off" else r)
+            out["masked_by_ratio"][str(r)] = opt.masked()
     if args.get("save"):
         sd = opt.state_dict()
         out["state_keys"] = sorted(sd["state"][0].keys())

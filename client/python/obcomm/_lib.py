@@ -70,7 +70,7 @@ _FUNCTIONS = [
     ("obcomm_adam_steps", ctypes.c_long, [c_void_p]),
     ("obcomm_adam_set_error_feedback", None, [c_void_p, c_int]),
     ("obcomm_adam_set_mask", c_int, [c_void_p, c_void_p]),
-    ("obcomm_adam_set_auto_mask", None, [c_void_p, c_int]),
+    ("obcomm_adam_set_auto_mask", None, [c_void_p, ctypes.c_float]),
     ("obcomm_adam_masked", c_size_t, [c_void_p]),
     ("obcomm_adam_save", c_int, [c_void_p, ctypes.c_char_p]),
     ("obcomm_adam_load", c_int, [c_void_p, ctypes.c_char_p]),

@@ -13,6 +13,9 @@ from .comm import Communicator, ObcommError, E_INVAL
 
 __all__ = ["OneBitAdam", "allreduce_hook"]
 
+# OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
+AUTO_MASK_RATIO = 0.01
+
 _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 
 
@@ -40,7 +43,9 @@ class OneBitAdam(torch.optim.Optimizer):
     scale, with error feedback kept by the daemons. As DeepSpeed: no bias
     correction unless asked, weight decay added to the update. Coordinates
     whose frozen variance is 0 (their gradient was exactly 0 through the
-    warm-up) have their momentum masked to 0 (set_auto_mask, set_mask).
+    warm-up) or tiny have their momentum masked to 0 in the compression
+    stage, so that with eps = 1e-8 they do not move by lr * scale / eps
+    (set_auto_mask, set_mask; the project README has the measurements).
 
     Construct it on every rank with the same parameters (shapes) and
     arguments; it broadcasts rank 0's parameters so every rank starts
@@ -71,7 +76,7 @@ class OneBitAdam(torch.optim.Optimizer):
         self.comm = comm if comm is not None else Communicator()
         self.key = int(key)
         self._groups = []
-        self._auto_mask = True
+        self._auto_ratio = AUTO_MASK_RATIO
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
                         bias_correction=bool(bias_correction))
@@ -124,7 +129,7 @@ class OneBitAdam(torch.optim.Optimizer):
                                            ctypes.byref(cfg), ctypes.byref(h)))
         g.handle = h
         g.hyper = tuple(group[k] for k in _HYPER)
-        lib.obcomm_adam_set_auto_mask(h, int(self._auto_mask))
+        lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
         self._groups.append(g)
 
     def _repoint(self, g):
@@ -185,12 +190,19 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- the mask ---------------------------------------------------------------
 
-    def set_auto_mask(self, on):
-        """Ablation: False turns off the automatic mask (coordinates whose
-        frozen variance is 0). An explicit mask still applies."""
-        self._auto_mask = bool(on)
+    def set_auto_mask(self, ratio):
+        """The automatic mask: a coordinate is masked in the compression
+        stage when sqrt(v) <= ratio * sqrt(mean v) over its group's frozen
+        v. True: the default ratio (AUTO_MASK_RATIO, as the C library);
+        a number: that ratio (0 masks only v == 0); False: no automatic
+        mask (the ablation). An explicit mask (set_mask) still applies."""
+        if ratio is True:
+            ratio = AUTO_MASK_RATIO
+        elif ratio is False or ratio is None:
+            ratio = -1.0
+        self._auto_ratio = float(ratio)
         for g in self._groups:
-            lib.obcomm_adam_set_auto_mask(g.handle, int(self._auto_mask))
+            lib.obcomm_adam_set_auto_mask(g.handle, self._auto_ratio)
 
     def set_mask(self, param, keep):
         """An explicit mask for `param` (DeepSpeed's exp_avg_mask): `keep`
