@@ -7,6 +7,9 @@ packages=(
     build-essential meson ninja-build pkg-config
     libuv1-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev check
     zlib1g-dev clang-format iproute2 procps
+    # The Python package and its tests (Debian's /usr/bin/python3 with
+    # torch; no PyPI).
+    python3-torch python3-numpy python3-pytest
 )
 # Extra packages a caller asks for (benchmarks, datasets): bootstrap.sh PKG...
 packages+=("$@")

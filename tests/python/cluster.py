@@ -78,8 +78,14 @@ class Cluster:
                 "--log_level", "warn", "--timeout_ms", str(self.timeout_ms)]
         if self.k > 1:
             args += ["--peers", self.peers]
+        env = dict(os.environ)
+        # Sanitizer builds: python runs without leak checks, the daemons
+        # with them (client/python/meson.build).
+        if "OBCOMMD_ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] = env["OBCOMMD_ASAN_OPTIONS"]
+        env.pop("LD_PRELOAD", None)
         self.procs[n] = subprocess.Popen(args + self.flags, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, env=env)
         log.close()
 
     def start(self):
@@ -127,9 +133,19 @@ class Cluster:
                 for m in json.loads(r.stdout)["metrics"]}
 
     def stop(self):
+        """Stops every daemon (SIGTERM) and removes the directory. Raises
+        if a daemon did not exit cleanly (status 0), e.g. a sanitizer
+        report at exit; the daemons are gone either way."""
+        bad = []
         for n in range(self.k):
+            p = self.procs[n]
             self.kill_node(n, signal.SIGTERM)
+            if p is not None and p.returncode != 0:
+                bad.append(f"obcommd {n} exited with {p.returncode}: "
+                           f"{self.log(n)}")
         shutil.rmtree(self.dir, ignore_errors=True)
+        if bad:
+            raise RuntimeError("\n".join(bad))
 
     def __enter__(self):
         return self.start()
