@@ -126,3 +126,16 @@ def test_state_dict_round_trip_bit_for_bit(make_cluster, tmp_path):
     c = cl.run("crash", "train", 2, args={"freeze": 8, "steps": 10, "load": ck2})
     for w, y in zip(whole, c):
         assert y["digests"] == w["digests"][10:]
+
+
+def test_ddp_allreduce_hook(make_cluster):
+    """DDP (Gloo process group for its setup) with obcomm's comm hook on 2
+    nodes x 1 trainer: every rank's gradients are bitwise the average of
+    all ranks' own gradients (fp32 sum in rank order, then / size, as the
+    daemon computes it)."""
+    import cluster
+    cl = make_cluster(2)
+    port = cluster.free_ports(1)[0]
+    res = cl.run("ddp", "ddp_hook", 1, args={"port": port})
+    for r in res:
+        assert r["same"], r["diff"]

@@ -235,6 +235,36 @@ def train(args):
     return out
 
 
+def ddp_hook(args):
+    """DDP with obcomm.torch.allreduce_hook: the gradients equal the
+    average of every rank's own gradients (computed here by hand)."""
+    import torch.distributed as dist
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args['port']}",
+                            rank=rank, world_size=size)
+    comm = obcomm.Communicator(timeout_ms=20000)
+    torch.manual_seed(0)
+    model = Net()
+    ref = Net()
+    ref.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(comm, obcomm.torch.allreduce_hook)
+    grads_of(ddp, rank, 0).backward()
+    acc = None
+    for r in range(size):
+        ref.zero_grad()
+        grads_of(ref, r, 0).backward()
+        g = [p.grad.clone() for p in ref.parameters()]
+        acc = g if acc is None else [a + b for a, b in zip(acc, g)]
+    want = [a / size for a in acc]
+    same = all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
+    diff = max((p.grad - w).abs().max().item()
+               for p, w in zip(model.parameters(), want))
+    dist.destroy_process_group()
+    comm.close()
+    return {"same": same, "diff": diff}
+
+
 def world_size_mismatch(args):
     try:
         obcomm.Communicator(timeout_ms=5000)
