@@ -168,7 +168,9 @@ OBCOMM_API void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on);
  * By default the mask is automatic: coordinate i is masked when
  * sqrt(v_i) <= ratio * sqrt(mean v) over the frozen v, with ratio
  * OBCOMM_ADAM_AUTO_MASK_RATIO (README, "1-bit Adam on Fashion-MNIST", has
- * the measurements behind the rule and the value). */
+ * the measurements behind the rule and the value). Without a warm-up
+ * (freeze_step 0) v is 0 everywhere and every coordinate is masked:
+ * 1-bit Adam needs the warm-up to estimate v. */
 #define OBCOMM_ADAM_AUTO_MASK_RATIO 0.01f
 /* Sets the automatic mask's ratio; 0 masks only coordinates whose frozen v
  * is exactly 0 (gradient exactly 0 through the warm-up); a negative ratio
