@@ -6,13 +6,17 @@
 #   onebit           obcomm.torch.OneBitAdam (eps 1e-8, automatic mask)
 #   powersgd         torch.optim.Adam + DDP over Gloo + PowerSGD hook (rank 2)
 #   onebit-nomask    the ablation: OneBitAdam without the mask
+#   onebit-bc        OneBitAdam with bias correction, as torch's Adam has
+#                    (OneBitAdam's default is DeepSpeed's: none)
 # The same seed, steps, batch and lr everywhere. Writes into OUT (default
 # client/python/examples/results/cnn): results.md (the table), loss.png,
 # and per run <tag>.json, <tag>.csv (loss log), <tag>.log.
 #
-#   deploy/cnn-compare.sh [--steps N] [--out DIR] [--report-only]
-#                         [-- cnn_fmnist.py flags]
+#   deploy/cnn-compare.sh [--steps N] [--out DIR] [--runs "TAG..."]
+#                         [--report-only] [-- cnn_fmnist.py flags]
 #
+# --runs picks some of the five runs (deploy/run-torch.sh runs "onebit");
+# the table and plot are made only when all five are there.
 # Bytes on the wire: for obcomm the daemons' bytes_sent counters
 # (obcommctl --json metrics, summed over both daemons), cross-checked with
 # the kernel's tcp_info bytes_sent of the daemons' links; for Gloo the
@@ -26,13 +30,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd)
 steps=1500 out=client/python/examples/results/cnn extra=() report_only=0
+runs="adam onebit powersgd onebit-nomask onebit-bc"
 while [ $# -gt 0 ]; do
     case "$1" in
     --steps) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "usage: $0 [--steps N] [--out DIR] [--report-only] [-- flags]" >&2
+    *) echo "usage: $0 [--steps N] [--out DIR] [--runs \"TAG...\"]" \
+        "[--report-only] [-- flags]" >&2
        exit 2 ;;
     esac
 done
@@ -111,10 +118,17 @@ EOF
 }
 
 if [ $report_only -eq 0 ]; then
-    run adam adam
-    run onebit onebit
-    run powersgd powersgd
-    run onebit-nomask onebit --mask off
+    for r in $runs; do
+        case "$r" in
+        adam | onebit | powersgd) run "$r" "$r" ;;
+        onebit-nomask) run onebit-nomask onebit --mask off ;;
+        onebit-bc) run onebit-bc onebit --bias-correction ;;
+        *) echo "cnn-compare: no run '$r'" >&2; exit 2 ;;
+        esac
+    done
 fi
 
+for r in adam onebit powersgd onebit-nomask onebit-bc; do
+    [ -f "$out/$r.json" ] || exit 0
+done
 "$py" client/python/examples/cnn_report.py "$out" "$steps"

@@ -86,6 +86,9 @@ def parse():
                    "before compression starts (the same share)")
     p.add_argument("--mask", default="auto",
                    help="onebit: auto | off (the ablation)")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="onebit: Adam's bias correction (torch's Adam always "
+                   "has it; OneBitAdam's default, as DeepSpeed's, is off)")
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--log-every", type=int, default=10)
@@ -138,6 +141,7 @@ def main():
     if a.mode == "onebit":
         opt = obcomm.torch.OneBitAdam(model.parameters(), lr=a.lr,
                                       eps=a.eps, freeze_step=freeze,
+                                      bias_correction=a.bias_correction,
                                       comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(False)
@@ -236,6 +240,7 @@ def main():
         if a.mode == "onebit":
             r["mask"] = a.mask
             r["masked"] = opt.masked()
+            r["bias_correction"] = a.bias_correction
         if a.mode == "powersgd":
             r["powersgd_rank"] = a.powersgd_rank
         if diverged is not None:
