@@ -155,7 +155,7 @@ def main():
                   f"of {WINDOW} steps)")
     ax.set_title("CNN on Fashion-MNIST, 2 nodes x 2 trainers, eps 1e-8")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right")
+    ax.legend(loc="lower left")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss.png"), dpi=100)
 
