@@ -146,7 +146,7 @@ def main():
         ax.plot(xs, ys, color=c, linestyle=ls, linewidth=2, label=label)
     fs = ob["freeze_step"]
     ax.axvline(fs, color="gray", linestyle="--", linewidth=1)
-    ax.text(fs, 2.2, f"  variance frozen / PowerSGD on (step {fs})",
+    ax.text(fs, 0.17, f"  variance frozen / PowerSGD on (step {fs})",
             color="gray")
     ax.set_yscale("log")
     ax.set_ylim(0.15, 3)
@@ -155,7 +155,7 @@ def main():
                   f"of {WINDOW} steps)")
     ax.set_title("CNN on Fashion-MNIST, 2 nodes x 2 trainers, eps 1e-8")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss.png"), dpi=100)
 
