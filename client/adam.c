@@ -19,9 +19,14 @@ struct obcomm_adam {
     obcomm_adam_config_t cfg;
     long step;
     int error_feedback;
-    float *m; /* shared memory: averaged in place by the collectives */
-    float *g; /* shared memory: the warm-up's gradient average */
-    float *v; /* private */
+    int auto_on;      /* automatic mask in use */
+    float auto_ratio; /* masked: sqrt(v) <= ratio * sqrt(mean v) */
+    float auto_thr;   /* that threshold on v */
+    int auto_frozen;  /* auto_thr comes from the frozen v (kept) */
+    uint8_t *keep;    /* explicit mask (owned), or NULL: automatic */
+    float *m;         /* shared memory: averaged in place by the collectives */
+    float *g;         /* shared memory: the warm-up's gradient average */
+    float *v;         /* private */
 };
 
 obcomm_adam_config_t obcomm_adam_defaults(void)
@@ -57,6 +62,8 @@ int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
     a->count = count;
     a->cfg = *cfg;
     a->error_feedback = 1;
+    a->auto_on = 1;
+    a->auto_ratio = OBCOMM_ADAM_AUTO_MASK_RATIO;
     int rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->m);
     if (rc == 0)
         rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->g);
@@ -79,6 +86,7 @@ void obcomm_adam_destroy(obcomm_adam_t *a)
     if (a->g)
         obcomm_free(a->c, a->g);
     free(a->v);
+    free(a->keep);
     free(a);
 }
 
@@ -95,6 +103,64 @@ long obcomm_adam_steps(const obcomm_adam_t *a)
 void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on)
 {
     a->error_feedback = on;
+}
+
+int obcomm_adam_set_mask(obcomm_adam_t *a, const uint8_t *keep)
+{
+    if (keep == NULL) {
+        free(a->keep);
+        a->keep = NULL;
+        return 0;
+    }
+    uint8_t *k = malloc(a->count);
+    if (k == NULL)
+        return OBCOMM_E_NOMEM;
+    memcpy(k, keep, a->count);
+    free(a->keep);
+    a->keep = k;
+    return 0;
+}
+
+void obcomm_adam_set_auto_mask(obcomm_adam_t *a, float ratio)
+{
+    a->auto_on = ratio >= 0;
+    a->auto_ratio = a->auto_on ? ratio : 0.0f;
+    a->auto_frozen = 0;
+}
+
+/* The automatic mask's threshold on v, (ratio * sqrt(mean v))^2. v does
+ * not change in the compression stage, so there it is computed once and
+ * kept; after a load it is computed again from the loaded v, which gives
+ * the same threshold, so the mask survives save and load. The mean is
+ * summed in double, in index order: the same on every rank. */
+static void auto_threshold(obcomm_adam_t *a)
+{
+    if (a->auto_frozen)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < a->count; i++)
+        sum += (double)a->v[i];
+    double r = (double)a->auto_ratio * sqrt(sum / (double)a->count);
+    a->auto_thr = (float)(r * r);
+    a->auto_frozen = a->step >= a->cfg.freeze_step;
+}
+
+/* Whether coordinate i's momentum is held at 0 in the compression stage. */
+static int masked(const obcomm_adam_t *a, size_t i)
+{
+    if (a->keep)
+        return a->keep[i] == 0;
+    return a->auto_on && a->v[i] <= a->auto_thr;
+}
+
+size_t obcomm_adam_masked(obcomm_adam_t *a)
+{
+    if (!a->keep && a->auto_on)
+        auto_threshold(a);
+    size_t n = 0;
+    for (size_t i = 0; i < a->count; i++)
+        n += (size_t)masked(a, i);
+    return n;
 }
 
 /* p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m_hat = m and
@@ -146,6 +212,14 @@ int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
         rc = obcomm_allreduce_1bit(a->c, a->key, a->m, a->count);
         if (rc)
             return rc;
+        /* As DeepSpeed applies exp_avg_mask: after the average, so every
+         * rank zeroes the same coordinates of the same momentum. */
+        if (!a->keep && a->auto_on)
+            auto_threshold(a);
+        if (a->keep || a->auto_on)
+            for (size_t i = 0; i < a->count; i++)
+                if (masked(a, i))
+                    a->m[i] = 0.0f;
     }
     update(a, params);
     a->step++;
@@ -263,6 +337,7 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
         memcpy(a->m, m, a->count * sizeof(float));
         memcpy(a->v, v, a->count * sizeof(float));
         a->step = h.step;
+        a->auto_frozen = 0;
         float lr = a->cfg.lr;
         a->cfg = h.cfg;
         a->cfg.lr = lr; /* the schedule owns the learning rate */

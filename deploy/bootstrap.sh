@@ -9,6 +9,9 @@ packages=(
     zlib1g-dev clang-format iproute2 procps
     libjson-c-dev python3
     prometheus man-db groff-base  # promtool and man -l for the tests
+    # The Python package and its tests (Debian's /usr/bin/python3 with
+    # torch; no PyPI).
+    python3-torch python3-numpy python3-pytest
 )
 # Extra packages a caller asks for (benchmarks, datasets): bootstrap.sh PKG...
 packages+=("$@")

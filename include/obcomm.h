@@ -157,6 +157,36 @@ OBCOMM_API long obcomm_adam_steps(const obcomm_adam_t *a);
  * compensation. Default 1. */
 OBCOMM_API void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on);
 
+/* The momentum mask of the compression stage (DeepSpeed's exp_avg_mask).
+ * The 1-bit allreduce gives every coordinate of a chunk the same magnitude,
+ * the chunk's scale, so a coordinate whose frozen variance is 0 or tiny
+ * (a pixel that is almost always black, a unit that almost never fires)
+ * moves by up to lr * scale / (sqrt(v) + eps) per step: with eps = 1e-8,
+ * far more than Adam would ever move it. After each compressed allreduce,
+ * a masked coordinate's momentum is set to 0, so its parameter changes
+ * only by weight decay.
+ *
+ * By default the mask is automatic: coordinate i is masked when
+ * sqrt(v_i) <= ratio * sqrt(mean v) over the frozen v, with ratio
+ * OBCOMM_ADAM_AUTO_MASK_RATIO (README, "1-bit Adam on Fashion-MNIST", has
+ * the measurements behind the rule and the value). Without a warm-up
+ * (freeze_step 0) v is 0 everywhere and every coordinate is masked:
+ * 1-bit Adam needs the warm-up to estimate v. */
+#define OBCOMM_ADAM_AUTO_MASK_RATIO 0.01f
+/* Sets the automatic mask's ratio; 0 masks only coordinates whose frozen v
+ * is exactly 0 (gradient exactly 0 through the warm-up); a negative ratio
+ * turns the automatic mask off (the ablation). */
+OBCOMM_API void obcomm_adam_set_auto_mask(obcomm_adam_t *a, float ratio);
+/* Replaces the automatic mask with an explicit one: `keep` holds count
+ * bytes, nonzero keeps the coordinate, 0 masks it; the optimizer copies
+ * it. NULL returns to the automatic mask. Returns 0 or OBCOMM_E_NOMEM (the
+ * previous mask then stays). The mask is not part of obcomm_adam_save's
+ * file; the automatic one follows from v, so a load restores it. */
+OBCOMM_API int obcomm_adam_set_mask(obcomm_adam_t *a, const uint8_t *keep);
+/* Coordinates the mask holds at 0 (explicit, or automatic from the
+ * current v; 0 when no mask is on). */
+OBCOMM_API size_t obcomm_adam_masked(obcomm_adam_t *a);
+
 /* Writes step, m and v to `path` (atomically) and asks every daemon to
  * snapshot the job's error feedback (obcomm_snapshot_1bit): a collective.
  * obcomm_adam_load restores step, m and v from such a file; with the

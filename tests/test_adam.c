@@ -9,6 +9,12 @@
  * v stays frozen. With several nodes the momentum is compressed, so the
  * test checks what must hold exactly: every rank holds bitwise the same
  * parameters after every step, and a save/load continues bit for bit.
+ *
+ * The momentum mask (obcomm_adam_set_mask, _set_auto_mask) is part of the
+ * reference: in the "dead" variant of the problem every fifth coordinate
+ * has gradient 0 through the warm-up (v freezes at 0), and the reference
+ * zeroes the averaged momentum of exactly the coordinates the documented
+ * rule names, so the one-node runs stay bit-exact with every mask setting.
  */
 #include <check.h>
 
@@ -36,10 +42,52 @@ static void init_params(float *p)
         p[i] = cosf((float)i);
 }
 
-static void grads_of(int rank, int step, const float *p, float *g)
+/* How a run masks the momentum. */
+enum mask_kind {
+    MASK_DEFAULT,  /* the automatic mask, default ratio */
+    MASK_RATIO_0,  /* automatic, ratio 0: only v == 0 */
+    MASK_OFF,      /* the ablation: no mask */
+    MASK_EXPLICIT, /* obcomm_adam_set_mask(keep_of) */
+};
+
+static int keep_of(size_t i)
+{
+    return i % 3 != 1;
+}
+
+/* dead: coordinates i % 5 == 0 see gradient 0 before the freeze. */
+static void grads_of(int rank, int step, const float *p, float *g, int dead,
+                     long freeze)
 {
     for (size_t i = 0; i < COUNT; i++)
-        g[i] = p[i] - target(rank, step, i);
+        g[i] = dead && i % 5 == 0 && step < freeze
+                   ? 0.0f
+                   : p[i] - target(rank, step, i);
+}
+
+/* The documented mask rule over the frozen v (include/obcomm.h): masked
+ * when v_i <= (float)((double)ratio * sqrt(mean v))^2, the mean summed in
+ * double in index order. */
+static void mask_of(enum mask_kind kind, const float *v, uint8_t *masked)
+{
+    double sum = 0;
+    for (size_t i = 0; i < COUNT; i++)
+        sum += (double)v[i];
+    float ratio = kind == MASK_RATIO_0 ? 0.0f : OBCOMM_ADAM_AUTO_MASK_RATIO;
+    double r = (double)ratio * sqrt(sum / COUNT);
+    float thr = (float)(r * r);
+    for (size_t i = 0; i < COUNT; i++) {
+        switch (kind) {
+        case MASK_OFF:
+            masked[i] = 0;
+            break;
+        case MASK_EXPLICIT:
+            masked[i] = !keep_of(i);
+            break;
+        default:
+            masked[i] = v[i] <= thr;
+        }
+    }
 }
 
 static obcomm_adam_config_t config(long freeze)
@@ -52,8 +100,11 @@ static obcomm_adam_config_t config(long freeze)
 }
 
 /* The reference: `size` ranks on one node, all exact. */
-static void reference(int size, long freeze, int steps, float *p_out)
+static void reference(int size, long freeze, int steps, int dead,
+                      enum mask_kind mk, float *p_out, size_t *masked_out)
 {
+    uint8_t masked[COUNT];
+    memset(masked, 0, sizeof(masked));
     obcomm_adam_config_t k = config(freeze);
     float *p = calloc(COUNT, sizeof(float)), *m = calloc(COUNT, sizeof(float));
     float *v = calloc(COUNT, sizeof(float));
@@ -61,7 +112,9 @@ static void reference(int size, long freeze, int steps, float *p_out)
     init_params(p);
     for (int st = 0; st < steps; st++) {
         for (int r = 0; r < size; r++)
-            grads_of(r, st, p, g + (size_t)r * COUNT);
+            grads_of(r, st, p, g + (size_t)r * COUNT, dead, freeze);
+        if (st == freeze)
+            mask_of(mk, v, masked);
         for (size_t i = 0; i < COUNT; i++) {
             if (st < freeze) {
                 float a = g[i];
@@ -77,13 +130,16 @@ static void reference(int size, long freeze, int steps, float *p_out)
                                (1.0f - k.beta1) * g[(size_t)r * COUNT + i];
                     a = r ? a + mr : mr;
                 }
-                m[i] = a / (float)size;
+                m[i] = masked[i] ? 0.0f : a / (float)size;
             }
             float u = m[i] / (sqrtf(v[i]) + k.eps) + k.weight_decay * p[i];
             p[i] -= k.lr * u;
         }
     }
     memcpy(p_out, p, COUNT * sizeof(float));
+    *masked_out = 0;
+    for (size_t i = 0; i < COUNT; i++)
+        *masked_out += masked[i];
     free(p);
     free(m);
     free(v);
@@ -98,6 +154,12 @@ struct plan {
     int first_step;   /* step number of the first step (after a load) */
     const char *params_in, *params_out; /* files of rank 0's parameters */
     int compare_reference;              /* one node: bit-exact reference */
+    int dead;                           /* see grads_of */
+    enum mask_kind mask;
+    int check_masked; /* obcomm_adam_masked at the end must be: */
+    size_t want_masked;
+    int expect_blowup; /* some |p_i| ends above 1e6 or not finite (a 1-bit
+                        * op may fail with OBCOMM_E_NONFINITE on the way) */
 };
 
 static int same_everywhere(obcomm_t *c, const float *p, float *tmp)
@@ -133,6 +195,17 @@ static int trainer_adam(obcomm_t *c, void *arg)
     int rc = obcomm_adam_create(c, 11, COUNT, &k, &a);
     if (rc)
         return hx_fail(c, "create: %s", obcomm_strerror(rc));
+    if (pl->mask == MASK_RATIO_0)
+        obcomm_adam_set_auto_mask(a, 0.0f);
+    if (pl->mask == MASK_OFF)
+        obcomm_adam_set_auto_mask(a, -1.0f);
+    if (pl->mask == MASK_EXPLICIT) {
+        uint8_t keep[COUNT];
+        for (size_t i = 0; i < COUNT; i++)
+            keep[i] = (uint8_t)keep_of(i);
+        if ((rc = obcomm_adam_set_mask(a, keep)) != 0)
+            return hx_fail(c, "set_mask: %s", obcomm_strerror(rc));
+    }
     if (pl->load && (rc = obcomm_adam_load(a, pl->load)) != 0)
         return hx_fail(c, "load: %s", obcomm_strerror(rc));
     if (obcomm_adam_steps(a) != pl->first_step)
@@ -140,21 +213,42 @@ static int trainer_adam(obcomm_t *c, void *arg)
                        obcomm_adam_steps(a), pl->first_step);
 
     for (int st = pl->first_step; st < pl->first_step + pl->steps; st++) {
-        grads_of(rank, st, p, g);
-        if ((rc = obcomm_adam_step(a, p, g)) != 0)
+        grads_of(rank, st, p, g, pl->dead, pl->freeze);
+        rc = obcomm_adam_step(a, p, g);
+        if (rc == OBCOMM_E_NONFINITE && pl->expect_blowup) {
+            obcomm_adam_destroy(a);
+            return 0;
+        }
+        if (rc != 0)
             return hx_fail(c, "step %d: %s", st, obcomm_last_error(c));
         if (same_everywhere(c, p, tmp))
             return 1;
     }
     if (pl->save && (rc = obcomm_adam_save(a, pl->save)) != 0)
         return hx_fail(c, "save: %s", obcomm_last_error(c));
+    if (pl->expect_blowup) {
+        obcomm_adam_destroy(a);
+        for (size_t i = 0; i < COUNT; i++)
+            if (!(fabsf(p[i]) <= 1e6f))
+                return 0;
+        return hx_fail(c, "no parameter blew up");
+    }
+    size_t nm = obcomm_adam_masked(a);
+    if (pl->check_masked && nm != pl->want_masked)
+        return hx_fail(c, "%zu coordinates masked, want %zu", nm,
+                       pl->want_masked);
     obcomm_adam_destroy(a);
 
     if (rank == 0 && pl->compare_reference) {
         float want[COUNT];
-        reference(obcomm_size(c), pl->freeze, pl->steps, want);
+        size_t want_masked;
+        reference(obcomm_size(c), pl->freeze, pl->steps, pl->dead, pl->mask,
+                  want, &want_masked);
         if (memcmp(want, p, sizeof(want)))
             return hx_fail(c, "parameters differ from the reference");
+        if (pl->freeze < pl->steps && nm != want_masked)
+            return hx_fail(c, "%zu coordinates masked, the reference %zu", nm,
+                           want_masked);
     }
     if (rank == 0 && pl->params_out) {
         FILE *f = fopen(pl->params_out, "wb");
@@ -188,6 +282,52 @@ START_TEST(one_node_matches_reference)
             ck_assert_int_eq(ops - before, want);
             before = ops;
         }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+/* The momentum mask, one node (1 and 3 trainers), freeze at 7 of 20:
+ * bit-exact against the reference with the default automatic mask and
+ * with ratio 0 on the "dead" problem (ratio 0 masks exactly its 201
+ * coordinates i % 5 == 0, whose v froze at 0), with the mask off and with
+ * an explicit mask (its 334 coordinates i % 3 == 1). The ablation: with
+ * the mask off, the dead coordinates move by lr * m / eps = 1e6 * m per
+ * step and blow up (|p| > 1e6 or not finite; the parameters of the other
+ * runs stay O(1)). */
+START_TEST(one_node_masks)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    const struct plan plans[] = {
+        {.dead = 1, .mask = MASK_DEFAULT},
+        {.dead = 1,
+         .mask = MASK_RATIO_0,
+         .check_masked = 1,
+         .want_masked = 201},
+        {.dead = 0, .mask = MASK_OFF, .check_masked = 1, .want_masked = 0},
+        {.dead = 0,
+         .mask = MASK_EXPLICIT,
+         .check_masked = 1,
+         .want_masked = 334},
+    };
+    for (int ls = 1; ls <= 3; ls += 2)
+        for (size_t k = 0; k < sizeof(plans) / sizeof(plans[0]); k++) {
+            struct plan pl = plans[k];
+            pl.freeze = 7;
+            pl.steps = 20;
+            pl.compare_reference = 1;
+            char job[32];
+            snprintf(job, sizeof(job), "mask-%d-%zu", ls, k);
+            ck_assert_int_eq(
+                hx_run(&cl, ls, job, 20000, 120, trainer_adam, &pl), 0);
+        }
+    struct plan off = {.freeze = 7,
+                       .steps = 20,
+                       .dead = 1,
+                       .mask = MASK_OFF,
+                       .expect_blowup = 1};
+    ck_assert_int_eq(hx_run(&cl, 2, "mask-off", 20000, 120, trainer_adam, &off),
+                     0);
     ck_assert_int_eq(hx_stop(&cl), 0);
 }
 END_TEST
@@ -278,6 +418,7 @@ int main(void)
     TCase *tc = tcase_create("adam");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, one_node_matches_reference);
+    tcase_add_test(tc, one_node_masks);
     tcase_add_loop_test(tc, nodes_hold_identical_parameters, 0, 2);
     tcase_add_test(tc, save_and_load_continue_bit_for_bit);
     suite_add_tcase(s, tc);

@@ -442,7 +442,7 @@ static double now_s(void)
 }
 
 struct opts {
-    const char *mode, *data, *log, *schedule;
+    const char *mode, *data, *log, *schedule, *mask, *dump;
     long steps;
     size_t batch;
     double lr, freeze_frac, eps;
@@ -463,7 +463,16 @@ static void usage(FILE *f, const char *argv0)
             "default constant)\n"
             "  --freeze-frac F   1-bit modes: warm-up = F * steps (default "
             "0.15)\n"
-            "  --eps X           Adam epsilon (default 1e-5, see the README)\n"
+            "  --eps X           Adam epsilon (default 1e-8, as DeepSpeed)\n"
+            "  --mask M          auto | off | RATIO: the optimizer's automatic "
+            "momentum\n"
+            "                    mask (obcomm_adam_set_auto_mask; default "
+            "auto, off is\n"
+            "                    the ablation)\n"
+            "  --dump-freeze P   1-bit modes: write P.adam (optimizer at the "
+            "freeze),\n"
+            "                    P.p0 and P.p1 (parameters at the freeze and 1 "
+            "step later)\n"
             "  --bias-correction Adam bias correction (default off, as "
             "DeepSpeed)\n"
             "  --seed S          initialisation and shuffling (default 1)\n"
@@ -495,6 +504,8 @@ static int parse(int argc, char **argv, struct opts *o, obcomm_options_t *co)
         O_DATA,
         O_LOG,
         O_CHECK,
+        O_MASK,
+        O_DUMP,
         O_HELP
     };
     static const struct option lo[] = {{"mode", 1, 0, O_MODE},
@@ -509,6 +520,8 @@ static int parse(int argc, char **argv, struct opts *o, obcomm_options_t *co)
                                        {"data", 1, 0, O_DATA},
                                        {"log", 1, 0, O_LOG},
                                        {"check-every", 1, 0, O_CHECK},
+                                       {"mask", 1, 0, O_MASK},
+                                       {"dump-freeze", 1, 0, O_DUMP},
                                        {"socket", 1, 0, 's'},
                                        {"job", 1, 0, 'j'},
                                        {"local-rank", 1, 0, 'r'},
@@ -555,6 +568,12 @@ static int parse(int argc, char **argv, struct opts *o, obcomm_options_t *co)
         case O_CHECK:
             o->check_every = atol(optarg);
             break;
+        case O_MASK:
+            o->mask = optarg;
+            break;
+        case O_DUMP:
+            o->dump = optarg;
+            break;
         case 's':
             co->socket_path = optarg;
             break;
@@ -584,6 +603,11 @@ static int parse(int argc, char **argv, struct opts *o, obcomm_options_t *co)
         strcmp(o->mode, "onebit-noef"))
         return fail("--mode: want adam, onebit or onebit-noef, not '%s'",
                     o->mode);
+    char *end;
+    if (strcmp(o->mask, "auto") && strcmp(o->mask, "off") &&
+        (strtod(o->mask, &end) < 0 || *end != '\0' || end == o->mask))
+        return fail("--mask: want auto, off or a ratio >= 0, not '%s'",
+                    o->mask);
     if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine"))
         return fail("--schedule: want constant or cosine");
     if (o->steps < 1 || o->steps > 100000000)
@@ -606,6 +630,19 @@ static int coll_fail(obcomm_t *c, int rank, const char *what, int rc)
 
 /* Averages the buffered per-rank losses over the ranks, writes them to the
  * log (rank 0), and checks that every rank holds the same parameters. */
+/* --dump-freeze: PREFIX + suffix gets the parameters (raw floats). */
+static int dump_params(const char *prefix, const char *suffix,
+                       const float *params)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s%s", prefix, suffix);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(params, sizeof(float), NPARAMS, f) == NPARAMS;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    return ok ? 0 : fail("%s: %s", path, strerror(errno));
+}
+
 static int checkpoint(obcomm_t *c, int rank, const float *params, float *losses,
                       long first_step, long k, int64_t *hb, FILE *log,
                       long step_done)
@@ -649,13 +686,12 @@ int main(int argc, char **argv)
                      .batch = 32,
                      .lr = 1e-3,
                      .freeze_frac = 0.15,
-                     /* Not DeepSpeed's 1e-8: coordinates whose gradient
-                      * was zero all through the warm-up (rare pixels,
-                      * units inactive on them) freeze v = 0, and the 1-bit
-                      * momentum gives every coordinate the magnitude of
-                      * the tensor's scale, so the update lr*scale/eps
-                      * explodes (README, "1-bit Adam on Fashion-MNIST"). */
-                     .eps = 1e-5,
+                     /* DeepSpeed's eps: the optimizer's automatic mask
+                      * keeps coordinates with a frozen v of 0 from
+                      * exploding (README, "1-bit Adam on Fashion-MNIST");
+                      * --mask off shows what happens without it. */
+                     .eps = 1e-8,
+                     .mask = "auto",
                      .seed = 1,
                      .check_every = 100};
     obcomm_options_t co = {.job = "fmnist", .local_size = 1};
@@ -732,6 +768,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(o.mode, "onebit-noef"))
         obcomm_adam_set_error_feedback(adam, 0);
+    if (!strcmp(o.mask, "off"))
+        obcomm_adam_set_auto_mask(adam, -1.0f);
+    else if (strcmp(o.mask, "auto"))
+        obcomm_adam_set_auto_mask(adam, (float)atof(o.mask));
 
     if (rank == 0 && o.log) {
         if ((log = fopen(o.log, "w")) == NULL) {
@@ -764,6 +804,21 @@ int main(int argc, char **argv)
             obcomm_adam_set_lr(adam, (float)(o.lr * 0.5 *
                                              (1.0 + cos(M_PI * (double)step /
                                                         (double)o.steps))));
+        if (onebit && o.dump && step == cfg.freeze_step) {
+            /* Evidence for the mask: v at the freeze, and where the
+             * parameters go in the first compressed steps. */
+            char path[4096];
+            snprintf(path, sizeof(path), "%s.adam", o.dump);
+            if ((rc = obcomm_adam_save(adam, path))) {
+                coll_fail(c, rank, "adam_save", rc);
+                goto out;
+            }
+            if (rank == 0 && dump_params(o.dump, ".p0", params))
+                goto out;
+        }
+        if (onebit && o.dump && rank == 0 && step == cfg.freeze_step + 1 &&
+            dump_params(o.dump, ".p1", params))
+            goto out;
         double ts = now_s();
         rc = obcomm_adam_step(adam, params, grads);
         t_opt += now_s() - ts;
@@ -847,6 +902,8 @@ int main(int argc, char **argv)
         json_num(stdout, "train_seconds", t_train, 0);
         json_num(stdout, "tail_steps_per_second", tail_rate, 0);
         printf("\"hidden\": %d, \"parameters\": %d, ", HID, NPARAMS);
+        printf("\"eps\": %g, \"mask\": \"%s\", \"masked\": %zu, ", o.eps,
+               o.mask, onebit ? obcomm_adam_masked(adam) : (size_t)0);
         json_num(stdout, "optimizer_seconds", t_opt, 0);
         json_num(stdout, "eval_seconds", te, 1);
         printf("}\n");

@@ -1,0 +1,114 @@
+"""libobcomm through ctypes: finding the library and declaring its functions.
+
+The library is found, in this order, at
+  1. $OBCOMM_LIBRARY (a path; the build tree's build/client/libobcomm.so.0),
+  2. the directory meson installed it to (recorded in _build_config.py at
+     install time),
+  3. wherever the dynamic linker finds "libobcomm" (ctypes.util).
+ctypes releases the GIL around every call, so a blocking collective does
+not stop the interpreter's other threads.
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+c_int, c_size_t, c_uint64, c_void_p = (ctypes.c_int, ctypes.c_size_t,
+                                       ctypes.c_uint64, ctypes.c_void_p)
+
+
+class Options(ctypes.Structure):
+    """obcomm_options_t."""
+    _fields_ = [("socket_path", ctypes.c_char_p), ("job", ctypes.c_char_p),
+                ("local_rank", c_int), ("local_size", c_int),
+                ("timeout_ms", c_int)]
+
+
+class AdamConfig(ctypes.Structure):
+    """obcomm_adam_config_t."""
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float),
+                ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("weight_decay", ctypes.c_float), ("freeze_step", ctypes.c_long),
+                ("bias_correction", c_int)]
+
+
+class AdamFileHeader(ctypes.Structure):
+    """The header of obcomm_adam_save's file (client/adam.c, struct
+    adam_hdr), followed by count floats of m and count floats of v."""
+    _fields_ = [("magic", ctypes.c_char * 8), ("version", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32), ("count", c_uint64),
+                ("step", ctypes.c_int64), ("key", c_uint64),
+                ("cfg", AdamConfig)]
+
+
+ADAM_MAGIC = b"OBCMADAM"
+ADAM_VERSION = 1
+
+# (name, restype, argtypes)
+_FUNCTIONS = [
+    ("obcomm_connect", c_int, [ctypes.POINTER(Options), ctypes.POINTER(c_void_p)]),
+    ("obcomm_close", None, [c_void_p]),
+    ("obcomm_rank", c_int, [c_void_p]),
+    ("obcomm_size", c_int, [c_void_p]),
+    ("obcomm_alloc", c_int, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
+    ("obcomm_free", c_int, [c_void_p, c_void_p]),
+    ("obcomm_allreduce", c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int]),
+    ("obcomm_allreduce_1bit", c_int, [c_void_p, c_uint64, c_void_p, c_size_t]),
+    ("obcomm_reset_1bit", c_int, [c_void_p, c_uint64]),
+    ("obcomm_snapshot_1bit", c_int, [c_void_p]),
+    ("obcomm_broadcast", c_int, [c_void_p, c_void_p, c_size_t, c_int]),
+    ("obcomm_barrier", c_int, [c_void_p]),
+    ("obcomm_last_error", ctypes.c_char_p, [c_void_p]),
+    ("obcomm_strerror", ctypes.c_char_p, [c_int]),
+    ("obcomm_adam_defaults", AdamConfig, []),
+    ("obcomm_adam_create", c_int, [c_void_p, c_uint64, c_size_t,
+                                   ctypes.POINTER(AdamConfig),
+                                   ctypes.POINTER(c_void_p)]),
+    ("obcomm_adam_step", c_int, [c_void_p, c_void_p, c_void_p]),
+    ("obcomm_adam_destroy", None, [c_void_p]),
+    ("obcomm_adam_set_lr", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_adam_steps", ctypes.c_long, [c_void_p]),
+    ("obcomm_adam_set_error_feedback", None, [c_void_p, c_int]),
+    ("obcomm_adam_set_mask", c_int, [c_void_p, c_void_p]),
+    ("obcomm_adam_set_auto_mask", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_adam_masked", c_size_t, [c_void_p]),
+    ("obcomm_adam_save", c_int, [c_void_p, ctypes.c_char_p]),
+    ("obcomm_adam_load", c_int, [c_void_p, ctypes.c_char_p]),
+]
+
+
+def _candidates():
+    env = os.environ.get("OBCOMM_LIBRARY")
+    if env:
+        yield env
+        return
+    try:
+        from . import _build_config
+        yield os.path.join(_build_config.LIBDIR, "libobcomm.so.0")
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("obcomm")
+    if found:
+        yield found
+    yield "libobcomm.so.0"
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        for name, res, args in _FUNCTIONS:
+            f = getattr(lib, name)
+            f.restype = res
+            f.argtypes = args
+        return lib, path
+    raise ImportError("obcomm: cannot load libobcomm (set OBCOMM_LIBRARY to "
+                      "build/client/libobcomm.so.0 or install obcomm): " +
+                      "; ".join(errors))
+
+
+lib, path = _load()

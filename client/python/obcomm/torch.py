@@ -1,0 +1,350 @@
+"""obcomm for PyTorch: OneBitAdam, a torch.optim.Optimizer over libobcomm's
+1-bit Adam, and allreduce_hook, a DDP communication hook."""
+
+import ctypes
+import os
+import shutil
+import tempfile
+
+import torch
+
+from ._lib import lib, AdamConfig, AdamFileHeader, ADAM_MAGIC, ADAM_VERSION
+from .comm import Communicator, ObcommError, E_INVAL
+
+__all__ = ["OneBitAdam", "allreduce_hook"]
+
+# OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
+AUTO_MASK_RATIO = 0.01
+
+_HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
+
+
+class _Group:
+    """One param group's flat shared buffers and its C optimizer."""
+
+    def __init__(self):
+        self.params = []     # the group's parameters, in order
+        self.spans = []      # (offset, numel) of each in the flat buffers
+        self.count = 0
+        self.flat_p = None   # shared memory: the parameters
+        self.flat_g = None   # shared memory: the gradients
+        self.keep = None     # explicit mask (uint8 tensor) or None
+        self.handle = None   # obcomm_adam_t *
+        self.key = 0
+        self.hyper = None    # the hyperparameters the C optimizer has
+
+
+class OneBitAdam(torch.optim.Optimizer):
+    """1-bit Adam (Tang et al. 2021) as DeepSpeed runs it, over obcomm.
+
+    Warm-up (step < freeze_step): gradients are averaged over all ranks in
+    full precision, then Adam. From freeze_step on the variance is frozen
+    and only the momentum crosses the network, 1 bit per element plus a
+    scale, with error feedback kept by the daemons. As DeepSpeed: no bias
+    correction unless asked, weight decay added to the update. Coordinates
+    whose frozen variance is 0 (their gradient was exactly 0 through the
+    warm-up) or tiny have their momentum masked to 0 in the compression
+    stage, so that with eps = 1e-8 they do not move by lr * scale / eps
+    (set_auto_mask, set_mask; the project README has the measurements).
+
+    Construct it on every rank with the same parameters (shapes) and
+    arguments; it broadcasts rank 0's parameters so every rank starts
+    equal, and it averages the gradients itself (no DDP needed). Each param
+    group's parameters and gradients are moved into one flat float32
+    shared-memory buffer each and re-pointed as views into it; the
+    gradients stay those views (zero_grad zeroes them in place).
+
+    Only lr may change between steps (schedulers work); the other
+    hyperparameters are fixed at construction or by load_state_dict.
+    state_dict() and load_state_dict() are collectives: every rank calls
+    them (state_dict snapshots the daemons' error feedback, so a resumed
+    run continues bit for bit).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, freeze_step=100000, bias_correction=False,
+                 comm=None, key=1):
+        if not 0.0 <= lr:
+            raise ValueError(f"invalid lr {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas {betas}")
+        if not eps > 0.0:
+            raise ValueError(f"invalid eps {eps}")
+        if not weight_decay >= 0.0 or not freeze_step >= 0:
+            raise ValueError("invalid weight_decay or freeze_step")
+        self._own_comm = comm is None
+        self.comm = comm if comm is not None else Communicator()
+        self.key = int(key)
+        self._groups = []
+        self._auto_ratio = AUTO_MASK_RATIO
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, freeze_step=int(freeze_step),
+                        bias_correction=bool(bias_correction))
+        super().__init__(params, defaults)
+
+    # -- setup ----------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._setup(self.param_groups[-1])
+
+    def _config(self, group):
+        k = AdamConfig()
+        k.lr = group["lr"]
+        k.beta1, k.beta2 = group["betas"]
+        k.eps = group["eps"]
+        k.weight_decay = group["weight_decay"]
+        k.freeze_step = int(group["freeze_step"])
+        k.bias_correction = int(bool(group["bias_correction"]))
+        return k
+
+    def _setup(self, group):
+        g = _Group()
+        g.key = self.key + len(self._groups)
+        for p in group["params"]:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise TypeError("OneBitAdam: parameters must be float32 CPU "
+                                f"tensors, not {p.dtype} on {p.device}")
+            g.params.append(p)
+            g.spans.append((g.count, p.numel()))
+            g.count += p.numel()
+        if g.count == 0:
+            raise ValueError("OneBitAdam: a param group with no elements")
+        comm = self.comm
+        g.flat_p = comm.empty(g.count)
+        g.flat_g = comm.empty(g.count)
+        with torch.no_grad():
+            for p, (o, n) in zip(g.params, g.spans):
+                g.flat_p[o:o + n].copy_(p.reshape(-1))
+                if p.grad is not None:
+                    g.flat_g[o:o + n].copy_(p.grad.reshape(-1))
+        # Every rank starts from rank 0's parameters (as DDP does).
+        comm.broadcast(g.flat_p, root=0)
+        for p, (o, n) in zip(g.params, g.spans):
+            p.data = g.flat_p[o:o + n].view_as(p)
+            p.grad = g.flat_g[o:o + n].view_as(p)
+        h = ctypes.c_void_p()
+        cfg = self._config(group)
+        comm._check(lib.obcomm_adam_create(comm._handle(), g.key, g.count,
+                                           ctypes.byref(cfg), ctypes.byref(h)))
+        g.handle = h
+        g.hyper = tuple(group[k] for k in _HYPER)
+        lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
+        self._groups.append(g)
+
+    def _repoint(self, g):
+        """Puts parameters and gradients back into the flat buffers if the
+        user replaced a .data or a .grad (one copy each, then views again)."""
+        with torch.no_grad():
+            for p, (o, n) in zip(g.params, g.spans):
+                pv = g.flat_p[o:o + n]
+                if p.data_ptr() != pv.data_ptr():
+                    pv.copy_(p.reshape(-1))
+                    p.data = pv.view_as(p)
+                gv = g.flat_g[o:o + n]
+                if p.grad is None:
+                    gv.zero_()
+                    p.grad = gv.view_as(p)
+                elif p.grad.data_ptr() != gv.data_ptr():
+                    gv.copy_(p.grad.reshape(-1))
+                    p.grad = gv.view_as(p)
+
+    # -- the optimizer ----------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        comm = self.comm
+        comm._handle()
+        for g, group in zip(self._groups, self.param_groups):
+            hyper = tuple(group[k] for k in _HYPER)
+            if hyper != g.hyper:
+                raise ValueError(
+                    "OneBitAdam: only lr may change after construction "
+                    f"({dict(zip(_HYPER, g.hyper))} became "
+                    f"{dict(zip(_HYPER, hyper))})")
+            self._repoint(g)
+            lib.obcomm_adam_set_lr(g.handle, float(group["lr"]))
+            comm._check(lib.obcomm_adam_step(
+                g.handle, ctypes.c_void_p(g.flat_p.data_ptr()),
+                ctypes.c_void_p(g.flat_g.data_ptr())))
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes every gradient in place (one memset per group); the
+        gradients stay views into the shared buffer whatever set_to_none
+        says."""
+        for g in self._groups:
+            g.flat_g.zero_()
+            for p, (o, n) in zip(g.params, g.spans):
+                if p.grad is None or p.grad.data_ptr() != g.flat_g[o].data_ptr():
+                    p.grad = g.flat_g[o:o + n].view_as(p)
+
+    @property
+    def steps(self):
+        """Steps taken (the C optimizer's count, the same in every group)."""
+        return lib.obcomm_adam_steps(self._groups[0].handle) if self._groups else 0
+
+    # -- the mask ---------------------------------------------------------------
+
+    def set_auto_mask(self, ratio):
+        """The automatic mask: a coordinate is masked in the compression
+        stage when sqrt(v) <= ratio * sqrt(mean v) over its group's frozen
+        v. True: the default ratio (AUTO_MASK_RATIO, as the C library);
+        a number: that ratio (0 masks only v == 0); False: no automatic
+        mask (the ablation). An explicit mask (set_mask) still applies."""
+        if ratio is True:
+            ratio = AUTO_MASK_RATIO
+        elif ratio is False or ratio is None:
+            ratio = -1.0
+        self._auto_ratio = float(ratio)
+        for g in self._groups:
+            lib.obcomm_adam_set_auto_mask(g.handle, self._auto_ratio)
+
+    def set_mask(self, param, keep):
+        """An explicit mask for `param` (DeepSpeed's exp_avg_mask): `keep`
+        has param's shape, nonzero keeps a coordinate, 0 holds its momentum
+        at 0 in the compression stage. The rest of the param group is kept
+        (the automatic mask is then off for that group). keep=None returns
+        the group to the automatic mask. Every rank sets the same mask."""
+        for g in self._groups:
+            for p, (o, n) in zip(g.params, g.spans):
+                if p is not param:
+                    continue
+                if keep is None:
+                    g.keep = None
+                    self.comm._check(lib.obcomm_adam_set_mask(g.handle, None))
+                    return
+                keep = torch.as_tensor(keep)
+                if keep.shape != p.shape:
+                    raise ValueError(f"set_mask: mask shape {tuple(keep.shape)}"
+                                     f" is not the parameter's {tuple(p.shape)}")
+                if g.keep is None:
+                    g.keep = torch.ones(g.count, dtype=torch.uint8)
+                g.keep[o:o + n] = (keep.reshape(-1) != 0).to(torch.uint8)
+                self.comm._check(lib.obcomm_adam_set_mask(
+                    g.handle, ctypes.c_void_p(g.keep.data_ptr())))
+                return
+        raise ValueError("set_mask: not a parameter of this optimizer")
+
+    def masked(self):
+        """Coordinates held at 0 by the mask in the compression stage."""
+        return sum(lib.obcomm_adam_masked(g.handle) for g in self._groups)
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def _save_group(self, g, d):
+        path = os.path.join(d, f"group{g.key}.adam")
+        self.comm._check(lib.obcomm_adam_save(g.handle, path.encode()))
+        with open(path, "rb") as f:
+            raw = f.read()
+        h = AdamFileHeader.from_buffer_copy(raw)
+        hs = ctypes.sizeof(AdamFileHeader)
+        if (h.magic != ADAM_MAGIC or h.version != ADAM_VERSION or
+                h.count != g.count or len(raw) != hs + 8 * g.count):
+            raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
+        flat = torch.frombuffer(bytearray(raw[hs:]), dtype=torch.float32)
+        return h.step, flat[:g.count], flat[g.count:]
+
+    def state_dict(self):
+        """torch's state dict, per parameter 'step', 'exp_avg' and
+        'exp_avg_sq'. A collective: it also asks every daemon to snapshot
+        the job's error feedback (obcomm_snapshot_1bit; kept in memory only
+        when the daemons have no state_dir)."""
+        d = tempfile.mkdtemp(prefix="obcomm-adam-")
+        try:
+            for g in self._groups:
+                step, m, v = self._save_group(g, d)
+                for p, (o, n) in zip(g.params, g.spans):
+                    self.state[p] = {
+                        "step": torch.tensor(float(step)),
+                        "exp_avg": m[o:o + n].clone().view_as(p),
+                        "exp_avg_sq": v[o:o + n].clone().view_as(p)}
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Restores step, momentum, variance and hyperparameters of every
+        group. With the daemons' error feedback as it was at state_dict()
+        (the same daemons, or daemons restarted from their snapshot), the
+        run continues bit for bit. Every rank calls it."""
+        super().load_state_dict(state_dict)
+        d = tempfile.mkdtemp(prefix="obcomm-adam-")
+        try:
+            for g, group in zip(self._groups, self.param_groups):
+                st = [self.state.get(p, {}) for p in g.params]
+                if not all("exp_avg" in s for s in st):
+                    raise ValueError("load_state_dict: a parameter has no "
+                                     "exp_avg (not a OneBitAdam state)")
+                steps = {int(s["step"]) for s in st}
+                if len(steps) != 1:
+                    raise ValueError(f"load_state_dict: steps differ {steps}")
+                h = AdamFileHeader()
+                h.magic = ADAM_MAGIC
+                h.version = ADAM_VERSION
+                h.count = g.count
+                h.step = steps.pop()
+                h.key = g.key
+                h.cfg = self._config(group)
+                m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
+                v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
+                path = os.path.join(d, f"group{g.key}.adam")
+                with open(path, "wb") as f:
+                    f.write(bytes(h))
+                    f.write(m.numpy().tobytes())
+                    f.write(v.numpy().tobytes())
+                self.comm._check(lib.obcomm_adam_load(g.handle, path.encode()))
+                g.hyper = tuple(group[k] for k in _HYPER)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        # The C optimizer holds the state; the per-parameter copies only
+        # exist to be saved.
+        self.state.clear()
+
+    # -- lifetime -----------------------------------------------------------------
+
+    def close(self):
+        """Frees the C optimizers (and the communicator if this optimizer
+        made it). Parameters keep their values: they are copied out of
+        shared memory first."""
+        for g in self._groups:
+            if g.handle is not None:
+                with torch.no_grad():
+                    for p in g.params:
+                        p.data = p.data.clone()
+                        p.grad = None
+                if not self.comm.closed:
+                    lib.obcomm_adam_destroy(g.handle)
+                g.handle = None
+        self._groups = []
+        if self._own_comm:
+            self.comm.close()
+
+    def __del__(self):
+        try:
+            if not self.comm.closed:
+                for g in self._groups:
+                    if g.handle is not None:
+                        lib.obcomm_adam_destroy(g.handle)
+                        g.handle = None
+        except Exception:
+            pass
+
+
+def allreduce_hook(comm, bucket):
+    """DDP communication hook: averages each gradient bucket over obcomm
+    (fp32 ring between the nodes, exact inside a node).
+
+        model.register_comm_hook(obcomm.Communicator(), obcomm.torch.allreduce_hook)
+
+    The bucket is copied through the communicator's shared staging buffer.
+    """
+    t = bucket.buffer()
+    comm.allreduce(t, op="avg")
+    fut = torch.futures.Future()
+    fut.set_result(t)
+    return fut

@@ -1,0 +1,13 @@
+"""Runs one pytest file for meson test: exit 77 (skipped) when pytest or
+torch is missing (deploy/bootstrap.sh installs python3-pytest and
+python3-torch), else pytest's status."""
+import sys
+
+try:
+    import pytest
+    import torch  # noqa: F401
+except ImportError as e:
+    print(f"skip: {e}")
+    sys.exit(77)
+
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-rs"] + sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""Errors: a wrong WORLD_SIZE names both numbers; a dead daemon raises
+ObcommError and never hangs."""
+
+import signal
+import time
+
+import pytest
+import torch
+
+import cluster
+
+
+class Deadline:
+    """Fails the test (instead of hanging) if the block takes longer."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def _fire(self, *_):
+        raise AssertionError(f"still waiting after {self.seconds} s")
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGALRM, self._fire)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
+        return False
+
+
+def test_wrong_world_size(make_cluster):
+    """2 nodes x 1 trainer, but torchrun says WORLD_SIZE 3."""
+    import obcomm
+    cl = make_cluster(2)
+    res = cl.run("ws", "world_size_mismatch", 1, env={"WORLD_SIZE": "3"},
+                 timeout=60)
+    for r in res:
+        assert r is not None, "the Communicator was created"
+        assert r["code"] == obcomm.comm.E_INVAL
+        assert "WORLD_SIZE is 3" in r["message"]
+        assert "obcomm world has 2 trainers (2 nodes x local_size 1)" \
+            in r["message"]
+    # In this process too, with the error's attributes.
+    with pytest.raises(obcomm.ObcommError) as e:
+        with Deadline(30):
+            import os
+            os.environ["WORLD_SIZE"] = "5"
+            try:
+                obcomm.Communicator(socket=cl.sock(0), job="ws2",
+                                    local_size=1, timeout_ms=3000)
+            finally:
+                del os.environ["WORLD_SIZE"]
+    assert "WORLD_SIZE is 5" in str(e.value)
+
+
+def test_no_daemon():
+    import obcomm
+    with Deadline(30):
+        with pytest.raises(obcomm.ObcommError) as e:
+            obcomm.Communicator(socket="/nonexistent/obcommd.sock", job="x")
+    assert e.value.code < 0
+    assert "/nonexistent/obcommd.sock" in e.value.message
+
+
+def test_dead_daemon_raises(make_cluster):
+    """The trainer's own daemon dies: the next collective raises (peer lost
+    or not connected); so does every later one, promptly."""
+    import obcomm
+    cl = make_cluster(1)
+    with Deadline(60):
+        comm = obcomm.Communicator(socket=cl.sock(0), job="dead",
+                                   timeout_ms=3000)
+        t = comm.empty(1000)
+        t.fill_(1)
+        comm.allreduce(t)
+        assert t[0].item() == 1.0
+        cl.kill_node(0)
+        for _ in range(2):
+            t0 = time.monotonic()
+            with pytest.raises(obcomm.ObcommError) as e:
+                comm.allreduce(t)
+            assert e.value.code in (obcomm.comm.E_PEER_LOST,
+                                    obcomm.comm.E_NOTCONN), e.value
+            assert time.monotonic() - t0 < 30
+        comm.close()
+
+
+def test_dead_peer_daemon_raises(make_cluster):
+    """2 nodes; node 1's daemon is killed while node 0's trainer runs an
+    allreduce: it fails within the deadline with an ObcommError."""
+    import obcomm
+    cl = make_cluster(2, timeout_ms=3000)
+    with Deadline(60):
+        comm = obcomm.Communicator(socket=cl.sock(0), job="peer",
+                                   timeout_ms=3000)
+        cl.kill_node(1)
+        t = torch.ones(4096)
+        with pytest.raises(obcomm.ObcommError) as e:
+            comm.allreduce(t)
+        assert e.value.code in (obcomm.comm.E_PEER_LOST,
+                                obcomm.comm.E_TIMEOUT), e.value
+        assert e.value.message
+        comm.close()
+
+
+def test_optimizer_with_dead_daemon(make_cluster):
+    """OneBitAdam's step raises ObcommError when the daemon is gone."""
+    import obcomm
+    import obcomm.torch
+    cl = make_cluster(1)
+    with Deadline(60):
+        comm = obcomm.Communicator(socket=cl.sock(0), job="optdead",
+                                   timeout_ms=3000)
+        model = torch.nn.Linear(10, 3)
+        opt = obcomm.torch.OneBitAdam(model.parameters(), comm=comm)
+        model(torch.ones(2, 10)).sum().backward()
+        opt.step()
+        cl.kill_node(0)
+        model(torch.ones(2, 10)).sum().backward()
+        with pytest.raises(obcomm.ObcommError):
+            opt.step()
+        opt.close()
+        comm.close()
+
+
+def test_cluster_helper_cleans_up():
+    """The fixture's daemons are gone after a failing block (the
+    Cluster context manager stops them on the way out)."""
+    c = cluster.Cluster(1)
+    with pytest.raises(RuntimeError):
+        with c:
+            raise RuntimeError("boom")
+    assert all(p is None for p in c.procs)
