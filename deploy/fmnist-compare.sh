@@ -4,7 +4,7 @@
 # cluster (deploy/train.sh), all at DeepSpeed's eps 1e-8, plus the mask
 # ablations: 1-bit Adam without the momentum mask, and with the mask on
 # exactly-zero variance only (ratio 0). Writes into OUT (default
-# results/fmnist):
+# client/examples/results/fmnist):
 #
 #   results.md             the table
 #   loss.png               training loss curves (moving average)
@@ -16,7 +16,7 @@
 # --report-only redoes results.md and loss.png from the runs already in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=3000 out=results/fmnist extra=() report_only=0
+steps=3000 out=client/examples/results/fmnist extra=() report_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --steps) steps=$2; shift 2 ;;

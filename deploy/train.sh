@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mode=onebit steps=1000 nodes=2 trainers=2 out=results/fmnist tag="" quiet=0
+mode=onebit steps=1000 nodes=2 trainers=2 out=client/examples/results/fmnist tag="" quiet=0
 extra=()
 usage() {
     echo "usage: $0 [--mode adam|onebit|onebit-noef] [--steps N] [--nodes K]" \

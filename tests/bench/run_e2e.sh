@@ -11,7 +11,7 @@
 #   tests/bench/run_e2e.sh [--nodes K] [--rate 1gbit] [--steps N] [--batch B]
 #                          [--freeze-frac F] [--lr X]
 # (A short warm-up of a model this wide diverges after the freeze, see
-# results/fmnist; half the steps are warm-up by default.)
+# client/examples/results/fmnist; half the steps are warm-up by default.)
 #
 # Output: tests/bench/results/e2e.{json,md}.
 set -euo pipefail
