@@ -69,7 +69,7 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
     return job;
 }
 
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why, size_t whylen)
 {
@@ -83,6 +83,14 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
     struct obd_job *job = obd_job_find(d, name);
     if (job == NULL && (job = job_create(d, name, why, whylen)) == NULL)
         return OBCOMM_E_NOMEM;
+    if (job->owned && job->owner != uid) {
+        snprintf(why, whylen,
+                 "job %s belongs to uid %u on node %lld; uid %u may not join "
+                 "it (pick another job name)",
+                 name, (unsigned)job->owner, (long long)d->cfg.rank,
+                 (unsigned)uid);
+        return OBCOMM_E_DENIED;
+    }
 
     if (job->local_size != 0 && job->local_size != local_size) {
         snprintf(why, whylen,
@@ -99,6 +107,8 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
     if (job->joined == 0 && timeout_ms > 0)
         job->timeout_ms = timeout_ms;
     job->local_size = local_size;
+    job->owner = uid;
+    job->owned = 1;
     job->trainer[local_rank] = c;
     job->pid[local_rank] = pid;
     if (job->joined++ == 0)

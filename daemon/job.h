@@ -36,6 +36,7 @@
 #define OBD_JOB_H
 
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "daemon.h"
@@ -109,6 +110,10 @@ struct obd_job {
     char name[OBD_JOB_NAME];
     uint32_t id;
     int local_size; /* 0 until the first trainer joins */
+    /* The uid of the job's first trainer here: trainers of other users
+     * are refused (OBCOMM_E_DENIED) while the job lives. */
+    uid_t owner;
+    int owned;
     int timeout_ms;
     struct obd_client *trainer[OBD_MAX_LOCAL]; /* opaque: for hooks.answer */
     int pid[OBD_MAX_LOCAL];
@@ -128,9 +133,11 @@ struct obd_job {
 struct obd_job *obd_job_find(struct obd_daemon *d, const char *name);
 struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id);
 
-/* A trainer joins: checks local rank and size against the job. On failure
- * returns a negative code with a reason in why. */
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+/* A trainer of user `uid` joins: checks the owner, local rank and size
+ * against the job; the first trainer's uid becomes the owner. On failure
+ * returns a negative code with a reason in why (OBCOMM_E_DENIED: the job
+ * belongs to another user). */
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why,
                  size_t whylen);
