@@ -141,8 +141,9 @@ int obd_daemon_start(struct obd_daemon *d)
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sighup, on_sighup, SIGHUP);
-    obd_efstore_restore(d);
-    int rc = obd_peers_start(d);
+    int rc = obd_efstore_open(d);
+    if (rc == 0)
+        rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
     if (rc) {
@@ -206,7 +207,7 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->drain, NULL);
     if (d->cfg.state_dir[0] != '\0') {
         char why[512];
-        if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
+        if (obd_efstore_save(d, why, sizeof(why)) != 0)
             obd_log_error(&d->log, "saving error feedback: %s", why);
     }
     obd_ctl_close(d);

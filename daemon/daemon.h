@@ -43,6 +43,7 @@ struct obd_job;
 struct obd_peer;
 struct obd_link;
 struct obd_ef;
+struct obd_efjob;
 struct obd_shm;
 struct obd_frame;
 struct Obcomm__PeerMsg;
@@ -142,6 +143,9 @@ struct obd_daemon {
      * timer that evicts states of jobs that went idle. */
     struct obd_ef *efs;
     uv_timer_t evict;
+    /* Per job: the snapshot sets this node holds in state_dir and the one
+     * it restores from (efstore.c). */
+    struct obd_efjob *efjobs;
 
     int threads;
 

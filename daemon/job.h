@@ -40,6 +40,7 @@
 #include <uv.h>
 
 #include "daemon.h"
+#include "efstore.h"
 #include "frame.h"
 #include "shm.h"
 
@@ -63,6 +64,13 @@ struct obd_announce {
     uint32_t local_size;
     struct obd_opdesc desc;
     char message[256];
+    /* 1-bit ops: the snapshot ids of the job the node holds. */
+    uint64_t held[OBD_SNAP_HELD];
+    int nheld;
+    /* The node finished the op's local phase (obd_op_report). */
+    int reported;
+    /* The node failed the op without having reported. */
+    int failed;
 };
 
 enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
@@ -187,6 +195,13 @@ struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
  * on a later turn, once no pool task touches their memory. */
 void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
                  ...) __attribute__((format(printf, 4, 5)));
+
+/* Two-phase ops: this node finished the op's local phase; every node is
+ * told, and op->ann[n].reported is set for each node that reported (the
+ * op is posted as each report arrives). */
+void obd_op_report(struct obd_op *op);
+/* 1 once every node has reported. */
+int obd_op_all_reported(const struct obd_op *op);
 
 /* The algorithm finished: posts the op to answer its trainers. */
 void obd_op_finish(struct obd_op *op);
