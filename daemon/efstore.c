@@ -437,10 +437,13 @@ static int link_all(const char *dir, const char *prefix, const char *tmp,
         return 0;
     int rc = 0;
     struct dirent *e;
+    struct stat st;
     while (rc == 0 && (e = readdir(dh)) != NULL)
         if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 &&
-            strstr(e->d_name, ".lz4") != NULL &&
-            strstr(e->d_name, ".tmp") == NULL && e->d_type == DT_REG)
+            strlen(e->d_name) > 4 &&
+            strcmp(e->d_name + strlen(e->d_name) - 4, ".lz4") == 0 &&
+            fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode))
             rc = link_missing(dir, e->d_name, tmp, why, whylen);
     closedir(dh);
     return rc;
@@ -647,7 +650,13 @@ int obd_efstore_open(struct obd_daemon *d)
         if (parse_set(e->d_name, job, &id, &tmp) != 0)
             continue;
         snprintf(path, sizeof(path), "%s/%s", sd, e->d_name);
-        if (tmp || e->d_type != DT_DIR) {
+        struct stat es;
+        if (fstatat(dirfd(dir), e->d_name, &es, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISDIR(es.st_mode)) {
+            obd_log_warn(&d->log, "%s is not a directory; ignored", path);
+            continue;
+        }
+        if (tmp) {
             remove_files(path, 1); /* a set whose writing was interrupted */
             continue;
         }

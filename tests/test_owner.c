@@ -14,7 +14,9 @@
  *    their collective meanwhile, and connections that never join are
  *    closed after client_join_ms.
  * c. A socket directory that everybody may write without the sticky bit,
- *    or that belongs to another user, is refused at start.
+ *    or that belongs to another user, is refused at start; so is a
+ *    state_dir that belongs to another user or that others may write (item
+ *    6), and FIFOs named like snapshots do not block the start.
  */
 #include <check.h>
 #include <errno.h>
@@ -343,6 +345,52 @@ START_TEST(unsafe_socket_directories_are_refused)
 }
 END_TEST
 
+/* state_dir, like an ssh key: refused unless it belongs to the daemon's
+ * user and nobody else may write it. A FIFO named like a snapshot set or
+ * file does not block the start. */
+static int state_dir_refused(const char *base, const char *sd,
+                             const char *needle)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "%s --socket %s/d.sock --state-dir %s 2>%s/log; "
+             "test $? -ne 0 && grep -q '%s' %s/log",
+             getenv("OBCOMMD"), base, sd, base, needle, base);
+    return system(cmd) == 0;
+}
+
+START_TEST(unsafe_state_dirs_are_refused)
+{
+    char base[] = "/tmp/obcomm-statedir-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    char sd[128];
+    snprintf(sd, sizeof(sd), "%s/group", base);
+    ck_assert_int_eq(mkdir(sd, 0700), 0);
+    ck_assert_int_eq(chmod(sd, 0770), 0);
+    ck_assert(state_dir_refused(base, sd, "with mode 0770: refused"));
+    snprintf(sd, sizeof(sd), "%s/other", base);
+    ck_assert_int_eq(mkdir(sd, 0700), 0);
+    ck_assert_int_eq(chown(sd, NOBODY, NOBODY), 0);
+    ck_assert(state_dir_refused(base, sd, "belongs to uid 65534"));
+
+    snprintf(sd, sizeof(sd), "%s/fifo", base);
+    ck_assert_int_eq(mkdir(sd, 0700), 0);
+    char f[256];
+    snprintf(f, sizeof(f), "%s/set-6a-0000000100000005", sd);
+    ck_assert_int_eq(mkfifo(f, 0600), 0);
+    snprintf(f, sizeof(f), "%s/ef-0000000000000001-0000000000000002.lz4", sd);
+    ck_assert_int_eq(mkfifo(f, 0600), 0);
+    const char *flags[] = {"--state-dir", sd, NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, flags), 0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
     if (geteuid() != 0) {
@@ -357,6 +405,7 @@ int main(void)
     tcase_add_test(tc, idle_connections_do_not_lock_out_trainers);
     tcase_add_test(tc, connections_that_never_join_are_closed);
     tcase_add_test(tc, unsafe_socket_directories_are_refused);
+    tcase_add_test(tc, unsafe_state_dirs_are_refused);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
