@@ -372,8 +372,10 @@ uint64_t obd_efstore_resolve(struct obd_daemon *d, const char *job,
             if ((uint32_t)(held[n][i] >> 32) > top)
                 top = (uint32_t)(held[n][i] >> 32);
     uint64_t id = ((uint64_t)(top + 1) << 32) | (seq & 0xffffffffu);
+    if (d->cfg.state_dir[0] == '\0')
+        return id;
     struct obd_efjob *j = efjob(d, job, 1);
-    if (j == NULL || d->cfg.state_dir[0] == '\0')
+    if (j == NULL)
         return id;
     if (top > j->epoch)
         j->epoch = top;

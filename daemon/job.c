@@ -847,6 +847,7 @@ static void on_announce(struct obd_daemon *d, int from,
     }
     if (op->ann[from].have)
         return;
+    a.reported = op->ann[from].reported;
     op->ann[from] = a;
     op->nann++;
     op_check_ready(op);
