@@ -712,14 +712,12 @@ const struct obd_algo obd_algo_onebit = {
 static uint64_t resolve(struct obd_op *op)
 {
     struct obd_daemon *d = op->job->d;
-    const uint64_t *held[OBD_MAX_NODES];
-    int nheld[OBD_MAX_NODES];
-    for (int n = 0; n < d->cfg.nodes; n++) {
-        held[n] = op->ann[n].held;
-        nheld[n] = op->ann[n].nheld;
-    }
-    return obd_efstore_resolve(d, op->job->name, op->seq, held, nheld,
-                               d->cfg.nodes);
+    struct obd_efview v[OBD_MAX_NODES];
+    for (int n = 0; n < d->cfg.nodes; n++)
+        v[n] = (struct obd_efview){.held = op->ann[n].held,
+                                   .nheld = op->ann[n].nheld,
+                                   .boot = op->ann[n].boot};
+    return obd_efstore_resolve(d, op->job->name, op->seq, v, d->cfg.nodes);
 }
 
 /* Reset and snapshot move no data: the announce exchange already put every

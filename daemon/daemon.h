@@ -146,6 +146,9 @@ struct obd_daemon {
     /* Per job: the snapshot sets this node holds in state_dir and the one
      * it restores from (efstore.c). */
     struct obd_efjob *efjobs;
+    /* Random at every start: announced with 1-bit ops, so that the other
+     * nodes see that this daemon restarted (efstore.c). */
+    uint64_t boot_id;
 
     int threads;
 

@@ -47,6 +47,7 @@ struct obd_efjob {
     uint64_t restore; /* 0: none */
     int ran;          /* a 1-bit op of the job started in this run */
     uint32_t epoch;   /* highest epoch any node announced */
+    uint64_t boots;   /* hash of every node's boot id at the last resolve */
     uint64_t last_seq;
     struct obd_efjob *next;
 };
@@ -362,18 +363,55 @@ static int listed(const uint64_t *ids, int n, uint64_t id)
     return 0;
 }
 
+/* Forgets every state of `job` in memory and in the spill: the job goes
+ * back to its restored set. */
+static void forget_job(struct obd_daemon *d, const char *job)
+{
+    for (struct obd_ef **pp = &d->efs; *pp;) {
+        struct obd_ef *ef = *pp;
+        if (strcmp(ef->job, job) != 0) {
+            pp = &ef->next;
+            continue;
+        }
+        *pp = ef->next;
+        if (ef->users > 0)
+            ef->doomed = 1; /* a failed op's tasks still write it */
+        else
+            obd_ef_free(ef);
+    }
+    obd_efstore_account(d);
+    if (d->cfg.state_dir[0] == '\0')
+        return;
+    char dir[4400], path[4600];
+    spill_dir(d, dir, sizeof(dir));
+    obd_ef_path("", job, 0, path, sizeof(path));
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "%.20s", path + 1); /* "ef-<hash>-" */
+    DIR *dh = opendir(dir);
+    if (dh == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dh)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            (void)unlinkat(dirfd(dh), e->d_name, 0);
+    closedir(dh);
+}
+
 uint64_t obd_efstore_resolve(struct obd_daemon *d, const char *job,
-                             uint64_t seq, const uint64_t *const *held,
-                             const int *nheld, int nodes)
+                             uint64_t seq, const struct obd_efview *v,
+                             int nodes)
 {
     uint32_t top = 0;
-    for (int n = 0; n < nodes; n++)
-        for (int i = 0; i < nheld[n]; i++)
-            if ((uint32_t)(held[n][i] >> 32) > top)
-                top = (uint32_t)(held[n][i] >> 32);
+    uint64_t boots = UINT64_C(0xcbf29ce484222325);
+    for (int n = 0; n < nodes; n++) {
+        for (int i = 0; i < v[n].nheld; i++)
+            if ((uint32_t)(v[n].held[i] >> 32) > top)
+                top = (uint32_t)(v[n].held[i] >> 32);
+        boots = (boots ^ v[n].boot) * UINT64_C(0x100000001b3);
+    }
     uint64_t id = ((uint64_t)(top + 1) << 32) | (seq & 0xffffffffu);
-    if (d->cfg.state_dir[0] == '\0')
-        return id;
+    /* Kept without a state_dir too: a restarted daemon then starts the
+     * job at zero, and so must the others. */
     struct obd_efjob *j = efjob(d, job, 1);
     if (j == NULL)
         return id;
@@ -381,21 +419,33 @@ uint64_t obd_efstore_resolve(struct obd_daemon *d, const char *job,
         j->epoch = top;
     j->last_seq = seq;
     j->ran = 1;
-    if (j->resolved)
+    if (j->resolved && j->boots == boots)
         return id;
+    if (j->resolved) {
+        /* Another daemon restarted: it can only restore a set, so every
+         * node goes back to that set, or nodes would hold different
+         * steps. */
+        forget_job(d, job);
+        obd_log_warn(&d->log,
+                     "job %s: a daemon of the world restarted; every node "
+                     "goes back to the newest snapshot that all of them hold",
+                     job);
+    }
     j->resolved = 1;
+    j->boots = boots;
+    j->restore = 0;
 
     /* The newest set that every node holds; every node computes it from
      * the same announces. Ours that are not it can never be restored any
      * more (some node lacks each newer one, and the older ones are
      * superseded), so they go. */
     int me = (int)d->cfg.rank;
-    for (int i = nheld[me] - 1; i >= 0 && j->restore == 0; i--) {
+    for (int i = v[me].nheld - 1; i >= 0 && j->restore == 0; i--) {
         int everywhere = 1;
         for (int n = 0; n < nodes && everywhere; n++)
-            everywhere = listed(held[n], nheld[n], held[me][i]);
+            everywhere = listed(v[n].held, v[n].nheld, v[me].held[i]);
         if (everywhere)
-            j->restore = held[me][i];
+            j->restore = v[me].held[i];
     }
     for (int i = j->nheld - 1; i >= 0; i--)
         if (j->held[i] != j->restore)
@@ -405,7 +455,7 @@ uint64_t obd_efstore_resolve(struct obd_daemon *d, const char *job,
                      "job %s: restoring snapshot %016" PRIx64
                      ", the newest every node holds",
                      job, j->restore);
-    else if (nheld[me] > 0)
+    else if (v[me].nheld > 0 && d->cfg.state_dir[0] != '\0')
         obd_log_warn(&d->log,
                      "job %s: no snapshot is held by every node; its error "
                      "feedback starts at zero",
@@ -549,7 +599,7 @@ int obd_efstore_save(struct obd_daemon *d, char *why, size_t whylen)
 {
     int rc = 0;
     for (struct obd_efjob *j = d->efjobs; j; j = j->next) {
-        if (!j->ran)
+        if (!j->ran || d->cfg.state_dir[0] == '\0')
             continue;
         uint64_t id = ((uint64_t)(j->epoch + 1) << 32) |
                       ((j->last_seq + 1) & 0xffffffffu);
@@ -610,6 +660,8 @@ static int load_one(struct obd_daemon *d, const char *path, struct obd_ef **out)
 int obd_efstore_open(struct obd_daemon *d)
 {
     const char *sd = d->cfg.state_dir;
+    if (uv_random(NULL, NULL, &d->boot_id, sizeof(d->boot_id), 0, NULL) != 0)
+        d->boot_id = uv_hrtime() ^ ((uint64_t)getpid() << 32);
     if (sd[0] == '\0')
         return 0;
     if (mkdir(sd, 0700) != 0 && errno != EEXIST) {

@@ -10,7 +10,9 @@
  * deleted. Every 1-bit op announces the ids this node holds, so the first
  * 1-bit op of a job after a start restores the newest id that every node
  * holds (obd_efstore_resolve), never a mix; sets not held everywhere are
- * deleted then. States are loaded lazily, on their key's first op.
+ * deleted then. When one daemon restarted while the others kept the job's
+ * states in memory, all of them go back to that set. States are loaded
+ * lazily, on their key's first op.
  *
  * Ids: (epoch << 32) | (seq & 0xffffffff), where epoch is one more than
  * the highest epoch any node announced for the op, so that ids grow across
@@ -69,14 +71,25 @@ void obd_efstore_reset(struct obd_daemon *d, const char *job, uint64_t key);
 int obd_efstore_held(struct obd_daemon *d, const char *job, uint64_t *ids,
                      int max);
 
+/* What node n announced with a 1-bit op: the ids of the sets it holds and
+ * the id of its daemon's run (obd_daemon.boot_id). */
+struct obd_efview {
+    const uint64_t *held;
+    int nheld;
+    uint64_t boot;
+};
+
 /* A 1-bit op (allreduce, reset or snapshot) `seq` of `job` is about to
- * start; held[n] (nheld[n] ids) is what node n announced for it, ours
- * included. The first call for a job after the start picks the set to
- * restore: the newest id every node holds. Returns the id a snapshot op
- * with these announces writes. */
+ * start; v[n] is what node n announced for it, ours included. The first
+ * call for a job after this daemon started, and the first after any node
+ * restarted (its boot id changed), picks the set to restore: the newest id
+ * every node holds. When another node restarted, the states of the job
+ * in memory here are dropped as well, so that every node goes back to
+ * that set (or to zero) together. Returns the id a snapshot op with these
+ * announces writes. */
 uint64_t obd_efstore_resolve(struct obd_daemon *d, const char *job,
-                             uint64_t seq, const uint64_t *const *held,
-                             const int *nheld, int nodes);
+                             uint64_t seq, const struct obd_efview *v,
+                             int nodes);
 
 /* Phase 1 of a snapshot: writes every state of `job` (the ones in memory,
  * spilled, and those still in the restored set) as set `id`. Returns 0

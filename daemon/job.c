@@ -347,6 +347,7 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.message = (char *)a->message;
     an.n_snapshots = (size_t)a->nheld;
     an.snapshots = (uint64_t *)a->held;
+    an.boot = a->boot;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -672,8 +673,10 @@ static void op_check_local(struct obd_op *op)
     mine->have = 1;
     mine->local_size = (uint32_t)ls;
     mine->desc = op->desc;
-    if (onebit_kind(op->desc.kind))
+    if (onebit_kind(op->desc.kind)) {
         mine->nheld = obd_efstore_held(d, job->name, mine->held, OBD_SNAP_HELD);
+        mine->boot = d->boot_id;
+    }
     op->nann++;
     if (d->cfg.nodes > 1)
         announce_to_all(op, mine);
@@ -820,6 +823,7 @@ static void on_announce(struct obd_daemon *d, int from,
         m->n_snapshots < OBD_SNAP_HELD ? (int)m->n_snapshots : OBD_SNAP_HELD;
     for (int i = 0; i < a.nheld; i++)
         a.held[i] = m->snapshots[i];
+    a.boot = m->boot;
     snprintf(a.message, sizeof(a.message), "%s", m->message);
     if (a.status != 0 && a.message[0] == '\0')
         snprintf(a.message, sizeof(a.message), "node %d failed the op", from);

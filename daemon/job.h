@@ -67,6 +67,7 @@ struct obd_announce {
     /* 1-bit ops: the snapshot ids of the job the node holds. */
     uint64_t held[OBD_SNAP_HELD];
     int nheld;
+    uint64_t boot; /* the node daemon's boot id */
     /* The node finished the op's local phase (obd_op_report). */
     int reported;
     /* The node failed the op without having reported. */
