@@ -539,6 +539,42 @@ START_TEST(failed_snapshot_keeps_the_previous_set)
 }
 END_TEST
 
+/* One daemon crashes and restarts while the other keeps the job's error
+ * feedback in memory: the restarted one can only restore the snapshot,
+ * so both go back to it (never one node at step 6 and the other at step
+ * 4), and the job resumes exactly from the state after step 4. */
+START_TEST(one_daemon_restarts_both_go_back_to_the_snapshot)
+{
+    char base[] = "/tmp/obcomm-partial-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    char sd[2][64];
+    const char *flags[2][3];
+    const char *const *each[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(sd[i], sizeof(sd[i]), "%s/node%d", base, i);
+        flags[i][0] = "--state-dir";
+        flags[i][1] = sd[i];
+        flags[i][2] = NULL;
+        each[i] = flags[i];
+    }
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+    struct plan a = {.ls = 2, .steps = 7, .snapshot_after = 4};
+    ck_assert_int_eq(hx_run(&cl, 2, "part", 60000, 300, trainer_onebit, &a), 0);
+    ck_assert_int_eq(hx_crash_restart(&cl, 1), 0);
+    struct plan b = {
+        .ls = 2, .first_step = 5, .steps = 3, .sim_steps_before = 5};
+    ck_assert_int_eq(hx_run(&cl, 2, "part", 60000, 300, trainer_onebit, &b), 0);
+    ck_assert(hx_log_contains(&cl, 0, "a daemon of the world restarted"));
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(hx_metric(&cl, i, "ef_restored"), NKEYS);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 Suite *onebit_suite(void)
 {
     Suite *s = suite_create("onebit");
@@ -554,6 +590,7 @@ Suite *onebit_suite(void)
     tcase_set_timeout(snap, 1800);
     tcase_add_test(snap, snapshots_restore_reset_and_reject);
     tcase_add_test(snap, failed_snapshot_keeps_the_previous_set);
+    tcase_add_test(snap, one_daemon_restarts_both_go_back_to_the_snapshot);
     suite_add_tcase(s, snap);
     return s;
 }
