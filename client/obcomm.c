@@ -259,6 +259,8 @@ const char *obcomm_strerror(int err)
         return "a file could not be read or written";
     case OBCOMM_E_CORRUPT:
         return "a file is damaged or of another kind";
+    case OBCOMM_E_DENIED:
+        return "the job belongs to another user";
     }
     /* errno values are small; anything in obcomm's range that is not
      * listed above is unknown rather than an errno. */

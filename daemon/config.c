@@ -66,7 +66,9 @@ static const struct row rows[] = {
             "TCP address to listen on for other daemons (host:port). "
             "Empty: 0.0.0.0 and the port of this rank's peers entry."),
     STR_ROW(socket, OBCOMM_DEFAULT_SOCKET,
-            "Unix socket for trainers and obcommctl."),
+            "Unix socket for trainers and obcommctl. A directory that is "
+            "missing is created (mode 0755); one that others may write "
+            "without the sticky bit, or of another user, is refused."),
     INT_ROW(timeout_ms, U_MS, 10, 3600000, "60000",
             "Default deadline of every collective, in milliseconds."),
     INT_ROW(segment_bytes, U_NONE, 8192, 64 << 20, "1048576",
@@ -107,6 +109,15 @@ static const struct row rows[] = {
             "A job with no trainer on this node for this long has its "
             "error feedback snapshotted (when state_dir is set) and freed; "
             "its next op loads the snapshot. 0: never."),
+    STR_ROW(socket_group, "",
+            "Group (name or number) given the Unix socket, mode 0660: its "
+            "members and the daemon's user may connect. Empty: the "
+            "daemon's group."),
+    INT_ROW(max_clients_per_uid, U_NONE, 1, 4096, "128",
+            "Most Unix-socket connections of one user at once."),
+    INT_ROW(client_join_ms, U_MS, 100, 600000, "5000",
+            "A connection that has neither joined a job nor asked for the "
+            "status within this many milliseconds is closed."),
 };
 
 /* Options that SIGHUP applies while the daemon runs. */

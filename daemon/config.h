@@ -46,6 +46,9 @@ struct obd_config {
     char trace_file[4096];
     int64_t ef_max_bytes;
     int64_t ef_idle_ms;
+    char socket_group[64];
+    int64_t max_clients_per_uid;
+    int64_t client_join_ms;
 
     /* Where each option was set, for messages: src_line[i] is 0 for the
      * default, -1 for a flag, else the line of src_file. */

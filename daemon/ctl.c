@@ -4,6 +4,8 @@
 #include <obcomm.h>
 
 #include <errno.h>
+#include <grp.h>
+#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,88 @@
 
 static void on_client_io(uv_poll_t *h, int status, int events);
 static void drop_run(struct obd_ready *r);
+
+/* The socket's directory: created (0755, the daemon's) when missing; one
+ * that another user owns, or that everybody may write without the sticky
+ * bit, is refused, since whoever may write it can replace the socket with
+ * their own and read every trainer's traffic. */
+static int check_dir(struct obd_daemon *d, const char *sock)
+{
+    char copy[sizeof(d->cfg.socket)];
+    snprintf(copy, sizeof(copy), "%s", sock);
+    const char *dir = dirname(copy);
+    if (mkdir(dir, 0755) == 0)
+        obd_log_info(&d->log, "created the socket directory %s", dir);
+    else if (errno != EEXIST) {
+        int rc = -errno;
+        obd_log_error(&d->log, "socket directory %s: cannot create it: %s", dir,
+                      strerror(errno));
+        return rc;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        obd_log_error(&d->log, "socket directory %s is not a directory", dir);
+        return OBCOMM_E_INVAL;
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        obd_log_error(&d->log,
+                      "socket directory %s belongs to uid %u, not to this "
+                      "daemon's uid %u or root: refused (another user could "
+                      "replace the socket); use a directory of the daemon's "
+                      "user such as /run/obcomm",
+                      dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return OBCOMM_E_INVAL;
+    }
+    if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+        obd_log_error(&d->log,
+                      "socket directory %s is writable by everybody without "
+                      "the sticky bit (mode %04o): refused (another user "
+                      "could replace the socket)",
+                      dir, (unsigned)(st.st_mode & 07777));
+        return OBCOMM_E_INVAL;
+    }
+    return 0;
+}
+
+/* socket_group as a gid: a group name or a number. */
+static int socket_gid(struct obd_daemon *d, gid_t *out)
+{
+    const char *g = d->cfg.socket_group;
+    char *end;
+    unsigned long n = strtoul(g, &end, 10);
+    if (*g != '\0' && *end == '\0') {
+        *out = (gid_t)n;
+        return 0;
+    }
+    struct group grp, *found = NULL;
+    char buf[4096];
+    if (getgrnam_r(g, &grp, buf, sizeof(buf), &found) != 0 || found == NULL) {
+        obd_log_error(&d->log, "socket_group %s: no such group", g);
+        return OBCOMM_E_INVAL;
+    }
+    *out = found->gr_gid;
+    return 0;
+}
+
+/* Connections of one user, to bound them per uid. */
+static int clients_of(const struct obd_daemon *d, uid_t uid)
+{
+    int n = 0;
+    for (const struct obd_client *c = d->clients; c; c = c->next)
+        if (!c->closing && c->uid == uid)
+            n++;
+    return n;
+}
+
+static void on_join_timeout(uv_timer_t *t)
+{
+    struct obd_client *c = container_of(t, struct obd_client, join_timer);
+    char why[96];
+    snprintf(why, sizeof(why),
+             "neither joined a job nor asked for the status within %lld ms",
+             (long long)c->d->cfg.client_join_ms);
+    obd_ctl_drop(c, why);
+}
 
 /* Refuses to steal the socket of a daemon that is still running, but
  * removes one left behind by a daemon that died. */
@@ -65,18 +149,33 @@ static void on_accept(uv_poll_t *h, int status, int events)
             close(fd);
             continue;
         }
+        struct ucred cred;
+        socklen_t credlen = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) != 0) {
+            close(fd);
+            continue;
+        }
+        if (clients_of(d, cred.uid) >= d->cfg.max_clients_per_uid) {
+            obd_log_warn(&d->log,
+                         "refusing a client of uid %u (pid %d): "
+                         "max_clients_per_uid (%lld) reached",
+                         (unsigned)cred.uid, (int)cred.pid,
+                         (long long)d->cfg.max_clients_per_uid);
+            close(fd);
+            continue;
+        }
         struct obd_client *c = calloc(1, sizeof(*c));
         if (c == NULL || uv_poll_init(&d->loop, &c->poll, fd) != 0) {
             free(c);
             close(fd);
             continue;
         }
-        struct ucred cred;
-        socklen_t credlen = sizeof(cred);
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) == 0) {
-            c->pid = cred.pid;
-            c->uid = cred.uid;
-        }
+        uv_timer_init(&d->loop, &c->join_timer);
+        uv_timer_start(&c->join_timer, on_join_timeout,
+                       (uint64_t)d->cfg.client_join_ms, 0);
+        c->handles = 2;
+        c->pid = cred.pid;
+        c->uid = cred.uid;
         c->d = d;
         c->fd = fd;
         c->pending_fd = -1;
@@ -99,22 +198,33 @@ int obd_ctl_start(struct obd_daemon *d)
         return OBCOMM_E_INVAL;
     strcpy(sa.sun_path, d->cfg.socket);
 
-    int rc = claim_path(d, &sa);
+    gid_t gid = (gid_t)-1;
+    int rc = check_dir(d, d->cfg.socket);
+    if (rc == 0 && d->cfg.socket_group[0] != '\0')
+        rc = socket_gid(d, &gid);
+    if (rc == 0)
+        rc = claim_path(d, &sa);
     if (rc)
         return rc;
 
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        listen(fd, 128) != 0) {
+    /* Created 0660 from the start (the loop has no other thread yet, so
+     * the process-wide umask is ours for the call): the daemon's user and
+     * socket_group may connect, nobody else. SO_PEERCRED then says which
+     * user each connection is, and jobs belong to users. */
+    mode_t old = umask(0117);
+    rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (rc != 0 || listen(fd, 128) != 0 ||
+        (gid != (gid_t)-1 && chown(d->cfg.socket, (uid_t)-1, gid) != 0) ||
+        chmod(d->cfg.socket, 0660) != 0) {
         rc = -errno;
         obd_log_error(&d->log, "socket %s: %s", d->cfg.socket, strerror(-rc));
         close(fd);
         return rc;
     }
-    /* Trainers of any local user may connect; SO_PEERCRED records who. */
-    chmod(d->cfg.socket, 0666);
 
     d->ctl_fd = fd;
     uv_poll_init(&d->loop, &d->ctl_poll, fd);
@@ -125,7 +235,9 @@ int obd_ctl_start(struct obd_daemon *d)
 
 static void on_client_closed(uv_handle_t *h)
 {
-    struct obd_client *c = container_of(h, struct obd_client, poll);
+    struct obd_client *c = h->data;
+    if (--c->handles > 0)
+        return;
     close(c->fd);
     free(c);
 }
@@ -147,6 +259,7 @@ void obd_ctl_drop(struct obd_client *c, const char *why)
     snprintf(c->drop_why, sizeof(c->drop_why), "%s",
              why ? why : "disconnected from the daemon");
     uv_poll_stop(&c->poll);
+    uv_timer_stop(&c->join_timer);
     obd_runq_post(&d->runq, &c->drop);
 }
 
@@ -187,7 +300,10 @@ static void drop_run(struct obd_ready *r)
         }
     d->nclients--;
     d->metrics.v[OBD_M_CLIENTS] = (uint64_t)d->nclients;
+    c->poll.data = c;
+    c->join_timer.data = c;
     uv_close((uv_handle_t *)&c->poll, on_client_closed);
+    uv_close((uv_handle_t *)&c->join_timer, on_client_closed);
 }
 
 void obd_ctl_close(struct obd_daemon *d)
@@ -299,9 +415,10 @@ static void handle_join(struct obd_client *c, const Obcomm__Join *j)
     }
     int timeout = j->timeout_ms ? (int)j->timeout_ms : 0;
     int rc =
-        obd_job_join(c->d, c, (int)c->pid, j->job, (int)j->local_rank,
+        obd_job_join(c->d, c, (int)c->pid, c->uid, j->job, (int)j->local_rank,
                      (int)j->local_size, timeout, &c->job, why, sizeof(why));
     if (rc == 0) {
+        uv_timer_stop(&c->join_timer);
         c->local_rank = (int)j->local_rank;
         obd_log_info(&c->d->log, "job %s: local rank %u of %u joined (pid %d)",
                      j->job, j->local_rank, j->local_size, (int)c->pid);

@@ -29,6 +29,10 @@ struct obd_client {
     pid_t pid;
     uid_t uid;
     uint64_t id;
+    /* Closes a connection that neither joins nor asks for the status
+     * within client_join_ms; stopped once it does. */
+    uv_timer_t join_timer;
+    int handles; /* poll and join_timer not yet closed; freed at 0 */
 
     /* Input: one message at a time, bounded by OBCOMM_WIRE_MAX. */
     uint8_t *in;

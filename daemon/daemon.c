@@ -170,8 +170,9 @@ int obd_daemon_start(struct obd_daemon *d)
         obd_daemon_close(d);
         return OBCOMM_E_IO;
     }
-    obd_efstore_restore(d);
-    int rc = obd_peers_start(d);
+    int rc = obd_efstore_open(d);
+    if (rc == 0)
+        rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
     if (rc == 0)
@@ -245,7 +246,7 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->drain, NULL);
     if (d->cfg.state_dir[0] != '\0') {
         char why[512];
-        if (obd_efstore_save(d, NULL, why, sizeof(why)) != 0)
+        if (obd_efstore_save(d, why, sizeof(why)) != 0)
             obd_log_error(&d->log, "saving error feedback: %s", why);
     }
     obd_stall_close(d); /* ops */

@@ -44,6 +44,7 @@ struct obd_job;
 struct obd_peer;
 struct obd_link;
 struct obd_ef;
+struct obd_efjob;
 struct obd_shm;
 struct obd_frame;
 struct Obcomm__PeerMsg;
@@ -149,6 +150,12 @@ struct obd_daemon {
      * timer that evicts states of jobs that went idle. */
     struct obd_ef *efs;
     uv_timer_t evict;
+    /* Per job: the snapshot sets this node holds in state_dir and the one
+     * it restores from (efstore.c). */
+    struct obd_efjob *efjobs;
+    /* Random at every start: announced with 1-bit ops, so that the other
+     * nodes see that this daemon restarted (efstore.c). */
+    uint64_t boot_id;
 
     int threads;
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -198,7 +199,12 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     char *out = malloc(cap);
     LZ4F_cctx *cctx = NULL;
     int rc = 0;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* A temporary file left by a crash is removed first; a symlink or any
+     * other name planted in its place is never followed nor written
+     * through (O_NOFOLLOW | O_EXCL: the open fails instead). */
+    (void)unlink(tmp);
+    int fd =
+        open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 || out == NULL ||
         LZ4F_isError(LZ4F_createCompressionContext(&cctx, LZ4F_VERSION))) {
         rc = fd < 0 ? -errno : -ENOMEM;
@@ -285,11 +291,19 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
     LZ4F_dctx *dctx = NULL;
     uint8_t *in = malloc(IO_CHUNK);
     uint8_t *stage = malloc(IO_CHUNK);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named like a snapshot must not block the daemon
+     * in open; fstat then keeps everything but a regular file out. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     int frame_done = 0;
+    struct stat st;
     if (fd < 0 || in == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
         snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        rc = OBD_EF_IOERR;
+        goto out;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "%s: not a regular file", path);
         rc = OBD_EF_IOERR;
         goto out;
     }

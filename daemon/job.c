@@ -85,7 +85,7 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
     return job;
 }
 
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why, size_t whylen)
 {
@@ -108,6 +108,14 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
     }
     if (job == NULL && (job = job_create(d, name, why, whylen)) == NULL)
         return OBCOMM_E_NOMEM;
+    if (job->owned && job->owner != uid) {
+        snprintf(why, whylen,
+                 "job %s belongs to uid %u on node %lld; uid %u may not join "
+                 "it (pick another job name)",
+                 name, (unsigned)job->owner, (long long)d->cfg.rank,
+                 (unsigned)uid);
+        return OBCOMM_E_DENIED;
+    }
 
     if (job->local_size != 0 && job->local_size != local_size) {
         snprintf(why, whylen,
@@ -124,6 +132,8 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
     if (job->joined == 0 && timeout_ms > 0)
         job->timeout_ms = timeout_ms;
     job->local_size = local_size;
+    job->owner = uid;
+    job->owned = 1;
     job->trainer[local_rank] = c;
     job->pid[local_rank] = pid;
     if (job->joined++ == 0)
@@ -387,6 +397,9 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.root = a->desc.root;
     an.status = a->status;
     an.message = (char *)a->message;
+    an.n_snapshots = (size_t)a->nheld;
+    an.snapshots = (uint64_t *)a->held;
+    an.boot = a->boot;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -399,6 +412,51 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
 static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
 {
     announce_to(op, a, -1);
+}
+
+void obd_op_report(struct obd_op *op)
+{
+    struct obd_daemon *d = op->job->d;
+    op->ann[d->cfg.rank].reported = 1;
+    Obcomm__OpAnnounce an = OBCOMM__OP_ANNOUNCE__INIT;
+    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    an.job = op->job->name;
+    an.seq = op->seq;
+    an.node_rank = (uint32_t)d->cfg.rank;
+    an.message = (char *)"";
+    an.phase = 1;
+    msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
+    msg.announce = &an;
+    for (int i = 0; i < d->cfg.nodes; i++)
+        if (i != d->cfg.rank)
+            (void)d->hooks.send_ctrl(d, i, &msg);
+    obd_op_schedule(op);
+}
+
+int obd_op_all_reported(const struct obd_op *op)
+{
+    for (int n = 0; n < op->job->d->cfg.nodes; n++)
+        if (!op->ann[n].reported)
+            return 0;
+    return 1;
+}
+
+/* A node reports the local phase of a two-phase op done. */
+static void on_report(struct obd_daemon *d, int from,
+                      const Obcomm__OpAnnounce *m)
+{
+    struct obd_job *job = obd_job_find(d, m->job);
+    struct obd_op *op = job ? obd_job_op(d, job->id, m->seq) : NULL;
+    if (op == NULL || op->state == OBD_OP_DONE)
+        return;
+    op->ann[from].reported = 1;
+    obd_op_schedule(op);
+}
+
+static int onebit_kind(uint32_t kind)
+{
+    return kind == OBCOMM_KIND_ALLREDUCE_1BIT ||
+           kind == OBCOMM_KIND_RESET_1BIT || kind == OBCOMM_KIND_SNAPSHOT_1BIT;
 }
 
 void obd_job_on_peer_up(struct obd_daemon *d, int node)
@@ -667,6 +725,10 @@ static void op_check_local(struct obd_op *op)
     mine->have = 1;
     mine->local_size = (uint32_t)ls;
     mine->desc = op->desc;
+    if (onebit_kind(op->desc.kind)) {
+        mine->nheld = obd_efstore_held(d, job->name, mine->held, OBD_SNAP_HELD);
+        mine->boot = d->boot_id;
+    }
     op->nann++;
     if (d->cfg.nodes > 1)
         announce_to_all(op, mine);
@@ -806,6 +868,15 @@ static void on_announce(struct obd_daemon *d, int from,
                  .key = m->key,
                  .root = m->root},
     };
+    if (m->phase == 1) {
+        on_report(d, from, m);
+        return;
+    }
+    a.nheld =
+        m->n_snapshots < OBD_SNAP_HELD ? (int)m->n_snapshots : OBD_SNAP_HELD;
+    for (int i = 0; i < a.nheld; i++)
+        a.held[i] = m->snapshots[i];
+    a.boot = m->boot;
     snprintf(a.message, sizeof(a.message), "%s", m->message);
     if (a.status != 0 && a.message[0] == '\0')
         snprintf(a.message, sizeof(a.message), "node %d failed the op", from);
@@ -826,6 +897,8 @@ static void on_announce(struct obd_daemon *d, int from,
     if (op == NULL || op->state == OBD_OP_DONE)
         return;
     if (a.status != 0) {
+        if (!op->ann[from].reported)
+            op->ann[from].failed = 1;
         /* Echoed to every node: one that announced this op before it
          * heard of the failure may have reached a node whose trainers had
          * already gone, and created the op there; the echo, behind that
@@ -836,6 +909,7 @@ static void on_announce(struct obd_daemon *d, int from,
     }
     if (op->ann[from].have)
         return;
+    a.reported = op->ann[from].reported;
     op->ann[from] = a;
     op->nann++;
     op_check_ready(op);

@@ -36,9 +36,11 @@
 #define OBD_JOB_H
 
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "daemon.h"
+#include "efstore.h"
 #include "frame.h"
 #include "shm.h"
 
@@ -62,6 +64,14 @@ struct obd_announce {
     uint32_t local_size;
     struct obd_opdesc desc;
     char message[256];
+    /* 1-bit ops: the snapshot ids of the job the node holds. */
+    uint64_t held[OBD_SNAP_HELD];
+    int nheld;
+    uint64_t boot; /* the node daemon's boot id */
+    /* The node finished the op's local phase (obd_op_report). */
+    int reported;
+    /* The node failed the op without having reported. */
+    int failed;
 };
 
 enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
@@ -112,6 +122,10 @@ struct obd_job {
     char name[OBD_JOB_NAME];
     uint32_t id;
     int local_size; /* 0 until the first trainer joins */
+    /* The uid of the job's first trainer here: trainers of other users
+     * are refused (OBCOMM_E_DENIED) while the job lives. */
+    uid_t owner;
+    int owned;
     int timeout_ms;
     struct obd_client *trainer[OBD_MAX_LOCAL]; /* opaque: for hooks.answer */
     int pid[OBD_MAX_LOCAL];
@@ -132,9 +146,11 @@ struct obd_job {
 struct obd_job *obd_job_find(struct obd_daemon *d, const char *name);
 struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id);
 
-/* A trainer joins: checks local rank and size against the job. On failure
- * returns a negative code with a reason in why. */
-int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid,
+/* A trainer of user `uid` joins: checks the owner, local rank and size
+ * against the job; the first trainer's uid becomes the owner. On failure
+ * returns a negative code with a reason in why (OBCOMM_E_DENIED: the job
+ * belongs to another user). */
+int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why,
                  size_t whylen);
@@ -184,6 +200,13 @@ struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
  * on a later turn, once no pool task touches their memory. */
 void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
                  ...) __attribute__((format(printf, 4, 5)));
+
+/* Two-phase ops: this node finished the op's local phase; every node is
+ * told, and op->ann[n].reported is set for each node that reported (the
+ * op is posted as each report arrives). */
+void obd_op_report(struct obd_op *op);
+/* 1 once every node has reported. */
+int obd_op_all_reported(const struct obd_op *op);
 
 /* The algorithm finished: posts the op to answer its trainers. */
 void obd_op_finish(struct obd_op *op);

@@ -105,14 +105,20 @@ static void fill_op(struct obd_daemon *d, const struct obd_op *o,
     (void)d;
 }
 
-static void fill_jobs(struct obd_daemon *d, Obcomm__StatusReply *r,
-                      struct storage *s)
+/* Root sees every job; any other user only the jobs it owns. */
+static int may_see(const struct obd_client *c, const struct obd_job *j)
+{
+    return c->uid == 0 || (j->owned && j->owner == c->uid);
+}
+
+static void fill_jobs(struct obd_daemon *d, const struct obd_client *c,
+                      Obcomm__StatusReply *r, struct storage *s)
 {
     size_t nj = 0, no = 0;
     for (struct obd_job *j = d->jobs; j; j = j->next) {
         /* A job that no local trainer ever joined exists here only
          * because another node announced it: nothing to show. */
-        if (j->local_size == 0)
+        if (j->local_size == 0 || !may_see(c, j))
             continue;
         if (nj == OBD_STATUS_JOBS_MAX) {
             r->jobs_omitted++;
@@ -205,6 +211,8 @@ static void fill_metrics(struct obd_daemon *d, Obcomm__StatusReply *r,
 void obd_status_handle(struct obd_client *c)
 {
     struct obd_daemon *d = c->d;
+    if (c->job == NULL)
+        uv_timer_stop(&c->join_timer); /* a status client, not idle */
     Obcomm__StatusReply r = OBCOMM__STATUS_REPLY__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     size_t nodes = (size_t)d->cfg.nodes;
@@ -240,7 +248,7 @@ void obd_status_handle(struct obd_client *c)
     r.pid = (uint32_t)getpid();
     r.socket = d->cfg.socket;
     fill_peers(d, &r, s);
-    fill_jobs(d, &r, s);
+    fill_jobs(d, c, &r, s);
     fill_metrics(d, &r, s);
 
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_STATUS;

@@ -40,6 +40,7 @@ extern "C" {
 #define OBCOMM_E_STATE     (-1011) /* per-key state disagrees (count) */
 #define OBCOMM_E_IO        (-1012) /* a file could not be read or written */
 #define OBCOMM_E_CORRUPT   (-1013) /* a file is damaged or of another kind */
+#define OBCOMM_E_DENIED    (-1014) /* the job belongs to another user */
 
 typedef enum {
     OBCOMM_FLOAT32 = 0,
@@ -67,7 +68,7 @@ typedef struct {
 } obcomm_options_t;
 
 /* The daemon's socket when neither the options nor $OBCOMM_SOCKET name one. */
-#define OBCOMM_DEFAULT_SOCKET "/tmp/obcommd.sock"
+#define OBCOMM_DEFAULT_SOCKET "/run/obcomm/obcommd.sock"
 
 /* Connects to the node's daemon and joins the job. On success *out is a
  * handle the caller closes with obcomm_close. */

@@ -121,10 +121,11 @@ static int has_config(const char *const *flags)
     return 0;
 }
 
-int hx_restart(struct hx_cluster *c)
+/* Starts daemons lo..hi-1 and waits until their sockets answer. */
+static int spawn_range(struct hx_cluster *c, int lo, int hi)
 {
     const char *bin = getenv("OBCOMMD");
-    for (int i = 0; i < c->nodes; i++) {
+    for (int i = lo; i < hi; i++) {
         const char *argv[64];
         char rank[16];
         int n = 0;
@@ -163,7 +164,7 @@ int hx_restart(struct hx_cluster *c)
         c->status[i] = 0;
     }
 
-    for (int i = 0; i < c->nodes; i++) {
+    for (int i = lo; i < hi; i++) {
         int tries = 0;
         while (!socket_answers(c->sock[i])) {
             if (++tries > 500 || !hx_alive(c, i)) {
@@ -174,6 +175,23 @@ int hx_restart(struct hx_cluster *c)
         }
     }
     return 0;
+}
+
+int hx_restart(struct hx_cluster *c)
+{
+    return spawn_range(c, 0, c->nodes);
+}
+
+int hx_crash_restart(struct hx_cluster *c, int i)
+{
+    if (c->daemon[i] > 0 && !c->exited[i]) {
+        kill(c->daemon[i], SIGKILL);
+        waitpid(c->daemon[i], NULL, 0);
+    }
+    c->daemon[i] = 0;
+    c->exited[i] = 0;
+    unlink(c->sock[i]);
+    return spawn_range(c, i, i + 1);
 }
 
 long long hx_metric(const struct hx_cluster *c, int i, const char *name)

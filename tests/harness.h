@@ -45,6 +45,9 @@ int hx_stop(struct hx_cluster *c);
  * and logs for hx_restart. */
 int hx_halt(struct hx_cluster *c, int sig);
 int hx_restart(struct hx_cluster *c);
+/* SIGKILLs daemon i alone (a crash) and starts it again with the same
+ * port, socket, flags and log while the others keep running. */
+int hx_crash_restart(struct hx_cluster *c, int i);
 
 /* A counter of daemon i as obcommctl ($OBCOMMCTL) reports it; -1 if
  * unavailable. */

@@ -23,7 +23,7 @@ START_TEST(defaults_are_a_one_node_world)
     ck_assert_int_eq(c.listen_addr.port, 0);
     ck_assert_int_eq(c.timeout_ms, 60000);
     ck_assert_int_eq(c.segment_bytes, 1048576);
-    ck_assert_str_eq(c.socket, "/tmp/obcommd.sock");
+    ck_assert_str_eq(c.socket, "/run/obcomm/obcommd.sock");
 }
 END_TEST
 

@@ -1,6 +1,8 @@
 /* Error-feedback snapshots: exact round trip, and every kind of bad file
  * (truncated, a flipped byte, another world, not a snapshot, a header that
- * announces more than the bound) is refused without being loaded. */
+ * announces more than the bound, a FIFO, a symlink) is refused without
+ * being loaded; a symlink planted at the temporary path is not written
+ * through. */
 #include <check.h>
 
 #include "ck_run.h"
@@ -113,6 +115,61 @@ START_TEST(damaged_files_are_rejected)
 }
 END_TEST
 
+/* A FIFO named like a snapshot: refused at once (open would block for a
+ * writer without O_NONBLOCK), and a symlink is not followed. */
+START_TEST(only_regular_files_are_read)
+{
+    struct obd_ef *back = NULL;
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_IOERR);
+    ck_assert_ptr_null(back);
+    ck_assert_ptr_nonnull(strstr(why, "not a regular file"));
+    unlink(path);
+
+    char real[300];
+    snprintf(real, sizeof(real), "%s/real", dir);
+    struct obd_ef *ef = sample(9);
+    ck_assert_int_eq(obd_ef_write(real, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(symlink(real, path), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        OBD_EF_IOERR);
+    ck_assert_ptr_null(back);
+    unlink(path);
+    unlink(real);
+    obd_ef_free(ef);
+}
+END_TEST
+
+/* Somebody planted a symlink where the temporary file goes: it is removed,
+ * never written through, and the snapshot lands in place. */
+START_TEST(planted_temp_symlink_is_not_followed)
+{
+    char tmp[300], victim[300];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    FILE *f = fopen(victim, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("precious", f);
+    fclose(f);
+    ck_assert_int_eq(symlink(victim, tmp), 0);
+    struct obd_ef *ef = sample(9), *back = NULL;
+    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(victim, &st), 0);
+    ck_assert_int_eq(st.st_size, 8); /* untouched */
+    ck_assert_int_eq(lstat(tmp, &st), -1);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+    ck_assert_mem_eq(back->werr, ef->werr, ef->padded * sizeof(float));
+    obd_ef_free(back);
+    obd_ef_free(ef);
+    unlink(victim);
+}
+END_TEST
+
 START_TEST(other_world_and_bound)
 {
     struct obd_ef *ef = sample(1000), *back = NULL;
@@ -152,6 +209,8 @@ int main(void)
     tcase_add_test(tc, round_trip_is_exact);
     tcase_add_test(tc, damaged_files_are_rejected);
     tcase_add_test(tc, other_world_and_bound);
+    tcase_add_test(tc, only_regular_files_are_read);
+    tcase_add_test(tc, planted_temp_symlink_is_not_followed);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

@@ -229,8 +229,8 @@ static void start(int n, int ls)
             struct obd_job *job;
             ck_assert_int_eq(obd_job_join(&nodes[i],
                                           (struct obd_client *)&trainers[i][l],
-                                          100 + l, "j", l, ls, 20000, &job, why,
-                                          sizeof(why)),
+                                          100 + l, 0, "j", l, ls, 20000, &job,
+                                          why, sizeof(why)),
                              0);
             jobs[i] = job;
         }

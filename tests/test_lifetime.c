@@ -32,8 +32,9 @@
  * h. error-feedback memory: with ef_max_bytes 10000000 a 4 Mi-float key on
  *    2 nodes fails with NOMEM naming "ef_max_bytes" while small keys work;
  *    with ef_idle_ms 500 and a state_dir, a job whose trainers all left is
- *    snapshotted and freed (metric ef_evictions >= 1, files in state_dir),
- *    and the job resumes bit for bit as a never-evicted reference. */
+ *    snapshotted and freed (metric ef_evictions >= 1, files in the
+ *    state_dir's spill), and the job resumes bit for bit as a
+ *    never-evicted reference. */
 #include <check.h>
 
 #include "ck_run.h"
@@ -1060,9 +1061,11 @@ START_TEST(idle_ef_is_evicted_and_resumes_exactly)
             ev[i] = hx_metric(&cl, i, "ef_evictions");
     }
     for (int i = 0; i < 2; i++) {
+        char spill[128];
+        snprintf(spill, sizeof(spill), "%s/spill", sd[i]);
         ck_assert_msg(ev[i] >= 1, "node %d: ef_evictions %lld", i, ev[i]);
-        ck_assert_msg(regular_files(sd[i]) >= 1, "node %d: no snapshot in %s",
-                      i, sd[i]);
+        ck_assert_msg(regular_files(spill) >= 1, "node %d: no snapshot in %s",
+                      i, spill);
     }
     struct efplan q = {.sh = sh, .count = EF_COUNT, .first = 5, .last = 7};
     int failed = hx_run(&cl, 2, "ef", TIMEOUT_MS, 300, trainer_ef, &q);

@@ -167,6 +167,7 @@ struct plan {
     int zero_node0;        /* then node 0's simulated state is zeroed */
     int nan_step, nan_key; /* node 1 feeds a NaN there (nan_step > 0) */
     int snapshot_after;    /* obcomm_snapshot_1bit after this step (> 0) */
+    int snapshot_fails_on; /* node + 1 whose snapshot fails (0: none) */
 };
 
 static int compare(obcomm_t *c, int key, int step, const float *got,
@@ -248,8 +249,22 @@ static int trainer_onebit(obcomm_t *c, void *arg)
                 fail = compare(c, k, st, buf[k], want, key_count[k], &flips[k]);
             }
             if (p->snapshot_after > 0 && k == NKEYS - 1 &&
-                st == p->snapshot_after && !fail && obcomm_snapshot_1bit(c))
-                fail = hx_fail(c, "snapshot: %s", obcomm_last_error(c));
+                st == p->snapshot_after && !fail) {
+                int rc = obcomm_snapshot_1bit(c);
+                char named[64];
+                snprintf(named, sizeof(named),
+                         "failed on node %d: ", p->snapshot_fails_on - 1);
+                if (p->snapshot_fails_on == 0 && rc)
+                    fail = hx_fail(c, "snapshot: %s", obcomm_last_error(c));
+                else if (p->snapshot_fails_on > 0 &&
+                         (rc != OBCOMM_E_IO ||
+                          !strstr(obcomm_last_error(c), named)))
+                    fail = hx_fail(c,
+                                   "snapshot: got %d (%s), want OBCOMM_E_IO "
+                                   "naming node %d",
+                                   rc, obcomm_last_error(c),
+                                   p->snapshot_fails_on - 1);
+            }
         }
 
     /* Every rank holds the same result: the max and the min over ranks of
@@ -399,10 +414,12 @@ START_TEST(snapshots_restore_reset_and_reject)
     ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &a), 0);
     hx_halt(&cl, SIGKILL);
     ck_assert_int_eq(hx_restart(&cl), 0);
-    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), NKEYS);
     struct plan b = {
         .ls = 2, .first_step = 5, .steps = 5, .sim_steps_before = 5};
     ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &b), 0);
+    /* Loaded on each key's first op, from the set every node holds. */
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), NKEYS);
+    ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), NKEYS);
 
     /* A clean shutdown writes the state after step 9. */
     ck_assert_int_eq(hx_halt(&cl, SIGTERM), 0);
@@ -416,31 +433,143 @@ START_TEST(snapshots_restore_reset_and_reject)
     ck_assert_int_eq(hx_halt(&cl, SIGTERM), 0);
     char cmd[256];
     snprintf(cmd, sizeof(cmd),
-             "for f in %s/ef-*.lz4; do printf '\\377' | dd of=$f bs=1 "
+             "for f in %s/set-*/ef-*.lz4; do printf '\\377' | dd of=$f bs=1 "
              "seek=200 conv=notrunc status=none; done",
              sd[0]);
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_eq(hx_restart(&cl), 0);
-    ck_assert_int_eq(hx_metric(&cl, 0, "ef_rejected"), NKEYS);
-    ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), NKEYS);
-    ck_assert(hx_log_contains(&cl, 0, "rejected snapshot"));
     struct plan d = {.ls = 2,
                      .first_step = 12,
                      .steps = 2,
                      .sim_steps_before = 12,
                      .zero_node0 = 1};
     ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &d), 0);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_rejected"), NKEYS);
+    ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), NKEYS);
+    ck_assert(hx_log_contains(&cl, 0, "rejected snapshot"));
     ck_assert_int_eq(hx_stop(&cl), 0);
 
-    /* The same state dirs in a 3-node world: not loaded, counted, logged,
-     * and the keys start at zero. */
+    /* The same state dirs in a 3-node world: node 2 holds no set, so no
+     * node restores one (logged), and the keys start at zero. */
     ck_assert_int_eq(hx_start_each(&cl, 3, each), 0);
-    ck_assert_int_eq(hx_metric(&cl, 0, "ef_resets"), NKEYS);
-    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), 0);
-    ck_assert(hx_log_contains(&cl, 0, "snapshot of another world"));
     struct plan e = {.ls = 2, .first_step = 14, .steps = 2};
     ck_assert_int_eq(hx_run(&cl, 2, "snap", 60000, 300, trainer_onebit, &e), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(hx_metric(&cl, i, "ef_restored"), 0);
+    ck_assert(hx_log_contains(&cl, 0, "no snapshot is held by every node"));
     ck_assert_int_eq(hx_stop(&cl), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static int count_sets(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "ls -d %s/set-* 2>/dev/null | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p == NULL || fscanf(p, "%d", &n) != 1)
+        n = -1;
+    if (p)
+        pclose(p);
+    return n;
+}
+
+/* A snapshot that one node cannot write (its state_dir is a read-only
+ * bind mount: root ignores permission bits, not a read-only mount) fails
+ * on every rank naming that node; the set it could not write is dropped
+ * everywhere, and after a crash the previous set restores exactly. */
+START_TEST(failed_snapshot_keeps_the_previous_set)
+{
+    char base[] = "/tmp/obcomm-snapfail-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    char sd[3][64];
+    const char *flags[3][3];
+    const char *const *each[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(sd[i], sizeof(sd[i]), "%s/node%d", base, i);
+        ck_assert_int_eq(mkdir(sd[i], 0700), 0);
+        flags[i][0] = "--state-dir";
+        flags[i][1] = sd[i];
+        flags[i][2] = NULL;
+        each[i] = flags[i];
+    }
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 3, each), 0);
+    struct plan a = {.ls = 2, .steps = 7, .snapshot_after = 4};
+    ck_assert_int_eq(hx_run(&cl, 2, "fs", 60000, 300, trainer_onebit, &a), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(count_sets(sd[i]), 1);
+
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "mount --bind %s %s && mount -o remount,ro,bind %s", sd[1], sd[1],
+             sd[1]);
+    ck_assert_int_eq(system(cmd), 0);
+    struct plan b = {.ls = 2,
+                     .first_step = 7,
+                     .steps = 3,
+                     .sim_steps_before = 7,
+                     .snapshot_after = 8,
+                     .snapshot_fails_on = 2};
+    int failed = hx_run(&cl, 2, "fs", 60000, 300, trainer_onebit, &b);
+    snprintf(cmd, sizeof(cmd), "umount %s", sd[1]);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(failed, 0);
+    ck_assert(hx_log_contains(&cl, 1, "Read-only file system"));
+    /* Nodes 0 and 2 wrote the set and dropped it again. */
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(count_sets(sd[i]), 1);
+
+    /* A crash: no shutdown set; the restart restores the state after
+     * step 4 on every node. */
+    hx_halt(&cl, SIGKILL);
+    ck_assert_int_eq(hx_restart(&cl), 0);
+    struct plan c = {
+        .ls = 2, .first_step = 5, .steps = 3, .sim_steps_before = 5};
+    ck_assert_int_eq(hx_run(&cl, 2, "fs", 60000, 300, trainer_onebit, &c), 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(hx_metric(&cl, i, "ef_restored"), NKEYS);
+        ck_assert(hx_log_contains(&cl, i, "restoring snapshot"));
+    }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* One daemon crashes and restarts while the other keeps the job's error
+ * feedback in memory: the restarted one can only restore the snapshot,
+ * so both go back to it (never one node at step 6 and the other at step
+ * 4), and the job resumes exactly from the state after step 4. */
+START_TEST(one_daemon_restarts_both_go_back_to_the_snapshot)
+{
+    char base[] = "/tmp/obcomm-partial-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    char sd[2][64];
+    const char *flags[2][3];
+    const char *const *each[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(sd[i], sizeof(sd[i]), "%s/node%d", base, i);
+        flags[i][0] = "--state-dir";
+        flags[i][1] = sd[i];
+        flags[i][2] = NULL;
+        each[i] = flags[i];
+    }
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+    struct plan a = {.ls = 2, .steps = 7, .snapshot_after = 4};
+    ck_assert_int_eq(hx_run(&cl, 2, "part", 60000, 300, trainer_onebit, &a), 0);
+    ck_assert_int_eq(hx_crash_restart(&cl, 1), 0);
+    struct plan b = {
+        .ls = 2, .first_step = 5, .steps = 3, .sim_steps_before = 5};
+    ck_assert_int_eq(hx_run(&cl, 2, "part", 60000, 300, trainer_onebit, &b), 0);
+    ck_assert(hx_log_contains(&cl, 0, "a daemon of the world restarted"));
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(hx_metric(&cl, i, "ef_restored"), NKEYS);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -455,8 +584,14 @@ Suite *onebit_suite(void)
     tcase_add_test(tc, wire_bytes_are_a_32nd_of_fp32);
     tcase_add_test(tc, nan_fails_everywhere_and_loses_nothing);
     tcase_add_test(tc, key_mismatch_names_the_rank);
-    tcase_add_test(tc, snapshots_restore_reset_and_reject);
     suite_add_tcase(s, tc);
+    /* CK_RUN_CASE=snapshots runs these alone. */
+    TCase *snap = tcase_create("snapshots");
+    tcase_set_timeout(snap, 1800);
+    tcase_add_test(snap, snapshots_restore_reset_and_reject);
+    tcase_add_test(snap, failed_snapshot_keeps_the_previous_set);
+    tcase_add_test(snap, one_daemon_restarts_both_go_back_to_the_snapshot);
+    suite_add_tcase(s, snap);
     return s;
 }
 
