@@ -882,6 +882,16 @@ static void on_announce(struct obd_daemon *d, int from,
         snprintf(a.message, sizeof(a.message), "node %d failed the op", from);
 
     struct obd_job *job = obd_job_find(d, m->job);
+    if (job != NULL && job->joined == 0 && a.status == 0 &&
+        m->seq < job->next_seq) {
+        /* An op this job is past, from a node with no reason to send it
+         * again: that node runs a new run of the job while this node still
+         * winds up an earlier one, which must not swallow the new run's
+         * announces. */
+        job_detach(job);
+        obd_runq_post(&d->runq, &job->ready);
+        job = NULL;
+    }
     if (job == NULL) {
         if (a.status != 0)
             return; /* a failure of an op nobody here waits for */
