@@ -223,6 +223,20 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
                 uint64_t max_bytes, struct obd_ef **out, char *why,
                 size_t whylen)
 {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        return OBD_EF_IOERR;
+    }
+    int rc = obd_ef_read_fd(fd, path, w, max_bytes, out, why, whylen);
+    close(fd);
+    return rc;
+}
+
+int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
+                   uint64_t max_bytes, struct obd_ef **out, char *why,
+                   size_t whylen)
+{
     int rc = OBD_EF_CORRUPT;
     struct sink s;
     memset(&s, 0, sizeof(s));
@@ -231,11 +245,10 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
     LZ4F_dctx *dctx = NULL;
     uint8_t *in = malloc(IO_CHUNK);
     uint8_t *stage = malloc(IO_CHUNK);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     int frame_done = 0;
-    if (fd < 0 || in == NULL || stage == NULL ||
+    if (in == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
-        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        snprintf(why, whylen, "%s: out of memory", path);
         rc = OBD_EF_IOERR;
         goto out;
     }
@@ -338,8 +351,6 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
 out:
     if (s.ef != &hdr_only)
         obd_ef_free(s.ef);
-    if (fd >= 0)
-        close(fd);
     LZ4F_freeDecompressionContext(dctx);
     free(in);
     free(stage);
