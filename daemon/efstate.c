@@ -245,7 +245,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
     LZ4F_dctx *dctx = NULL;
     uint8_t *in = malloc(IO_CHUNK);
     uint8_t *stage = malloc(IO_CHUNK);
-    int frame_done = 0;
+    int frame_done = 0, header_checked = 0;
     if (in == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
         snprintf(why, whylen, "%s: out of memory", path);
@@ -265,7 +265,30 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
         if (got == 0)
             break;
         size_t off = 0;
+        if (!header_checked) {
+            /* obd_ef_write always sets the content checksum; without one a
+             * damaged file could not be told from an intact one. The whole
+             * frame header is in the first read (or the file is shorter). */
+            LZ4F_frameInfo_t fi;
+            size_t hlen = (size_t)got;
+            size_t hint = LZ4F_getFrameInfo(dctx, &fi, in, &hlen);
+            if (LZ4F_isError(hint) || fi.frameType != LZ4F_frame ||
+                fi.contentChecksumFlag != LZ4F_contentChecksumEnabled) {
+                snprintf(why, whylen,
+                         "%s: not an LZ4 frame with a content checksum", path);
+                goto out;
+            }
+            off = hlen;
+            header_checked = 1;
+        }
         while (off < (size_t)got) {
+            /* One frame and nothing after it: a second frame's content
+             * would be taken without its end being checked. */
+            if (frame_done) {
+                snprintf(why, whylen, "%s: data after the end of the snapshot",
+                         path);
+                goto out;
+            }
             size_t src_len = (size_t)got - off, dst_len = IO_CHUNK;
             size_t hint = LZ4F_decompress(dctx, stage, &dst_len, in + off,
                                           &src_len, NULL);

@@ -17,12 +17,36 @@
 
 /* Reads allocate at most 1.5 x this (both error buffers). */
 #define MAX_BYTES (UINT64_C(4) << 20)
+/* sizeof(struct ef_hdr) in efstate.c. */
+#define EF_HDR_BYTES 120
 
 static const struct obd_ef_world world = {
     .nodes = FUZZ_EF_NODES,
     .rank = FUZZ_EF_RANK,
     .fingerprint = FUZZ_EF_FINGERPRINT,
 };
+
+/* A snapshot that loads is one LZ4 frame with a content checksum and
+ * nothing after it, and holds exactly the header and both buffers. */
+static void check_one_frame(const uint8_t *data, size_t size,
+                            const struct obd_ef *ef)
+{
+    size_t want = EF_HDR_BYTES +
+                  (ef->padded + ef->padded / (size_t)ef->nodes) * sizeof(float);
+    uint8_t *out = malloc(want + 1);
+    LZ4F_dctx *dctx = NULL;
+    FUZZ_CHECK(out != NULL && !LZ4F_isError(LZ4F_createDecompressionContext(
+                                  &dctx, LZ4F_VERSION)));
+    LZ4F_frameInfo_t fi;
+    size_t hlen = size;
+    FUZZ_CHECK(!LZ4F_isError(LZ4F_getFrameInfo(dctx, &fi, data, &hlen)));
+    FUZZ_CHECK(fi.contentChecksumFlag == LZ4F_contentChecksumEnabled);
+    size_t src = size - hlen, dst = want + 1;
+    FUZZ_CHECK(LZ4F_decompress(dctx, out, &dst, data + hlen, &src, NULL) == 0);
+    FUZZ_CHECK(src == size - hlen && dst == want);
+    LZ4F_freeDecompressionContext(dctx);
+    free(out);
+}
 
 static void read_file(const uint8_t *data, size_t size)
 {
@@ -38,6 +62,7 @@ static void read_file(const uint8_t *data, size_t size)
         return;
     }
     FUZZ_CHECK(ef != NULL);
+    check_one_frame(data, size, ef);
     FUZZ_CHECK(ef->nodes == (int)world.nodes);
     FUZZ_CHECK(ef->padded == obd_codec_padded_len(ef->count, ef->nodes));
     FUZZ_CHECK(ef->padded <= MAX_BYTES / 4);

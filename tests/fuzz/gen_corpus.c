@@ -484,6 +484,23 @@ static size_t content(const uint8_t *file, size_t len, uint8_t *buf, size_t cap)
     return dst + 1;
 }
 
+/* content as one LZ4 frame, with both checksums or none; returns its
+ * length. */
+static size_t frame_of(const uint8_t *content, size_t len, int checksums,
+                       uint8_t *out, size_t cap)
+{
+    LZ4F_preferences_t prefs;
+    memset(&prefs, 0, sizeof(prefs));
+    if (checksums) {
+        prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
+        prefs.frameInfo.blockChecksumFlag = LZ4F_blockChecksumEnabled;
+    }
+    size_t n = LZ4F_compressFrame(out, cap, content, len, &prefs);
+    if (LZ4F_isError(n))
+        exit(EXIT_FAILURE);
+    return n;
+}
+
 static void gen_efstate(void)
 {
     static uint8_t c[1 << 20];
@@ -524,6 +541,26 @@ static void gen_efstate(void)
             memset(c + 57, 'A', 64);
         put("efstate", edits[i].name, c, clen);
     }
+
+    /* The content of content-100 re-framed: without checksums; as two
+     * frames; as two frames of which the second lacks its end. */
+    clen = content(file, len, c, sizeof(c));
+    static uint8_t f2[1 << 16];
+    size_t n = frame_of(c + 1, clen - 1, 0, f2, sizeof(f2));
+    put_file("file-no-checksum", f2, n);
+    n = frame_of(c + 1, 200, 1, f2, sizeof(f2));
+    n += frame_of(c + 201, clen - 201, 1, f2 + n, sizeof(f2) - n);
+    put_file("file-two-frames", f2, n);
+    n = frame_of(c + 1, 200, 1, f2, sizeof(f2));
+    n += frame_of(c + 201, clen - 201, 0, f2 + n, sizeof(f2) - n);
+    put_file("file-second-frame-cut", f2, n - 4);
+    /* A skippable frame before the snapshot. */
+    memcpy(f2,
+           "\x50\x2a\x4d\x18\x04\x00\x00\x00"
+           "abcd",
+           12);
+    memcpy(f2 + 12, file, len);
+    put_file("file-after-skippable", f2, len + 12);
 
     file = snapshot("other", 100, ~FUZZ_EF_FINGERPRINT, &len);
     put_file("file-other-world", file, len);
