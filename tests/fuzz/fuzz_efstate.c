@@ -73,6 +73,7 @@ static void read_file(const uint8_t *data, size_t size)
         sum += ef->werr[i];
     for (size_t i = 0; i < ef->padded / (size_t)ef->nodes; i++)
         sum += ef->serr[i];
+    (void)sum;
     obd_ef_free(ef);
 }
 
