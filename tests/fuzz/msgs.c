@@ -55,16 +55,24 @@ static void check_repack(const ProtobufCMessage *m,
     free(b);
 }
 
-/* The checks handle_submit makes before it trusts a Submit: the count
- * bound divides by obd_dtype_size, so a dtype that passes obd_dtype_valid
- * must have a non-zero size, and a valid redop must have a name. */
+/* The predicates handle_submit checks a Submit's values with, before it
+ * casts them to enums: they must agree with each other for every value off
+ * the wire. The count bound divides by obd_dtype_size, so a dtype that
+ * passes obd_dtype_valid must have a non-zero size (and accumulator size);
+ * exactly the valid dtypes and redops have names. */
 static void check_submit(const Obcomm__Submit *s)
 {
     int dt_ok = obd_dtype_valid((int)s->dtype);
-    size_t dt_size = obd_dtype_size((obcomm_dtype_t)s->dtype);
+    obcomm_dtype_t dt = (obcomm_dtype_t)s->dtype;
+    size_t dt_size = obd_dtype_size(dt);
     FUZZ_CHECK(dt_ok ? dt_size > 0 : dt_size == 0);
-    if (s->kind == OBCOMM_KIND_ALLREDUCE && dt_ok &&
-        obd_op_valid((int)s->redop) && s->count != 0 &&
+    FUZZ_CHECK(dt_ok ? obd_dtype_acc_size(dt) >= dt_size
+                     : obd_dtype_acc_size(dt) == 0);
+    FUZZ_CHECK(dt_ok == (strcmp(obd_dtype_name(dt), "invalid") != 0));
+    int op_ok = obd_op_valid((int)s->redop);
+    FUZZ_CHECK(op_ok ==
+               (strcmp(obd_op_name((obcomm_op_t)s->redop), "invalid") != 0));
+    if (s->kind == OBCOMM_KIND_ALLREDUCE && dt_ok && op_ok && s->count != 0 &&
         s->count <= UINT64_MAX / dt_size) {
         uint64_t bytes = s->count * dt_size;
         FUZZ_CHECK(bytes / dt_size == s->count);
