@@ -947,7 +947,10 @@ void obd_config_print(const struct obd_config *cfg, FILE *out)
         } else {
             int64_t v;
             memcpy(&v, field, sizeof(v));
-            fprintf(out, "%s = %" PRId64 "\n", rows[i].name, v);
+            if (strcmp(rows[i].name, "rank") == 0 && v == -1)
+                fprintf(out, "rank = auto\n"); /* not resolved yet */
+            else
+                fprintf(out, "%s = %" PRId64 "\n", rows[i].name, v);
         }
     }
 }

@@ -283,6 +283,23 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
                 uint64_t max_bytes, struct obd_ef **out, char *why,
                 size_t whylen)
 {
+    /* O_NONBLOCK: a FIFO named like a snapshot must not block the daemon
+     * in open; obd_ef_read_fd's fstat then keeps everything but a regular
+     * file out. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) {
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        return OBD_EF_IOERR;
+    }
+    int rc = obd_ef_read_fd(fd, path, w, max_bytes, out, why, whylen);
+    close(fd);
+    return rc;
+}
+
+int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
+                   uint64_t max_bytes, struct obd_ef **out, char *why,
+                   size_t whylen)
+{
     int rc = OBD_EF_CORRUPT;
     struct sink s;
     memset(&s, 0, sizeof(s));
@@ -291,14 +308,11 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
     LZ4F_dctx *dctx = NULL;
     uint8_t *in = malloc(IO_CHUNK);
     uint8_t *stage = malloc(IO_CHUNK);
-    /* O_NONBLOCK: a FIFO named like a snapshot must not block the daemon
-     * in open; fstat then keeps everything but a regular file out. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
-    int frame_done = 0;
+    int frame_done = 0, header_checked = 0;
     struct stat st;
-    if (fd < 0 || in == NULL || stage == NULL ||
+    if (in == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
-        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+        snprintf(why, whylen, "%s: out of memory", path);
         rc = OBD_EF_IOERR;
         goto out;
     }
@@ -320,7 +334,30 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
         if (got == 0)
             break;
         size_t off = 0;
+        if (!header_checked) {
+            /* obd_ef_write always sets the content checksum; without one a
+             * damaged file could not be told from an intact one. The whole
+             * frame header is in the first read (or the file is shorter). */
+            LZ4F_frameInfo_t fi;
+            size_t hlen = (size_t)got;
+            size_t hint = LZ4F_getFrameInfo(dctx, &fi, in, &hlen);
+            if (LZ4F_isError(hint) || fi.frameType != LZ4F_frame ||
+                fi.contentChecksumFlag != LZ4F_contentChecksumEnabled) {
+                snprintf(why, whylen,
+                         "%s: not an LZ4 frame with a content checksum", path);
+                goto out;
+            }
+            off = hlen;
+            header_checked = 1;
+        }
         while (off < (size_t)got) {
+            /* One frame and nothing after it: a second frame's content
+             * would be taken without its end being checked. */
+            if (frame_done) {
+                snprintf(why, whylen, "%s: data after the end of the snapshot",
+                         path);
+                goto out;
+            }
             size_t src_len = (size_t)got - off, dst_len = IO_CHUNK;
             size_t hint = LZ4F_decompress(dctx, stage, &dst_len, in + off,
                                           &src_len, NULL);
@@ -406,8 +443,6 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
 out:
     if (s.ef != &hdr_only)
         obd_ef_free(s.ef);
-    if (fd >= 0)
-        close(fd);
     LZ4F_freeDecompressionContext(dctx);
     free(in);
     free(stage);

@@ -103,4 +103,10 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
                 uint64_t max_bytes, struct obd_ef **out, char *why,
                 size_t whylen);
 
+/* The same from an open file: reads fd (borrowed, not closed) from its
+ * current offset to its end; `path` only names it in why. */
+int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
+                   uint64_t max_bytes, struct obd_ef **out, char *why,
+                   size_t whylen);
+
 #endif
