@@ -1,4 +1,5 @@
 #include "config.h"
+#include "auth.h"
 #include "log.h"
 
 #include <obcomm.h>
@@ -77,6 +78,25 @@ static const struct row rows[] = {
             "A job with no trainer on this node for this long has its "
             "error feedback snapshotted (when state_dir is set) and freed; "
             "its next op loads the snapshot. 0: never."),
+    STR_ROW(auth_key_file, "",
+            "File whose whole content is the cluster key (at least 32 "
+            "bytes, mode 0600 or stricter): daemons prove to each other "
+            "that they hold it before anything else. A relative name is "
+            "looked up in $CREDENTIALS_DIRECTORY (systemd LoadCredential=) "
+            "when that is set. Empty: no authentication, loopback only."),
+    STR_ROW(allow_insecure, "false",
+            "true: listen on a non-loopback address without auth_key_file "
+            "(anyone who reaches the port can join the mesh)."),
+    STR_ROW(wire_protection, "none",
+            "Data frames between daemons after the handshake: none (as "
+            "they are, zero-copy), integrity (a tag per frame) or "
+            "encrypt (ChaCha20-Poly1305). Control frames always carry a "
+            "tag when auth_key_file is set. Must be equal on every node."),
+    INT_ROW(max_unauth_links, 1, 4096, "64",
+            "Most peer connections that have not finished the handshake; "
+            "past it the oldest of the busiest source address is closed."),
+    INT_ROW(max_unauth_per_addr, 1, 4096, "8",
+            "Most such connections from one source address."),
 };
 
 /* Options that SIGHUP applies while the daemon runs. */
@@ -308,6 +328,36 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
     return h;
 }
 
+/* allow_insecure and wire_protection (the key file itself is read at
+ * start, daemon.c). */
+static int finish_security(struct obd_config *cfg, char *err, size_t errlen)
+{
+    if (strcmp(cfg->allow_insecure, "true") == 0) {
+        cfg->insecure = 1;
+    } else if (strcmp(cfg->allow_insecure, "false") == 0) {
+        cfg->insecure = 0;
+    } else {
+        fail(err, errlen, "allow_insecure: '%s' is not true or false",
+             cfg->allow_insecure);
+        return -1;
+    }
+    cfg->wire = obd_auth_wire_parse(cfg->wire_protection);
+    if (cfg->wire < 0) {
+        fail(err, errlen,
+             "wire_protection: '%s' is not one of none, integrity, encrypt",
+             cfg->wire_protection);
+        return -1;
+    }
+    if (cfg->wire != OBD_WIRE_NONE && cfg->auth_key_file[0] == '\0') {
+        fail(err, errlen,
+             "wire_protection: %s needs auth_key_file (the session keys "
+             "come from the cluster key)",
+             cfg->wire_protection);
+        return -1;
+    }
+    return 0;
+}
+
 int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
 {
     cfg->log_level_num = obd_log_level_parse(cfg->log_level);
@@ -326,6 +376,9 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
         fail(err, errlen, "socket: must not be empty");
         return -1;
     }
+
+    if (finish_security(cfg, err, errlen))
+        return -1;
 
     cfg->nodes = 0;
     if (cfg->peers[0] != '\0') {
@@ -377,8 +430,9 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
                 return -1;
             }
         } else {
-            snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host),
-                     "0.0.0.0");
+            /* This rank's own address, never every interface. */
+            snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host), "%s",
+                     cfg->world[cfg->rank].host);
             cfg->listen_addr.port = cfg->world[cfg->rank].port;
         }
     }
@@ -446,6 +500,16 @@ static void row_text(const struct obd_config *cfg, const struct row *r,
         memcpy(&v, field, sizeof(v));
         snprintf(buf, len, "%" PRId64, v);
     }
+}
+
+int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
+                     size_t len)
+{
+    const struct row *r = find_row(name);
+    if (r == NULL)
+        return -1;
+    row_text(cfg, r, buf, len);
+    return 0;
 }
 
 /* Appends "name: old -> new" for every row that differs and is (or is

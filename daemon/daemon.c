@@ -105,6 +105,8 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sighup);
     uv_timer_init(&d->loop, &d->drain);
+    uv_timer_init(&d->loop, &d->listen_pause);
+    uv_timer_init(&d->loop, &d->ctl_pause);
     d->sigterm.data = d;
     d->sigint.data = d;
     d->sighup.data = d;
@@ -141,8 +143,20 @@ int obd_daemon_start(struct obd_daemon *d)
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sighup, on_sighup, SIGHUP);
+    int rc = 0;
+    if (d->cfg.auth_key_file[0] != '\0') {
+        char err[512] = "cannot initialise libsodium";
+        if (obd_auth_init() != 0 ||
+            obd_auth_key_load(d->cfg.auth_key_file, d->auth_key, err,
+                              sizeof(err)) != 0) {
+            obd_log_error(&d->log, "%s", err);
+            obd_daemon_close(d);
+            return OBCOMM_E_INVAL;
+        }
+        d->keyed = 1;
+    }
     obd_efstore_restore(d);
-    int rc = obd_peers_start(d);
+    rc = obd_peers_start(d);
     if (rc == 0)
         rc = obd_ctl_start(d);
     if (rc) {
@@ -215,6 +229,8 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
+    uv_close((uv_handle_t *)&d->listen_pause, NULL);
+    uv_close((uv_handle_t *)&d->ctl_pause, NULL);
 }
 
 /* Polls the drain: running ops may finish until the grace ends, after
@@ -260,6 +276,8 @@ void obd_daemon_fini(struct obd_daemon *d)
         uv_close((uv_handle_t *)&d->sigterm, NULL);
         uv_close((uv_handle_t *)&d->sigint, NULL);
         uv_close((uv_handle_t *)&d->sighup, NULL);
+        uv_close((uv_handle_t *)&d->listen_pause, NULL);
+        uv_close((uv_handle_t *)&d->ctl_pause, NULL);
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
     obd_runq_close(&d->runq);

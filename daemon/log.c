@@ -37,3 +37,17 @@ void obd_log_printf(const struct obd_log *log, int level, const char *fmt, ...)
     fprintf(stderr, "%s.%03ld obcommd[%d] %s: %s\n", when, ts.tv_nsec / 1000000,
             log->rank, level_names[level], line);
 }
+
+int obd_log_limit(struct obd_log_limit *l, uint64_t now_ms,
+                  uint64_t interval_ms, uint64_t *suppressed)
+{
+    if (l->started && now_ms - l->last_ms < interval_ms) {
+        l->suppressed++;
+        return 0;
+    }
+    l->started = 1;
+    l->last_ms = now_ms;
+    *suppressed = l->suppressed;
+    l->suppressed = 0;
+    return 1;
+}

@@ -2,20 +2,39 @@
 
 #include <obcomm.h>
 
+#include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "auth.h"
 #include "wire.h"
 
-/* A link that has not said Hello by then is closed. */
+/* A link that has not finished the handshake by then is closed. */
 #define HELLO_TIMEOUT_MS 10000
 #define DISCARD_BYTES    16384
+/* Largest control frame before the handshake ends (a Hello is ~150 bytes):
+ * what an unauthenticated connection may make us allocate. */
+#define PREAUTH_CTRL_MAX 4096
+/* Accepting pauses this long when descriptors run out. */
+#define ACCEPT_PAUSE_MS 250
+/* A repeated warning goes out at most this often. */
+#define LOG_EVERY_MS 10000
 
-enum link_state { L_CONNECTING, L_HELLO, L_UP, L_CLOSING };
-enum read_state { R_HDR, R_CTRL, R_DATA, R_DISCARD };
+/* Options that must be equal on every node: sent in the Hello and
+ * compared once the peer has proved it holds the key. */
+static const char *const agreed_options[] = {
+    "segment_bytes",
+    "wire_protection",
+};
+#define NAGREED (sizeof(agreed_options) / sizeof(agreed_options[0]))
+
+/* L_HELLO: waiting for the peer's Hello; L_AUTH: for its Auth. */
+enum link_state { L_CONNECTING, L_HELLO, L_AUTH, L_UP, L_CLOSING };
+enum read_state { R_HDR, R_CTRL, R_DATA, R_DISCARD, R_TAG };
 
 struct obd_link {
     struct obd_daemon *d;
@@ -23,8 +42,24 @@ struct obd_link {
     uv_connect_t connect;
     uv_timer_t hello_timer;
     enum link_state state;
-    int peer;   /* rank once known, else -1 */
-    int dialed; /* we dialed it */
+    int peer;       /* rank once known, else -1 */
+    int dialed;     /* we dialed it */
+    char ip[48];    /* the other end's address, for logs and caps */
+    char where[64]; /* ip:port */
+
+    /* The handshake (auth.h): both Hellos as they travelled. */
+    uint8_t nonce[OBD_AUTH_NONCE];
+    uint8_t *hello_mine, *hello_theirs;
+    size_t hello_mine_len, hello_theirs_len;
+
+    /* The session, once keys are set: frames carry tags. */
+    int tx_on, rx_on;
+    uint8_t tx_key[OBD_AUTH_KEY], rx_key[OBD_AUTH_KEY];
+    uint64_t tx_ctr, rx_ctr;
+    struct obd_auth_mac rx_mac;
+    int rx_tagged, rx_encrypted; /* the frame being read */
+    enum read_state after_tag;
+    uint8_t tag[OBD_AUTH_TAG];
 
     enum read_state rs;
     uint8_t hdr[OBD_FRAME_HDR];
@@ -32,9 +67,9 @@ struct obd_link {
     struct obd_frame f;
     uint8_t *ctrl;
     uint8_t *dst;
-    void *token; /* from data_begin, until data_end */
-    int parked;  /* reading paused until the frame's op starts */
-    uint8_t discard[DISCARD_BYTES];
+    void *token;      /* from data_begin, until data_end */
+    int parked;       /* reading paused until the frame's op starts */
+    uint8_t *discard; /* DISCARD_BYTES, allocated at first use */
 
     struct obd_link *next; /* in d->unbound */
 };
@@ -42,10 +77,12 @@ struct obd_link {
 struct data_write {
     uv_write_t req;
     uint8_t hdr[OBD_FRAME_HDR];
+    uint8_t tag[OBD_AUTH_TAG];
     void (*done)(void *arg, int status);
     void *arg;
     struct obd_peer *peer;
     size_t bytes;
+    uint8_t ct[]; /* wire_protection = encrypt: the payload encrypted */
 };
 
 struct ctrl_write {
@@ -103,23 +140,38 @@ static void on_ctrl_written(uv_write_t *req, int status)
     free(w);
 }
 
-static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
+/* Sends a control frame whose body is packed already; with a session
+ * key it gets a tag (and is encrypted under wire_protection = encrypt). */
+static int link_send_body(struct obd_link *l, const uint8_t *packed,
+                          size_t body)
 {
-    size_t body = protobuf_c_message_get_packed_size(msg);
     if (body > OBCOMM_WIRE_MAX)
         return OBCOMM_E_NOMEM;
-    struct ctrl_write *w = malloc(sizeof(*w) + OBD_FRAME_HDR + body);
+    size_t tag = l->tx_on ? OBD_AUTH_TAG : 0;
+    struct ctrl_write *w = malloc(sizeof(*w) + OBD_FRAME_HDR + body + tag);
     if (w == NULL)
         return OBCOMM_E_NOMEM;
     struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
                           .type = OBD_FRAME_CTRL,
                           .len = (uint32_t)body};
-    obd_frame_encode(&f, w->buf);
-    protobuf_c_message_pack(msg, w->buf + OBD_FRAME_HDR);
-    /* Before the Hello an accepted link has no peer yet; its bytes are
-     * counted against our own entry, which status never reports. */
-    w->peer = &l->d->peers[l->peer >= 0 ? l->peer : l->d->cfg.rank];
-    w->bytes = OBD_FRAME_HDR + body;
+    uint8_t *hdr = w->buf, *payload = w->buf + OBD_FRAME_HDR;
+    obd_frame_encode(&f, hdr);
+    memcpy(payload, packed, body);
+    if (l->tx_on) {
+        if (l->d->cfg.wire == OBD_WIRE_ENCRYPT) {
+            obd_auth_encrypt(l->tx_key, l->tx_ctr, hdr, OBD_FRAME_HDR, payload,
+                             body, payload, payload + body);
+        } else {
+            struct obd_auth_mac m;
+            obd_auth_mac_begin(&m, l->tx_key, l->tx_ctr, hdr, OBD_FRAME_HDR, 0);
+            obd_auth_mac_update(&m, payload, body);
+            obd_auth_mac_final(&m, payload + body);
+        }
+    }
+    /* Before the handshake ends the peer is not known for sure; the bytes
+     * are counted against our own entry, which status never reports. */
+    w->peer = &l->d->peers[l->state == L_UP ? l->peer : l->d->cfg.rank];
+    w->bytes = OBD_FRAME_HDR + body + tag;
 
     uv_buf_t buf = uv_buf_init((char *)w->buf, (unsigned)w->bytes);
     int rc =
@@ -128,7 +180,25 @@ static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
         free(w);
         return rc;
     }
+    if (l->tx_on)
+        l->tx_ctr++;
     return 0;
+}
+
+static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
+{
+    size_t body = protobuf_c_message_get_packed_size(msg);
+    if (body > OBCOMM_WIRE_MAX)
+        return OBCOMM_E_NOMEM;
+    uint8_t stack[512];
+    uint8_t *buf = body <= sizeof(stack) ? stack : malloc(body);
+    if (buf == NULL)
+        return OBCOMM_E_NOMEM;
+    protobuf_c_message_pack(msg, buf);
+    int rc = link_send_body(l, buf, body);
+    if (buf != stack)
+        free(buf);
+    return rc;
 }
 
 int obd_peers_send_ctrl(struct obd_daemon *d, int to,
@@ -160,7 +230,10 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
         return OBCOMM_E_PEER_LOST;
-    struct data_write *w = malloc(sizeof(*w));
+    struct obd_link *l = p->link;
+    int wire = l->tx_on ? d->cfg.wire : OBD_WIRE_NONE;
+    size_t copy = wire == OBD_WIRE_ENCRYPT ? f->len : 0;
+    struct data_write *w = malloc(sizeof(*w) + copy);
     if (w == NULL)
         return OBCOMM_E_NOMEM;
     f->version = OBCOMM_PROTO_VERSION;
@@ -169,47 +242,144 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     w->done = done;
     w->arg = arg;
     w->peer = p;
-    w->bytes = OBD_FRAME_HDR + (size_t)f->len;
 
-    uv_buf_t bufs[2] = {uv_buf_init((char *)w->hdr, OBD_FRAME_HDR),
-                        uv_buf_init((char *)payload, f->len)};
-    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs,
-                      f->len ? 2 : 1, on_data_written);
+    /* none: header and payload straight from memory. integrity: the tag
+     * is computed over the payload in place. encrypt: the payload is
+     * encrypted into the write's own buffer. */
+    uv_buf_t bufs[3];
+    unsigned n = 0;
+    bufs[n++] = uv_buf_init((char *)w->hdr, OBD_FRAME_HDR);
+    const void *body = payload;
+    if (wire == OBD_WIRE_INTEGRITY) {
+        struct obd_auth_mac m;
+        obd_auth_mac_begin(&m, l->tx_key, l->tx_ctr, w->hdr, OBD_FRAME_HDR, 0);
+        obd_auth_mac_update(&m, payload, f->len);
+        obd_auth_mac_final(&m, w->tag);
+    } else if (wire == OBD_WIRE_ENCRYPT) {
+        obd_auth_encrypt(l->tx_key, l->tx_ctr, w->hdr, OBD_FRAME_HDR, payload,
+                         f->len, w->ct, w->tag);
+        body = w->ct;
+    }
+    if (f->len)
+        bufs[n++] = uv_buf_init((char *)body, f->len);
+    if (wire != OBD_WIRE_NONE)
+        bufs[n++] = uv_buf_init((char *)w->tag, OBD_AUTH_TAG);
+    w->bytes = OBD_FRAME_HDR + (size_t)f->len +
+               (wire != OBD_WIRE_NONE ? OBD_AUTH_TAG : 0);
+
+    int rc =
+        uv_write(&w->req, (uv_stream_t *)&l->tcp, bufs, n, on_data_written);
     if (rc) {
         free(w);
         return rc;
     }
+    if (wire != OBD_WIRE_NONE)
+        l->tx_ctr++;
     return 0;
 }
 
 /* ---- the handshake ---- */
 
-static void send_hello(struct obd_link *l)
+/* Sends our Hello and keeps its bytes for the transcript. */
+static int send_hello(struct obd_link *l)
 {
     struct obd_daemon *d = l->d;
     Obcomm__Hello h = OBCOMM__HELLO__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    Obcomm__Option opts[NAGREED];
+    Obcomm__Option *popts[NAGREED];
+    char values[NAGREED][128];
+    for (size_t i = 0; i < NAGREED; i++) {
+        obcomm__option__init(&opts[i]);
+        opts[i].name = (char *)agreed_options[i];
+        if (obd_config_value(&d->cfg, agreed_options[i], values[i],
+                             sizeof(values[i])))
+            values[i][0] = '\0';
+        opts[i].value = values[i];
+        popts[i] = &opts[i];
+    }
+    obd_auth_random(l->nonce, sizeof(l->nonce));
     h.proto_version = OBCOMM_PROTO_VERSION;
     h.cluster = d->cfg.cluster;
     h.rank = (uint32_t)d->cfg.rank;
     h.world_size = (uint32_t)d->cfg.nodes;
     h.world_fingerprint = d->cfg.fingerprint;
+    h.nonce.data = l->nonce;
+    h.nonce.len = sizeof(l->nonce);
+    h.n_options = NAGREED;
+    h.options = popts;
+    h.peer_rank = l->peer;
     msg.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
     msg.hello = &h;
+
+    size_t len = protobuf_c_message_get_packed_size(&msg.base);
+    free(l->hello_mine);
+    l->hello_mine = malloc(len);
+    if (l->hello_mine == NULL)
+        return OBCOMM_E_NOMEM;
+    protobuf_c_message_pack(&msg.base, l->hello_mine);
+    l->hello_mine_len = len;
+    return link_send_body(l, l->hello_mine, len);
+}
+
+/* Our proof over the transcript (empty without a key). */
+static void send_auth(struct obd_link *l, const uint8_t t[OBD_AUTH_TRANSCRIPT])
+{
+    Obcomm__Auth a = OBCOMM__AUTH__INIT;
+    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    uint8_t proof[OBD_AUTH_PROOF];
+    if (l->d->keyed) {
+        obd_auth_proof(l->d->auth_key,
+                       l->dialed ? OBD_AUTH_DIALER : OBD_AUTH_ACCEPTOR, t,
+                       proof);
+        a.proof.data = proof;
+        a.proof.len = sizeof(proof);
+    }
+    msg.body_case = OBCOMM__PEER_MSG__BODY_AUTH;
+    msg.auth = &a;
     (void)link_send_ctrl(l, &msg.base);
 }
 
-static void refuse(struct obd_link *l, const char *reason)
+/* Refuses the peer: `told` is what the peer reads, `why` what we log. */
+static void refuse2(struct obd_link *l, const char *told, const char *why)
 {
     Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    r.reason = (char *)reason;
+    r.reason = (char *)told;
     msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
     msg.refuse = &r;
     (void)link_send_ctrl(l, &msg.base);
     obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
-    obd_log_error(&l->d->log, "refusing a peer: %s", reason);
-    link_close(l, reason);
+    obd_log_error(&l->d->log, "refusing a peer (%s): %s", l->where, why);
+    link_close(l, why);
+}
+
+static void refuse(struct obd_link *l, const char *reason)
+{
+    refuse2(l, reason, reason);
+}
+
+/* A peer that failed the cluster key: logged (at most every
+ * LOG_EVERY_MS, with how many were held back), counted, and told nothing
+ * but that it failed. */
+static void refuse_auth(struct obd_link *l, const char *why)
+{
+    struct obd_daemon *d = l->d;
+    uint64_t held;
+    obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
+    obd_metric_add(&d->metrics, OBD_M_LINK_ERRORS, 1);
+    if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
+        obd_log_error(&d->log,
+                      "peer connection from %s (claims rank %d) failed "
+                      "authentication: %s (%llu more failures held back)",
+                      l->where, l->peer, why, (unsigned long long)held);
+    Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
+    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    r.reason = "authentication failed";
+    msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
+    msg.refuse = &r;
+    (void)link_send_ctrl(l, &msg.base);
+    link_close(l, "authentication failed");
 }
 
 static void unbind_unbound(struct obd_link *l)
@@ -221,13 +391,62 @@ static void unbind_unbound(struct obd_link *l)
         }
 }
 
-static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
+/* What every node must agree on, compared once the peer is
+ * authenticated (so the values may be named): cluster, world and the
+ * agreed options. 0, or -1 with the difference in why. */
+static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
+                           char *why, size_t len)
+{
+    struct obd_daemon *d = l->d;
+    long long me = (long long)d->cfg.rank;
+    if (strcmp(h->cluster, d->cfg.cluster) != 0) {
+        snprintf(why, len, "cluster '%s' here (rank %lld), '%s' at rank %u",
+                 d->cfg.cluster, me, h->cluster, h->rank);
+        return -1;
+    }
+    if (h->world_size != (uint32_t)d->cfg.nodes ||
+        h->world_fingerprint != d->cfg.fingerprint) {
+        snprintf(why, len,
+                 "world of %d nodes with fingerprint %016llx here (rank "
+                 "%lld), %u nodes with fingerprint %016llx at rank %u: the "
+                 "peers lists differ",
+                 d->cfg.nodes, (unsigned long long)d->cfg.fingerprint, me,
+                 h->world_size, (unsigned long long)h->world_fingerprint,
+                 h->rank);
+        return -1;
+    }
+    for (size_t i = 0; i < NAGREED; i++) {
+        char mine[128];
+        const char *theirs = "(not sent)";
+        if (obd_config_value(&d->cfg, agreed_options[i], mine, sizeof(mine)))
+            mine[0] = '\0';
+        for (size_t j = 0; j < h->n_options; j++)
+            if (strcmp(h->options[j]->name, agreed_options[i]) == 0)
+                theirs = h->options[j]->value;
+        if (strcmp(mine, theirs) != 0) {
+            snprintf(why, len,
+                     "option %s is %s here (rank %lld) and %.64s at rank %u; "
+                     "it must be equal on every node",
+                     agreed_options[i], mine, me, theirs, h->rank);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The peer's Hello: what must hold before anything else (protocol, rank,
+ * direction). Without a key the cluster and world are compared here too,
+ * as before; with one they wait until the peer has proved the key, and
+ * an unauthenticated peer reads only "handshake refused". */
+static void handle_hello(struct obd_link *l, const Obcomm__Hello *h,
+                         const uint8_t *raw, size_t rawlen)
 {
     struct obd_daemon *d = l->d;
     char why[400];
+    const char *generic = "handshake refused";
 
     if (l->state != L_HELLO) {
-        link_close(l, "Hello after the handshake");
+        link_close(l, "Hello out of turn");
         return;
     }
     if (h->proto_version != OBCOMM_PROTO_VERSION) {
@@ -237,46 +456,79 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
         refuse(l, why);
         return;
     }
-    if (strcmp(h->cluster, d->cfg.cluster) != 0) {
+    int r = (int)h->rank;
+    if (h->rank >= (uint32_t)d->cfg.nodes || r == d->cfg.rank ||
+        (l->dialed ? r != l->peer : r < d->cfg.rank) ||
+        (!l->dialed && h->peer_rank != (int32_t)d->cfg.rank)) {
+        snprintf(why, sizeof(why),
+                 "peer says it is rank %u and dials rank %d; expected %s "
+                 "(this is rank %lld)",
+                 h->rank, h->peer_rank,
+                 l->dialed ? "the rank dialed" : "a higher rank",
+                 (long long)d->cfg.rank);
+        refuse2(l, d->keyed ? generic : why, why);
+        return;
+    }
+    if (!d->keyed && strcmp(h->cluster, d->cfg.cluster) != 0) {
         snprintf(why, sizeof(why),
                  "cluster '%s' here (rank %lld), '%s' at the peer (rank %u)",
                  d->cfg.cluster, (long long)d->cfg.rank, h->cluster, h->rank);
         refuse(l, why);
         return;
     }
-    if (h->world_size != (uint32_t)d->cfg.nodes ||
-        h->world_fingerprint != d->cfg.fingerprint) {
-        snprintf(why, sizeof(why),
-                 "world of %d nodes with fingerprint %016llx here (rank "
-                 "%lld), %u nodes with fingerprint %016llx at rank %u: the "
+    if (!d->keyed && (h->world_size != (uint32_t)d->cfg.nodes ||
+                      h->world_fingerprint != d->cfg.fingerprint)) {
+        /* The fingerprint is not told: it would help an impostor. */
+        char told[200];
+        snprintf(told, sizeof(told),
+                 "world of %d nodes here (rank %lld), %u at rank %u: the "
                  "peers lists differ",
-                 d->cfg.nodes, (unsigned long long)d->cfg.fingerprint,
-                 (long long)d->cfg.rank, h->world_size,
-                 (unsigned long long)h->world_fingerprint, h->rank);
-        refuse(l, why);
-        return;
-    }
-    int r = (int)h->rank;
-    if (r >= d->cfg.nodes || r == d->cfg.rank ||
-        (l->dialed ? r != l->peer : r < d->cfg.rank)) {
+                 d->cfg.nodes, (long long)d->cfg.rank, h->world_size, h->rank);
         snprintf(why, sizeof(why),
-                 "peer says it is rank %u; expected %s (this is rank %lld)",
-                 h->rank, l->dialed ? "the rank dialed" : "a higher rank",
-                 (long long)d->cfg.rank);
-        refuse(l, why);
+                 "%s (fingerprints %016llx here, %016llx there)", told,
+                 (unsigned long long)d->cfg.fingerprint,
+                 (unsigned long long)h->world_fingerprint);
+        refuse2(l, told, why);
         return;
     }
 
-    unbind_unbound(l);
-    if (!l->dialed) {
-        l->peer = r;
-        send_hello(l);
+    l->hello_theirs = malloc(rawlen ? rawlen : 1);
+    if (l->hello_theirs == NULL) {
+        link_close(l, "out of memory");
+        return;
     }
+    memcpy(l->hello_theirs, raw, rawlen);
+    l->hello_theirs_len = rawlen;
+    l->state = L_AUTH;
+    if (l->dialed)
+        return; /* the acceptor's Auth follows */
+
+    /* Acceptor: our Hello, then our proof over both. */
+    l->peer = r;
+    uint8_t t[OBD_AUTH_TRANSCRIPT];
+    if (send_hello(l) != 0) {
+        link_close(l, "out of memory");
+        return;
+    }
+    obd_auth_transcript(l->hello_theirs, l->hello_theirs_len, l->hello_mine,
+                        l->hello_mine_len, t);
+    send_auth(l, t);
+}
+
+static void link_up(struct obd_link *l)
+{
+    struct obd_daemon *d = l->d;
+    int r = l->peer;
+    unbind_unbound(l);
     uv_timer_stop(&l->hello_timer);
+    free(l->hello_mine);
+    free(l->hello_theirs);
+    l->hello_mine = l->hello_theirs = NULL;
 
     struct obd_peer *p = &d->peers[r];
     if (p->link != NULL && p->link != l) {
-        /* The peer restarted: its new link replaces the old one. */
+        /* The peer restarted: its new link, which has proved the key when
+         * there is one, replaces the old one. */
         link_close(p->link, "replaced by a new connection");
     }
     p->link = l;
@@ -285,10 +537,75 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     p->backoff_ms = 0;
     l->state = L_UP;
     obd_metric_add(&d->metrics, OBD_M_LINKS_UP, 1);
-    obd_log_info(&d->log, "link to node %d (%s:%u) is up%s", r,
+    obd_log_info(&d->log, "link to node %d (%s:%u) is up%s%s", r,
                  d->cfg.world[r].host, d->cfg.world[r].port,
+                 d->keyed ? ", authenticated" : "",
                  obd_peers_complete(d) ? "; the world is complete" : "");
     d->hooks.peer_up(d, r);
+}
+
+/* The peer's proof. Nothing the peer said is trusted before it checks. */
+static void handle_auth(struct obd_link *l, const Obcomm__Auth *a)
+{
+    struct obd_daemon *d = l->d;
+    char why[400];
+    if (l->state != L_AUTH) {
+        if (l->state == L_HELLO)
+            refuse_auth(l, "Auth before Hello");
+        else
+            link_close(l, "Auth out of turn");
+        return;
+    }
+    const uint8_t *hd = l->dialed ? l->hello_mine : l->hello_theirs;
+    size_t hdlen = l->dialed ? l->hello_mine_len : l->hello_theirs_len;
+    const uint8_t *ha = l->dialed ? l->hello_theirs : l->hello_mine;
+    size_t halen = l->dialed ? l->hello_theirs_len : l->hello_mine_len;
+    uint8_t t[OBD_AUTH_TRANSCRIPT];
+    obd_auth_transcript(hd, hdlen, ha, halen, t);
+
+    if (d->keyed) {
+        if (obd_auth_proof_check(
+                d->auth_key, l->dialed ? OBD_AUTH_ACCEPTOR : OBD_AUTH_DIALER, t,
+                a->proof.data, a->proof.len) != 0) {
+            refuse_auth(l, a->proof.len == 0
+                               ? "it has no cluster key"
+                               : "wrong cluster key, or a replayed handshake");
+            return;
+        }
+        uint8_t d2a[OBD_AUTH_KEY], a2d[OBD_AUTH_KEY];
+        obd_auth_session(d->auth_key, t, d2a, a2d);
+        memcpy(l->tx_key, l->dialed ? d2a : a2d, OBD_AUTH_KEY);
+        memcpy(l->rx_key, l->dialed ? a2d : d2a, OBD_AUTH_KEY);
+        memset(d2a, 0, sizeof(d2a));
+        memset(a2d, 0, sizeof(a2d));
+    } else if (a->proof.len != 0) {
+        refuse(l, "the peer proves a cluster key and this node has none "
+                  "(set auth_key_file on every node)");
+        return;
+    }
+
+    Obcomm__PeerMsg *m =
+        obcomm__peer_msg__unpack(NULL, l->hello_theirs_len, l->hello_theirs);
+    if (m == NULL || m->body_case != OBCOMM__PEER_MSG__BODY_HELLO) {
+        if (m != NULL)
+            obcomm__peer_msg__free_unpacked(m, NULL);
+        link_close(l, "out of memory");
+        return;
+    }
+    int agreed = check_agreement(l, m->hello, why, sizeof(why));
+    obcomm__peer_msg__free_unpacked(m, NULL);
+
+    /* The dialer sends its proof even when it refuses: the acceptor then
+     * knows that the refusal comes from a node with the key. */
+    if (l->dialed)
+        send_auth(l, t);
+    /* From here on every frame carries a tag. */
+    l->tx_on = l->rx_on = d->keyed;
+    if (agreed != 0) {
+        refuse(l, why);
+        return;
+    }
+    link_up(l);
 }
 
 /* Messages past the handshake go to the jobs; a name longer than a job
@@ -322,13 +639,20 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
     }
     switch (m->body_case) {
     case OBCOMM__PEER_MSG__BODY_HELLO:
-        handle_hello(l, m->hello);
+        handle_hello(l, m->hello, buf, len);
+        break;
+    case OBCOMM__PEER_MSG__BODY_AUTH:
+        handle_auth(l, m->auth);
         break;
     case OBCOMM__PEER_MSG__BODY_REFUSE: {
         char why[300];
         snprintf(why, sizeof(why), "refused by the peer: %s",
                  m->refuse->reason);
-        obd_log_error(&l->d->log, "node %d %s", l->peer, why);
+        /* The text may come from anyone: no control characters in logs. */
+        for (char *c = why; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
+        obd_log_error(&l->d->log, "node %d (%s) %s", l->peer, l->where, why);
         link_close(l, why);
         break;
     }
@@ -350,7 +674,7 @@ static void start_payload(struct obd_link *l)
     struct obd_daemon *d = l->d;
     l->got = 0;
     if (l->f.type == OBD_FRAME_CTRL) {
-        l->ctrl = malloc(l->f.len);
+        l->ctrl = malloc(l->f.len ? l->f.len : 1);
         if (l->ctrl == NULL) {
             link_close(l, "out of memory");
             return;
@@ -392,6 +716,9 @@ static void give_up_payload(struct obd_link *l)
     l->d->hooks.data_end(token, l->peer, &l->f, 0);
 }
 
+/* Every payload byte is in: the tag follows when the frame has one. */
+static void payload_done(struct obd_link *l);
+
 static void finish_payload(struct obd_link *l)
 {
     enum read_state rs = l->rs;
@@ -407,6 +734,45 @@ static void finish_payload(struct obd_link *l)
         l->token = NULL;
         l->d->hooks.data_end(token, l->peer, &l->f, 1);
     }
+}
+
+static void payload_done(struct obd_link *l)
+{
+    if (!l->rx_tagged) {
+        finish_payload(l);
+        return;
+    }
+    l->after_tag = l->rs;
+    l->rs = R_TAG;
+    l->got = 0;
+}
+
+/* The tag is in: checked, then the payload decrypted in place when it
+ * was encrypted, then handed on. */
+static void tag_done(struct obd_link *l)
+{
+    struct obd_daemon *d = l->d;
+    if (obd_auth_mac_check(&l->rx_mac, l->tag) != 0) {
+        uint64_t held;
+        obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
+        obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
+        if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
+            obd_log_error(&d->log,
+                          "a frame from node %d (%s) failed its tag: "
+                          "closing the link (%llu more failures held back)",
+                          l->peer, l->where, (unsigned long long)held);
+        link_close(l, "a frame failed authentication");
+        return;
+    }
+    l->rs = l->after_tag;
+    if (l->rx_encrypted) {
+        if (l->rs == R_CTRL)
+            obd_auth_decrypt(l->rx_key, l->rx_ctr, l->ctrl, l->f.len);
+        else if (l->rs == R_DATA)
+            obd_auth_decrypt(l->rx_key, l->rx_ctr, l->dst, l->f.len);
+    }
+    l->rx_ctr++;
+    finish_payload(l);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -428,8 +794,18 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf =
             uv_buf_init((char *)l->dst + l->got, (unsigned)(l->f.len - l->got));
         break;
+    case R_TAG:
+        *buf = uv_buf_init((char *)l->tag + l->got,
+                           (unsigned)(OBD_AUTH_TAG - l->got));
+        break;
     case R_DISCARD: {
         size_t left = l->f.len - l->got;
+        if (l->discard == NULL)
+            l->discard = malloc(DISCARD_BYTES);
+        if (l->discard == NULL) {
+            *buf = uv_buf_init(NULL, 0); /* on_read gets UV_ENOBUFS */
+            break;
+        }
         *buf = uv_buf_init(
             (char *)l->discard,
             (unsigned)(left < DISCARD_BYTES ? left : DISCARD_BYTES));
@@ -442,7 +818,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct obd_link *l = container_of(s, struct obd_link, tcp);
     struct obd_daemon *d = l->d;
-    (void)buf;
     if (nread < 0) {
         link_close(l, nread == UV_EOF ? "connection closed by the peer"
                                       : uv_strerror((int)nread));
@@ -460,21 +835,42 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (l->got < OBD_FRAME_HDR)
             return;
         const char *why;
-        if (obd_frame_decode(l->hdr, OBCOMM_WIRE_MAX,
-                             (uint32_t)d->cfg.segment_bytes, &l->f, &why)) {
+        /* Before the handshake ends only small control frames. */
+        uint32_t max_ctrl =
+            l->state == L_UP ? OBCOMM_WIRE_MAX : PREAUTH_CTRL_MAX;
+        if (obd_frame_decode(l->hdr, max_ctrl, (uint32_t)d->cfg.segment_bytes,
+                             &l->f, &why)) {
             char msg[128];
             snprintf(msg, sizeof(msg), "malformed frame: %s", why);
             obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
             link_close(l, msg);
             return;
         }
+        /* With a session every control frame has a tag, and data frames
+         * too unless wire_protection is none. */
+        l->rx_tagged = l->rx_on && (l->f.type == OBD_FRAME_CTRL ||
+                                    d->cfg.wire != OBD_WIRE_NONE);
+        l->rx_encrypted = l->rx_tagged && d->cfg.wire == OBD_WIRE_ENCRYPT;
+        if (l->rx_tagged)
+            obd_auth_mac_begin(&l->rx_mac, l->rx_key, l->rx_ctr, l->hdr,
+                               OBD_FRAME_HDR, l->rx_encrypted);
         start_payload(l);
         if (l->state == L_CLOSING || l->parked || l->f.len > 0)
             return;
-    } else if (l->got < l->f.len) {
+        payload_done(l);
         return;
     }
-    finish_payload(l);
+    if (l->rs == R_TAG) {
+        if (l->got == OBD_AUTH_TAG)
+            tag_done(l);
+        return;
+    }
+    /* The tag covers the payload as it arrives, wherever it goes. */
+    if (l->rx_tagged)
+        obd_auth_mac_update(&l->rx_mac, buf->base, (size_t)nread);
+    if (l->got < l->f.len)
+        return;
+    payload_done(l);
 }
 
 /* Links that paused on a frame of an op that had not started look at it
@@ -492,7 +888,7 @@ static void resume_links(struct obd_ready *r)
             continue;
         uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
         if (l->f.len == 0)
-            finish_payload(l);
+            payload_done(l);
     }
 }
 
@@ -502,6 +898,11 @@ static void on_link_closed(uv_handle_t *h)
 {
     struct obd_link *l = container_of(h, struct obd_link, tcp);
     free(l->ctrl);
+    free(l->discard);
+    free(l->hello_mine);
+    free(l->hello_theirs);
+    memset(l->tx_key, 0, sizeof(l->tx_key));
+    memset(l->rx_key, 0, sizeof(l->rx_key));
     free(l);
 }
 
@@ -548,7 +949,13 @@ static void link_close(struct obd_link *l, const char *why)
         if (l->dialed && p->link == NULL && !d->closing)
             dial(p);
     } else if (!d->closing) {
-        obd_log_warn(&d->log, "unidentified connection closed: %s", why);
+        uint64_t held;
+        if (obd_log_limit(&d->lim_unauth, obd_daemon_now(d), LOG_EVERY_MS,
+                          &held))
+            obd_log_warn(&d->log,
+                         "unidentified connection from %s closed: %s (%llu "
+                         "more like it held back)",
+                         l->where, why, (unsigned long long)held);
     }
 }
 
@@ -588,7 +995,8 @@ static void on_connect(uv_connect_t *req, int status)
     l->state = L_HELLO;
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
-    send_hello(l);
+    if (send_hello(l) != 0)
+        link_close(l, "out of memory");
 }
 
 static int resolve(const struct obd_addr *a, struct sockaddr_storage *out)
@@ -625,6 +1033,9 @@ static void on_retry(uv_timer_t *t)
     }
     l->peer = p->rank;
     l->dialed = 1;
+    snprintf(l->ip, sizeof(l->ip), "%s", d->cfg.world[p->rank].host);
+    snprintf(l->where, sizeof(l->where), "%s:%u", d->cfg.world[p->rank].host,
+             d->cfg.world[p->rank].port);
     l->state = L_CONNECTING;
     l->next = d->unbound;
     d->unbound = l;
@@ -650,11 +1061,113 @@ static void dial(struct obd_peer *p)
     uv_timer_start(&p->retry, on_retry, p->backoff_ms, 0);
 }
 
+/* Connections that have not finished the handshake are bounded: at most
+ * max_unauth_per_addr from one address and max_unauth_links in all. Over
+ * a bound the oldest one of the busiest address goes, so a flood from one
+ * place cannot keep a real node (which finishes in a round trip) out. */
+static void bound_unauth(struct obd_daemon *d, struct obd_link *nl)
+{
+    for (;;) {
+        int total = 0, same = 0, busiest = 0;
+        struct obd_link *victim = NULL;
+        for (struct obd_link *l = d->unbound; l; l = l->next) {
+            if (l->dialed)
+                continue;
+            total++;
+            if (strcmp(l->ip, nl->ip) == 0)
+                same++;
+        }
+        if (same > d->cfg.max_unauth_per_addr) {
+            for (struct obd_link *l = d->unbound; l; l = l->next)
+                if (!l->dialed && l != nl && strcmp(l->ip, nl->ip) == 0)
+                    victim = l; /* the list is newest first */
+        } else if (total > d->cfg.max_unauth_links) {
+            for (struct obd_link *l = d->unbound; l; l = l->next) {
+                if (l->dialed || l == nl)
+                    continue;
+                int n = 0;
+                for (struct obd_link *m = d->unbound; m; m = m->next)
+                    if (!m->dialed && strcmp(m->ip, l->ip) == 0)
+                        n++;
+                if (n >= busiest) {
+                    busiest = n;
+                    victim = l;
+                }
+            }
+        }
+        if (victim == NULL)
+            return;
+        uint64_t held;
+        obd_metric_add(&d->metrics, OBD_M_UNAUTH_CLOSED, 1);
+        if (obd_log_limit(&d->lim_unauth, obd_daemon_now(d), LOG_EVERY_MS,
+                          &held))
+            obd_log_warn(&d->log,
+                         "too many peer connections without a handshake "
+                         "(%d, %d from %s): closing the oldest from %s (%llu "
+                         "more like it held back)",
+                         total, same, nl->ip, victim->ip,
+                         (unsigned long long)held);
+        link_close(victim, "too many connections without a handshake");
+    }
+}
+
+static void peer_address(struct obd_link *l)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof(sa);
+    snprintf(l->ip, sizeof(l->ip), "?");
+    if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) != 0)
+        return;
+    unsigned port = 0;
+    if (sa.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&sa;
+        uv_ip4_name(in, l->ip, sizeof(l->ip));
+        port = ntohs(in->sin_port);
+    } else if (sa.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)&sa;
+        uv_ip6_name(in, l->ip, sizeof(l->ip));
+        port = ntohs(in->sin6_port);
+    }
+    snprintf(l->where, sizeof(l->where), "%s:%u", l->ip, port);
+}
+
+static int listen_open(struct obd_daemon *d);
+
+static void on_listen_resume(uv_timer_t *t)
+{
+    struct obd_daemon *d = container_of(t, struct obd_daemon, listen_pause);
+    if (d->closing || d->listening)
+        return;
+    if (listen_open(d) != 0)
+        uv_timer_start(&d->listen_pause, on_listen_resume, ACCEPT_PAUSE_MS, 0);
+}
+
+static void on_listener_paused(uv_handle_t *h)
+{
+    struct obd_daemon *d = container_of(h, struct obd_daemon, listener);
+    if (!d->closing)
+        uv_timer_start(&d->listen_pause, on_listen_resume, ACCEPT_PAUSE_MS, 0);
+}
+
 static void on_incoming(uv_stream_t *server, int status)
 {
     struct obd_daemon *d = container_of(server, struct obd_daemon, listener);
-    if (status < 0)
+    if (status < 0) {
+        uint64_t held;
+        if (obd_log_limit(&d->lim_accept, obd_daemon_now(d), LOG_EVERY_MS,
+                          &held))
+            obd_log_warn(&d->log,
+                         "accepting a peer connection: %s (%llu more like "
+                         "it held back)",
+                         uv_strerror(status), (unsigned long long)held);
+        /* Out of descriptors: libuv would call us again at once. The
+         * listener closes for a moment instead (peers redial). */
+        if ((status == UV_EMFILE || status == UV_ENFILE) && d->listening) {
+            d->listening = 0;
+            uv_close((uv_handle_t *)&d->listener, on_listener_paused);
+        }
         return;
+    }
     struct obd_link *l = link_new(d);
     if (l == NULL)
         return;
@@ -665,9 +1178,61 @@ static void on_incoming(uv_stream_t *server, int status)
     l->state = L_HELLO;
     l->next = d->unbound;
     d->unbound = l;
+    peer_address(l);
     set_sockopts(l);
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
+    bound_unauth(d, l);
+}
+
+static int is_loopback(const struct sockaddr_storage *sa)
+{
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)sa;
+        return IN6_IS_ADDR_LOOPBACK(&in->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&in->sin6_addr) &&
+                in->sin6_addr.s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+static int listen_open(struct obd_daemon *d)
+{
+    struct sockaddr_storage sa;
+    if (resolve(&d->cfg.listen_addr, &sa) != 0) {
+        obd_log_error(&d->log, "cannot resolve listen address %s",
+                      d->cfg.listen_addr.host);
+        return OBCOMM_E_INVAL;
+    }
+    /* Protected mode: without a key only loopback. */
+    if (!d->keyed && !d->cfg.insecure && !is_loopback(&sa)) {
+        obd_log_error(
+            &d->log,
+            "refusing to listen on %s:%u without a cluster key: anyone who "
+            "reaches that address could join the mesh. Set auth_key_file on "
+            "every node (head -c 32 /dev/urandom > /etc/obcomm/cluster.key; "
+            "chmod 600 it; copy it to every node), or set allow_insecure = "
+            "true to accept the risk",
+            d->cfg.listen_addr.host, d->cfg.listen_addr.port);
+        return OBCOMM_E_INVAL;
+    }
+    uv_tcp_init(&d->loop, &d->listener);
+    d->listening = 1;
+    int rc = uv_tcp_bind(&d->listener, (struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&d->listener, 128, on_incoming);
+    if (rc) {
+        obd_log_error(&d->log, "listen on %s:%u: %s", d->cfg.listen_addr.host,
+                      d->cfg.listen_addr.port, uv_strerror(rc));
+        d->listening = 0;
+        uv_close((uv_handle_t *)&d->listener, NULL);
+        return rc;
+    }
+    return 0;
 }
 
 int obd_peers_start(struct obd_daemon *d)
@@ -686,24 +1251,13 @@ int obd_peers_start(struct obd_daemon *d)
     if (d->cfg.nodes == 1)
         return 0;
 
-    struct sockaddr_storage sa;
-    if (resolve(&d->cfg.listen_addr, &sa) != 0) {
-        obd_log_error(&d->log, "cannot resolve listen address %s",
-                      d->cfg.listen_addr.host);
-        return OBCOMM_E_INVAL;
-    }
-    uv_tcp_init(&d->loop, &d->listener);
-    d->listening = 1;
-    int rc = uv_tcp_bind(&d->listener, (struct sockaddr *)&sa, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&d->listener, 128, on_incoming);
-    if (rc) {
-        obd_log_error(&d->log, "listen on %s:%u: %s", d->cfg.listen_addr.host,
-                      d->cfg.listen_addr.port, uv_strerror(rc));
+    int rc = listen_open(d);
+    if (rc)
         return rc;
-    }
-    obd_log_info(&d->log, "listening for peers on %s:%u",
-                 d->cfg.listen_addr.host, d->cfg.listen_addr.port);
+    obd_log_info(&d->log, "listening for peers on %s:%u (%s)",
+                 d->cfg.listen_addr.host, d->cfg.listen_addr.port,
+                 d->keyed ? "cluster key set"
+                          : "no cluster key: unauthenticated");
 
     /* A higher rank dials every lower one. */
     for (int i = 0; i < d->cfg.rank; i++)
