@@ -121,10 +121,10 @@ static int has_config(const char *const *flags)
     return 0;
 }
 
-int hx_restart(struct hx_cluster *c)
+static void spawn_node(struct hx_cluster *c, int i)
 {
     const char *bin = getenv("OBCOMMD");
-    for (int i = 0; i < c->nodes; i++) {
+    {
         const char *argv[64];
         char rank[16];
         int n = 0;
@@ -162,18 +162,42 @@ int hx_restart(struct hx_cluster *c)
         c->exited[i] = 0;
         c->status[i] = 0;
     }
+}
 
-    for (int i = 0; i < c->nodes; i++) {
-        int tries = 0;
-        while (!socket_answers(c->sock[i])) {
-            if (++tries > 500 || !hx_alive(c, i)) {
-                fprintf(stderr, "harness: daemon %d did not come up\n", i);
-                return -1;
-            }
-            sleep_ms(20);
+static int wait_node(struct hx_cluster *c, int i)
+{
+    int tries = 0;
+    while (!socket_answers(c->sock[i])) {
+        if (++tries > 500 || !hx_alive(c, i)) {
+            fprintf(stderr, "harness: daemon %d did not come up\n", i);
+            return -1;
         }
+        sleep_ms(20);
     }
     return 0;
+}
+
+int hx_restart(struct hx_cluster *c)
+{
+    for (int i = 0; i < c->nodes; i++)
+        spawn_node(c, i);
+    for (int i = 0; i < c->nodes; i++)
+        if (wait_node(c, i) != 0)
+            return -1;
+    return 0;
+}
+
+int hx_restart_node(struct hx_cluster *c, int i, int sig)
+{
+    if (c->daemon[i] > 0 && !c->exited[i]) {
+        kill(c->daemon[i], sig);
+        waitpid(c->daemon[i], &c->status[i], 0);
+    }
+    c->daemon[i] = 0;
+    c->exited[i] = 0;
+    unlink(c->sock[i]);
+    spawn_node(c, i);
+    return wait_node(c, i);
 }
 
 long long hx_metric(const struct hx_cluster *c, int i, const char *name)

@@ -46,6 +46,11 @@ int hx_stop(struct hx_cluster *c);
 int hx_halt(struct hx_cluster *c, int sig);
 int hx_restart(struct hx_cluster *c);
 
+/* Stops daemon i alone with sig (SIGKILL: a crash), reaps it and starts
+ * it again with the same port, socket and flags; waits until its socket
+ * answers. Returns 0 or -1. */
+int hx_restart_node(struct hx_cluster *c, int i, int sig);
+
 /* A counter of daemon i as obcommctl ($OBCOMMCTL) reports it; -1 if
  * unavailable. */
 long long hx_metric(const struct hx_cluster *c, int i, const char *name);
