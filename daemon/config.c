@@ -44,7 +44,9 @@ static const struct row rows[] = {
             "order (this node included). Empty: a one-node world."),
     STR_ROW(listen, "",
             "TCP address to listen on for other daemons (host:port). "
-            "Empty: 0.0.0.0 and the port of this rank's peers entry."),
+            "Empty: this rank's own peers entry (never every interface). "
+            "Without auth_key_file only a loopback address is accepted "
+            "(see allow_insecure)."),
     STR_ROW(socket, OBCOMM_DEFAULT_SOCKET,
             "Unix socket for trainers and obcommctl."),
     INT_ROW(timeout_ms, 10, 3600000, "60000",

@@ -77,6 +77,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
                              d->cfg.socket, strerror(e),
                              (unsigned long long)held);
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
                 uv_poll_stop(&d->ctl_poll);
                 uv_timer_start(&d->ctl_pause, on_accept_resume, ACCEPT_PAUSE_MS,
                                0);

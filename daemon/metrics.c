@@ -45,6 +45,10 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                              "Unauthenticated peer connections closed over "
                              "max_unauth_links or max_unauth_per_addr",
                              "counter"},
+    [OBD_M_ACCEPT_PAUSES] = {"accept_pauses",
+                             "Times accepting paused for want of file "
+                             "descriptors (peer listener and Unix socket)",
+                             "counter"},
     [OBD_M_CLIENTS] = {"clients", "Unix-socket connections", "gauge"},
     [OBD_M_CLIENT_ERRORS] = {"client_errors",
                              "Unix-socket connections closed for bad input",

@@ -459,7 +459,7 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h,
     int r = (int)h->rank;
     if (h->rank >= (uint32_t)d->cfg.nodes || r == d->cfg.rank ||
         (l->dialed ? r != l->peer : r < d->cfg.rank) ||
-        (!l->dialed && h->peer_rank != (int32_t)d->cfg.rank)) {
+        h->peer_rank != (int32_t)d->cfg.rank) {
         snprintf(why, sizeof(why),
                  "peer says it is rank %u and dials rank %d; expected %s "
                  "(this is rank %lld)",
@@ -1163,6 +1163,7 @@ static void on_incoming(uv_stream_t *server, int status)
         /* Out of descriptors: libuv would call us again at once. The
          * listener closes for a moment instead (peers redial). */
         if ((status == UV_EMFILE || status == UV_ENFILE) && d->listening) {
+            obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
             d->listening = 0;
             uv_close((uv_handle_t *)&d->listener, on_listener_paused);
         }
