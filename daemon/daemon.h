@@ -17,10 +17,14 @@
  *                                  |               reduce.c, ring.h
  *                              efstore.c
  *
+ * peers.c also calls handshake.c (Hello and Auth), which calls auth.c
+ * (the cluster key, proofs and frame tags; pure).
+ *
  * Upward traffic goes only through the hooks below: job answers trainers
  * (hooks.answer, served by ctl.c) and sends to nodes (hooks.send_ctrl,
  * hooks.send_data, served by peers.c); peers hands what arrives to the
- * jobs (hooks.peer_*, hooks.data_*). runq.c, shm.c, log.c, metrics.c and
+ * jobs (hooks.peer_*, hooks.data_*). peers.c and handshake.c share
+ * link.h and nothing else does. runq.c, shm.c, log.c, metrics.c and
  * config.c are leaves that everyone uses. */
 #ifndef OBD_DAEMON_H
 #define OBD_DAEMON_H

@@ -11,68 +11,8 @@
 #include <sys/socket.h>
 
 #include "auth.h"
+#include "link.h"
 #include "wire.h"
-
-/* A link that has not finished the handshake by then is closed. */
-#define HELLO_TIMEOUT_MS 10000
-#define DISCARD_BYTES    16384
-/* Largest control frame before the handshake ends (a Hello is ~150 bytes):
- * what an unauthenticated connection may make us allocate. */
-#define PREAUTH_CTRL_MAX 4096
-/* Accepting pauses this long when descriptors run out. */
-#define ACCEPT_PAUSE_MS 250
-/* A repeated warning goes out at most this often. */
-#define LOG_EVERY_MS 10000
-
-/* Options that must be equal on every node: sent in the Hello and
- * compared once the peer has proved it holds the key. */
-static const char *const agreed_options[] = {
-    "segment_bytes",
-    "wire_protection",
-};
-#define NAGREED (sizeof(agreed_options) / sizeof(agreed_options[0]))
-
-/* L_HELLO: waiting for the peer's Hello; L_AUTH: for its Auth. */
-enum link_state { L_CONNECTING, L_HELLO, L_AUTH, L_UP, L_CLOSING };
-enum read_state { R_HDR, R_CTRL, R_DATA, R_DISCARD, R_TAG };
-
-struct obd_link {
-    struct obd_daemon *d;
-    uv_tcp_t tcp;
-    uv_connect_t connect;
-    uv_timer_t hello_timer;
-    enum link_state state;
-    int peer;       /* rank once known, else -1 */
-    int dialed;     /* we dialed it */
-    char ip[48];    /* the other end's address, for logs and caps */
-    char where[64]; /* ip:port */
-
-    /* The handshake (auth.h): both Hellos as they travelled. */
-    uint8_t nonce[OBD_AUTH_NONCE];
-    uint8_t *hello_mine, *hello_theirs;
-    size_t hello_mine_len, hello_theirs_len;
-
-    /* The session, once keys are set: frames carry tags. */
-    int tx_on, rx_on;
-    uint8_t tx_key[OBD_AUTH_KEY], rx_key[OBD_AUTH_KEY];
-    uint64_t tx_ctr, rx_ctr;
-    struct obd_auth_mac rx_mac;
-    int rx_tagged, rx_encrypted; /* the frame being read */
-    enum read_state after_tag;
-    uint8_t tag[OBD_AUTH_TAG];
-
-    enum read_state rs;
-    uint8_t hdr[OBD_FRAME_HDR];
-    size_t got;
-    struct obd_frame f;
-    uint8_t *ctrl;
-    uint8_t *dst;
-    void *token;      /* from data_begin, until data_end */
-    int parked;       /* reading paused until the frame's op starts */
-    uint8_t *discard; /* DISCARD_BYTES, allocated at first use */
-
-    struct obd_link *next; /* in d->unbound */
-};
 
 struct data_write {
     uv_write_t req;
@@ -93,7 +33,6 @@ struct ctrl_write {
 };
 
 static void dial(struct obd_peer *p);
-static void link_close(struct obd_link *l, const char *why);
 
 const char *obd_peer_state_name(enum obd_peer_state s)
 {
@@ -142,8 +81,7 @@ static void on_ctrl_written(uv_write_t *req, int status)
 
 /* Sends a control frame whose body is packed already; with a session
  * key it gets a tag (and is encrypted under wire_protection = encrypt). */
-static int link_send_body(struct obd_link *l, const uint8_t *packed,
-                          size_t body)
+int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t body)
 {
     if (body > OBCOMM_WIRE_MAX)
         return OBCOMM_E_NOMEM;
@@ -185,7 +123,7 @@ static int link_send_body(struct obd_link *l, const uint8_t *packed,
     return 0;
 }
 
-static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
+int obd_peers_link_send_msg(struct obd_link *l, const ProtobufCMessage *msg)
 {
     size_t body = protobuf_c_message_get_packed_size(msg);
     if (body > OBCOMM_WIRE_MAX)
@@ -195,7 +133,7 @@ static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
     if (buf == NULL)
         return OBCOMM_E_NOMEM;
     protobuf_c_message_pack(msg, buf);
-    int rc = link_send_body(l, buf, body);
+    int rc = obd_peers_link_send(l, buf, body);
     if (buf != stack)
         free(buf);
     return rc;
@@ -207,7 +145,7 @@ int obd_peers_send_ctrl(struct obd_daemon *d, int to,
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
         return OBCOMM_E_PEER_LOST;
-    return link_send_ctrl(p->link, &msg->base);
+    return obd_peers_link_send_msg(p->link, &msg->base);
 }
 
 static void on_data_written(uv_write_t *req, int status)
@@ -278,110 +216,6 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     return 0;
 }
 
-/* ---- the handshake ---- */
-
-/* Sends our Hello and keeps its bytes for the transcript. */
-static int send_hello(struct obd_link *l)
-{
-    struct obd_daemon *d = l->d;
-    Obcomm__Hello h = OBCOMM__HELLO__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    Obcomm__Option opts[NAGREED];
-    Obcomm__Option *popts[NAGREED];
-    char values[NAGREED][128];
-    for (size_t i = 0; i < NAGREED; i++) {
-        obcomm__option__init(&opts[i]);
-        opts[i].name = (char *)agreed_options[i];
-        if (obd_config_value(&d->cfg, agreed_options[i], values[i],
-                             sizeof(values[i])))
-            values[i][0] = '\0';
-        opts[i].value = values[i];
-        popts[i] = &opts[i];
-    }
-    obd_auth_random(l->nonce, sizeof(l->nonce));
-    h.proto_version = OBCOMM_PROTO_VERSION;
-    h.cluster = d->cfg.cluster;
-    h.rank = (uint32_t)d->cfg.rank;
-    h.world_size = (uint32_t)d->cfg.nodes;
-    h.world_fingerprint = d->cfg.fingerprint;
-    h.nonce.data = l->nonce;
-    h.nonce.len = sizeof(l->nonce);
-    h.n_options = NAGREED;
-    h.options = popts;
-    h.peer_rank = l->peer;
-    msg.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
-    msg.hello = &h;
-
-    size_t len = protobuf_c_message_get_packed_size(&msg.base);
-    free(l->hello_mine);
-    l->hello_mine = malloc(len);
-    if (l->hello_mine == NULL)
-        return OBCOMM_E_NOMEM;
-    protobuf_c_message_pack(&msg.base, l->hello_mine);
-    l->hello_mine_len = len;
-    return link_send_body(l, l->hello_mine, len);
-}
-
-/* Our proof over the transcript (empty without a key). */
-static void send_auth(struct obd_link *l, const uint8_t t[OBD_AUTH_TRANSCRIPT])
-{
-    Obcomm__Auth a = OBCOMM__AUTH__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    uint8_t proof[OBD_AUTH_PROOF];
-    if (l->d->keyed) {
-        obd_auth_proof(l->d->auth_key,
-                       l->dialed ? OBD_AUTH_DIALER : OBD_AUTH_ACCEPTOR, t,
-                       proof);
-        a.proof.data = proof;
-        a.proof.len = sizeof(proof);
-    }
-    msg.body_case = OBCOMM__PEER_MSG__BODY_AUTH;
-    msg.auth = &a;
-    (void)link_send_ctrl(l, &msg.base);
-}
-
-/* Refuses the peer: `told` is what the peer reads, `why` what we log. */
-static void refuse2(struct obd_link *l, const char *told, const char *why)
-{
-    Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    r.reason = (char *)told;
-    msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
-    msg.refuse = &r;
-    (void)link_send_ctrl(l, &msg.base);
-    obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
-    obd_log_error(&l->d->log, "refusing a peer (%s): %s", l->where, why);
-    link_close(l, why);
-}
-
-static void refuse(struct obd_link *l, const char *reason)
-{
-    refuse2(l, reason, reason);
-}
-
-/* A peer that failed the cluster key: logged (at most every
- * LOG_EVERY_MS, with how many were held back), counted, and told nothing
- * but that it failed. */
-static void refuse_auth(struct obd_link *l, const char *why)
-{
-    struct obd_daemon *d = l->d;
-    uint64_t held;
-    obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
-    obd_metric_add(&d->metrics, OBD_M_LINK_ERRORS, 1);
-    if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
-        obd_log_error(&d->log,
-                      "peer connection from %s (claims rank %d) failed "
-                      "authentication: %s (%llu more failures held back)",
-                      l->where, l->peer, why, (unsigned long long)held);
-    Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    r.reason = "authentication failed";
-    msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
-    msg.refuse = &r;
-    (void)link_send_ctrl(l, &msg.base);
-    link_close(l, "authentication failed");
-}
-
 static void unbind_unbound(struct obd_link *l)
 {
     for (struct obd_link **pp = &l->d->unbound; *pp; pp = &(*pp)->next)
@@ -391,131 +225,7 @@ static void unbind_unbound(struct obd_link *l)
         }
 }
 
-/* What every node must agree on, compared once the peer is
- * authenticated (so the values may be named): cluster, world and the
- * agreed options. 0, or -1 with the difference in why. */
-static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
-                           char *why, size_t len)
-{
-    struct obd_daemon *d = l->d;
-    long long me = (long long)d->cfg.rank;
-    if (strcmp(h->cluster, d->cfg.cluster) != 0) {
-        snprintf(why, len, "cluster '%s' here (rank %lld), '%s' at rank %u",
-                 d->cfg.cluster, me, h->cluster, h->rank);
-        return -1;
-    }
-    if (h->world_size != (uint32_t)d->cfg.nodes ||
-        h->world_fingerprint != d->cfg.fingerprint) {
-        snprintf(why, len,
-                 "world of %d nodes with fingerprint %016llx here (rank "
-                 "%lld), %u nodes with fingerprint %016llx at rank %u: the "
-                 "peers lists differ",
-                 d->cfg.nodes, (unsigned long long)d->cfg.fingerprint, me,
-                 h->world_size, (unsigned long long)h->world_fingerprint,
-                 h->rank);
-        return -1;
-    }
-    for (size_t i = 0; i < NAGREED; i++) {
-        char mine[128];
-        const char *theirs = "(not sent)";
-        if (obd_config_value(&d->cfg, agreed_options[i], mine, sizeof(mine)))
-            mine[0] = '\0';
-        for (size_t j = 0; j < h->n_options; j++)
-            if (strcmp(h->options[j]->name, agreed_options[i]) == 0)
-                theirs = h->options[j]->value;
-        if (strcmp(mine, theirs) != 0) {
-            snprintf(why, len,
-                     "option %s is %s here (rank %lld) and %.64s at rank %u; "
-                     "it must be equal on every node",
-                     agreed_options[i], mine, me, theirs, h->rank);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* The peer's Hello: what must hold before anything else (protocol, rank,
- * direction). Without a key the cluster and world are compared here too,
- * as before; with one they wait until the peer has proved the key, and
- * an unauthenticated peer reads only "handshake refused". */
-static void handle_hello(struct obd_link *l, const Obcomm__Hello *h,
-                         const uint8_t *raw, size_t rawlen)
-{
-    struct obd_daemon *d = l->d;
-    char why[400];
-    const char *generic = "handshake refused";
-
-    if (l->state != L_HELLO) {
-        link_close(l, "Hello out of turn");
-        return;
-    }
-    if (h->proto_version != OBCOMM_PROTO_VERSION) {
-        snprintf(why, sizeof(why),
-                 "protocol version %u here, %u at the peer (rank %u)",
-                 OBCOMM_PROTO_VERSION, h->proto_version, h->rank);
-        refuse(l, why);
-        return;
-    }
-    int r = (int)h->rank;
-    if (h->rank >= (uint32_t)d->cfg.nodes || r == d->cfg.rank ||
-        (l->dialed ? r != l->peer : r < d->cfg.rank) ||
-        h->peer_rank != (int32_t)d->cfg.rank) {
-        snprintf(why, sizeof(why),
-                 "peer says it is rank %u and dials rank %d; expected %s "
-                 "(this is rank %lld)",
-                 h->rank, h->peer_rank,
-                 l->dialed ? "the rank dialed" : "a higher rank",
-                 (long long)d->cfg.rank);
-        refuse2(l, d->keyed ? generic : why, why);
-        return;
-    }
-    if (!d->keyed && strcmp(h->cluster, d->cfg.cluster) != 0) {
-        snprintf(why, sizeof(why),
-                 "cluster '%s' here (rank %lld), '%s' at the peer (rank %u)",
-                 d->cfg.cluster, (long long)d->cfg.rank, h->cluster, h->rank);
-        refuse(l, why);
-        return;
-    }
-    if (!d->keyed && (h->world_size != (uint32_t)d->cfg.nodes ||
-                      h->world_fingerprint != d->cfg.fingerprint)) {
-        /* The fingerprint is not told: it would help an impostor. */
-        char told[200];
-        snprintf(told, sizeof(told),
-                 "world of %d nodes here (rank %lld), %u at rank %u: the "
-                 "peers lists differ",
-                 d->cfg.nodes, (long long)d->cfg.rank, h->world_size, h->rank);
-        snprintf(why, sizeof(why),
-                 "%s (fingerprints %016llx here, %016llx there)", told,
-                 (unsigned long long)d->cfg.fingerprint,
-                 (unsigned long long)h->world_fingerprint);
-        refuse2(l, told, why);
-        return;
-    }
-
-    l->hello_theirs = malloc(rawlen ? rawlen : 1);
-    if (l->hello_theirs == NULL) {
-        link_close(l, "out of memory");
-        return;
-    }
-    memcpy(l->hello_theirs, raw, rawlen);
-    l->hello_theirs_len = rawlen;
-    l->state = L_AUTH;
-    if (l->dialed)
-        return; /* the acceptor's Auth follows */
-
-    /* Acceptor: our Hello, then our proof over both. */
-    l->peer = r;
-    uint8_t t[OBD_AUTH_TRANSCRIPT];
-    if (send_hello(l) != 0) {
-        link_close(l, "out of memory");
-        return;
-    }
-    obd_auth_transcript(l->hello_theirs, l->hello_theirs_len, l->hello_mine,
-                        l->hello_mine_len, t);
-    send_auth(l, t);
-}
-
-static void link_up(struct obd_link *l)
+void obd_peers_link_up(struct obd_link *l)
 {
     struct obd_daemon *d = l->d;
     int r = l->peer;
@@ -529,7 +239,7 @@ static void link_up(struct obd_link *l)
     if (p->link != NULL && p->link != l) {
         /* The peer restarted: its new link, which has proved the key when
          * there is one, replaces the old one. */
-        link_close(p->link, "replaced by a new connection");
+        obd_peers_link_close(p->link, "replaced by a new connection");
     }
     p->link = l;
     p->state = OBD_PEER_UP;
@@ -544,70 +254,6 @@ static void link_up(struct obd_link *l)
     d->hooks.peer_up(d, r);
 }
 
-/* The peer's proof. Nothing the peer said is trusted before it checks. */
-static void handle_auth(struct obd_link *l, const Obcomm__Auth *a)
-{
-    struct obd_daemon *d = l->d;
-    char why[400];
-    if (l->state != L_AUTH) {
-        if (l->state == L_HELLO)
-            refuse_auth(l, "Auth before Hello");
-        else
-            link_close(l, "Auth out of turn");
-        return;
-    }
-    const uint8_t *hd = l->dialed ? l->hello_mine : l->hello_theirs;
-    size_t hdlen = l->dialed ? l->hello_mine_len : l->hello_theirs_len;
-    const uint8_t *ha = l->dialed ? l->hello_theirs : l->hello_mine;
-    size_t halen = l->dialed ? l->hello_theirs_len : l->hello_mine_len;
-    uint8_t t[OBD_AUTH_TRANSCRIPT];
-    obd_auth_transcript(hd, hdlen, ha, halen, t);
-
-    if (d->keyed) {
-        if (obd_auth_proof_check(
-                d->auth_key, l->dialed ? OBD_AUTH_ACCEPTOR : OBD_AUTH_DIALER, t,
-                a->proof.data, a->proof.len) != 0) {
-            refuse_auth(l, a->proof.len == 0
-                               ? "it has no cluster key"
-                               : "wrong cluster key, or a replayed handshake");
-            return;
-        }
-        uint8_t d2a[OBD_AUTH_KEY], a2d[OBD_AUTH_KEY];
-        obd_auth_session(d->auth_key, t, d2a, a2d);
-        memcpy(l->tx_key, l->dialed ? d2a : a2d, OBD_AUTH_KEY);
-        memcpy(l->rx_key, l->dialed ? a2d : d2a, OBD_AUTH_KEY);
-        memset(d2a, 0, sizeof(d2a));
-        memset(a2d, 0, sizeof(a2d));
-    } else if (a->proof.len != 0) {
-        refuse(l, "the peer proves a cluster key and this node has none "
-                  "(set auth_key_file on every node)");
-        return;
-    }
-
-    Obcomm__PeerMsg *m =
-        obcomm__peer_msg__unpack(NULL, l->hello_theirs_len, l->hello_theirs);
-    if (m == NULL || m->body_case != OBCOMM__PEER_MSG__BODY_HELLO) {
-        if (m != NULL)
-            obcomm__peer_msg__free_unpacked(m, NULL);
-        link_close(l, "out of memory");
-        return;
-    }
-    int agreed = check_agreement(l, m->hello, why, sizeof(why));
-    obcomm__peer_msg__free_unpacked(m, NULL);
-
-    /* The dialer sends its proof even when it refuses: the acceptor then
-     * knows that the refusal comes from a node with the key. */
-    if (l->dialed)
-        send_auth(l, t);
-    /* From here on every frame carries a tag. */
-    l->tx_on = l->rx_on = d->keyed;
-    if (agreed != 0) {
-        refuse(l, why);
-        return;
-    }
-    link_up(l);
-}
-
 /* Messages past the handshake go to the jobs; a name longer than a job
  * name can be is malformed. */
 static void handle_job_msg(struct obd_link *l, const Obcomm__PeerMsg *m)
@@ -616,14 +262,15 @@ static void handle_job_msg(struct obd_link *l, const Obcomm__PeerMsg *m)
                           ? m->announce->job
                           : m->job_left->job;
     if (l->state != L_UP) {
-        link_close(l, "job message before the handshake");
+        obd_peers_link_close(l, "job message before the handshake");
         return;
     }
     if (strlen(job) >= OBD_PEER_JOB_NAME ||
         (m->body_case == OBCOMM__PEER_MSG__BODY_ANNOUNCE &&
          m->announce->node_rank != (uint32_t)l->peer)) {
         obd_metric_add(&l->d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "job message with a wrong node rank or job name");
+        obd_peers_link_close(l,
+                             "job message with a wrong node rank or job name");
         return;
     }
     l->d->hooks.peer_msg(l->d, l->peer, m);
@@ -634,15 +281,15 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
     Obcomm__PeerMsg *m = obcomm__peer_msg__unpack(NULL, len, buf);
     if (m == NULL) {
         obd_metric_add(&l->d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "control frame is not a PeerMsg");
+        obd_peers_link_close(l, "control frame is not a PeerMsg");
         return;
     }
     switch (m->body_case) {
     case OBCOMM__PEER_MSG__BODY_HELLO:
-        handle_hello(l, m->hello, buf, len);
+        obd_handshake_hello(l, m->hello, buf, len);
         break;
     case OBCOMM__PEER_MSG__BODY_AUTH:
-        handle_auth(l, m->auth);
+        obd_handshake_auth(l, m->auth);
         break;
     case OBCOMM__PEER_MSG__BODY_REFUSE: {
         char why[300];
@@ -653,7 +300,7 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 *c = '?';
         obd_log_error(&l->d->log, "node %d (%s) %s", l->peer, l->where, why);
-        link_close(l, why);
+        obd_peers_link_close(l, why);
         break;
     }
     case OBCOMM__PEER_MSG__BODY_ANNOUNCE:
@@ -661,7 +308,7 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         handle_job_msg(l, m);
         break;
     default:
-        link_close(l, "empty PeerMsg");
+        obd_peers_link_close(l, "empty PeerMsg");
         break;
     }
     obcomm__peer_msg__free_unpacked(m, NULL);
@@ -676,7 +323,7 @@ static void start_payload(struct obd_link *l)
     if (l->f.type == OBD_FRAME_CTRL) {
         l->ctrl = malloc(l->f.len ? l->f.len : 1);
         if (l->ctrl == NULL) {
-            link_close(l, "out of memory");
+            obd_peers_link_close(l, "out of memory");
             return;
         }
         l->rs = R_CTRL;
@@ -684,7 +331,7 @@ static void start_payload(struct obd_link *l)
     }
     if (l->state != L_UP) {
         obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "data frame before the handshake");
+        obd_peers_link_close(l, "data frame before the handshake");
         return;
     }
 
@@ -761,7 +408,7 @@ static void tag_done(struct obd_link *l)
                           "a frame from node %d (%s) failed its tag: "
                           "closing the link (%llu more failures held back)",
                           l->peer, l->where, (unsigned long long)held);
-        link_close(l, "a frame failed authentication");
+        obd_peers_link_close(l, "a frame failed authentication");
         return;
     }
     l->rs = l->after_tag;
@@ -819,8 +466,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     struct obd_link *l = container_of(s, struct obd_link, tcp);
     struct obd_daemon *d = l->d;
     if (nread < 0) {
-        link_close(l, nread == UV_EOF ? "connection closed by the peer"
-                                      : uv_strerror((int)nread));
+        obd_peers_link_close(l, nread == UV_EOF
+                                    ? "connection closed by the peer"
+                                    : uv_strerror((int)nread));
         return;
     }
     if (nread == 0 || l->state == L_CLOSING)
@@ -843,7 +491,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             char msg[128];
             snprintf(msg, sizeof(msg), "malformed frame: %s", why);
             obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-            link_close(l, msg);
+            obd_peers_link_close(l, msg);
             return;
         }
         /* With a session every control frame has a tag, and data frames
@@ -912,7 +560,7 @@ static void on_hello_timer_closed(uv_handle_t *h)
     uv_close((uv_handle_t *)&l->tcp, on_link_closed);
 }
 
-static void link_close(struct obd_link *l, const char *why)
+void obd_peers_link_close(struct obd_link *l, const char *why)
 {
     struct obd_daemon *d = l->d;
     if (l->state == L_CLOSING)
@@ -962,7 +610,7 @@ static void link_close(struct obd_link *l, const char *why)
 static void on_hello_timeout(uv_timer_t *t)
 {
     struct obd_link *l = container_of(t, struct obd_link, hello_timer);
-    link_close(l, "no Hello within the handshake timeout");
+    obd_peers_link_close(l, "no Hello within the handshake timeout");
 }
 
 static struct obd_link *link_new(struct obd_daemon *d)
@@ -988,15 +636,15 @@ static void on_connect(uv_connect_t *req, int status)
         obd_log_debug(&d->log, "dial node %d: %s", p->rank,
                       uv_strerror(status));
         l->state = L_HELLO; /* not up: closing it redials with backoff */
-        link_close(l, uv_strerror(status));
+        obd_peers_link_close(l, uv_strerror(status));
         return;
     }
     set_sockopts(l);
     l->state = L_HELLO;
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
-    if (send_hello(l) != 0)
-        link_close(l, "out of memory");
+    if (obd_handshake_begin(l) != 0)
+        obd_peers_link_close(l, "out of memory");
 }
 
 static int resolve(const struct obd_addr *a, struct sockaddr_storage *out)
@@ -1044,7 +692,7 @@ static void on_retry(uv_timer_t *t)
                             on_connect);
     if (rc) {
         l->state = L_HELLO;
-        link_close(l, uv_strerror(rc));
+        obd_peers_link_close(l, uv_strerror(rc));
     }
 }
 
@@ -1107,7 +755,8 @@ static void bound_unauth(struct obd_daemon *d, struct obd_link *nl)
                          "more like it held back)",
                          total, same, nl->ip, victim->ip,
                          (unsigned long long)held);
-        link_close(victim, "too many connections without a handshake");
+        obd_peers_link_close(victim,
+                             "too many connections without a handshake");
     }
 }
 
@@ -1274,10 +923,10 @@ void obd_peers_close(struct obd_daemon *d)
         struct obd_peer *p = &d->peers[i];
         uv_close((uv_handle_t *)&p->retry, NULL);
         if (p->link != NULL)
-            link_close(p->link, "shutting down");
+            obd_peers_link_close(p->link, "shutting down");
     }
     while (d->unbound != NULL)
-        link_close(d->unbound, "shutting down");
+        obd_peers_link_close(d->unbound, "shutting down");
     if (d->listening) {
         d->listening = 0;
         uv_close((uv_handle_t *)&d->listener, NULL);
