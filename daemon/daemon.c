@@ -288,4 +288,5 @@ void obd_daemon_fini(struct obd_daemon *d)
     free(d->scratch);
     d->scratch = NULL;
     obd_efstore_fini(d);
+    explicit_bzero(d->auth_key, sizeof(d->auth_key));
 }

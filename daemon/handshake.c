@@ -238,7 +238,7 @@ void obd_handshake_hello(struct obd_link *l, const Obcomm__Hello *h,
     l->peer = r;
     uint8_t t[OBD_AUTH_TRANSCRIPT];
     if (obd_handshake_begin(l) != 0) {
-        obd_peers_link_close(l, "out of memory");
+        obd_peers_link_close(l, "cannot send our Hello");
         return;
     }
     obd_auth_transcript(l->hello_theirs, l->hello_theirs_len, l->hello_mine,
@@ -291,7 +291,7 @@ void obd_handshake_auth(struct obd_link *l, const Obcomm__Auth *a)
     if (m == NULL || m->body_case != OBCOMM__PEER_MSG__BODY_HELLO) {
         if (m != NULL)
             obcomm__peer_msg__free_unpacked(m, NULL);
-        obd_peers_link_close(l, "out of memory");
+        obd_peers_link_close(l, "out of memory re-reading the peer's Hello");
         return;
     }
     int agreed = check_agreement(l, m->hello, why, sizeof(why));

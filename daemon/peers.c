@@ -644,7 +644,7 @@ static void on_connect(uv_connect_t *req, int status)
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
     if (obd_handshake_begin(l) != 0)
-        obd_peers_link_close(l, "out of memory");
+        obd_peers_link_close(l, "cannot send our Hello");
 }
 
 static int resolve(const struct obd_addr *a, struct sockaddr_storage *out)
