@@ -1,4 +1,5 @@
 #include "config.h"
+#include "auth.h"
 #include "log.h"
 
 #include <obcomm.h>
@@ -64,7 +65,9 @@ static const struct row rows[] = {
             "in rank order ('#' starts a comment); instead of peers."),
     STR_ROW(listen, "",
             "TCP address to listen on for other daemons (host:port). "
-            "Empty: 0.0.0.0 and the port of this rank's peers entry."),
+            "Empty: this rank's own peers entry (never every interface). "
+            "Without auth_key_file only a loopback address is accepted "
+            "(see allow_insecure)."),
     STR_ROW(socket, OBCOMM_DEFAULT_SOCKET,
             "Unix socket for trainers and obcommctl. A directory that is "
             "missing is created (mode 0755); one that others may write "
@@ -118,6 +121,25 @@ static const struct row rows[] = {
     INT_ROW(client_join_ms, U_MS, 100, 600000, "5000",
             "A connection that has neither joined a job nor asked for the "
             "status within this many milliseconds is closed."),
+    STR_ROW(auth_key_file, "",
+            "File whose whole content is the cluster key (at least 32 "
+            "bytes, mode 0600 or stricter): daemons prove to each other "
+            "that they hold it before anything else. A relative name is "
+            "looked up in $CREDENTIALS_DIRECTORY (systemd LoadCredential=) "
+            "when that is set. Empty: no authentication, loopback only."),
+    STR_ROW(allow_insecure, "false",
+            "true: listen on a non-loopback address without auth_key_file "
+            "(anyone who reaches the port can join the mesh)."),
+    STR_ROW(wire_protection, "none",
+            "Data frames between daemons after the handshake: none (as "
+            "they are, zero-copy), integrity (a tag per frame) or "
+            "encrypt (ChaCha20-Poly1305). Control frames always carry a "
+            "tag when auth_key_file is set. Must be equal on every node."),
+    INT_ROW(max_unauth_links, U_NONE, 1, 4096, "64",
+            "Most peer connections that have not finished the handshake; "
+            "past it the oldest of the busiest source address is closed."),
+    INT_ROW(max_unauth_per_addr, U_NONE, 1, 4096, "8",
+            "Most such connections from one source address."),
 };
 
 /* Options that SIGHUP applies while the daemon runs. */
@@ -573,9 +595,41 @@ static int derive_listen(struct obd_config *cfg, char *err, size_t errlen)
             return -1;
         }
     } else {
-        snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host),
-                 "0.0.0.0");
+        /* This rank's own address, never every interface (protected
+         * mode: see allow_insecure). */
+        snprintf(cfg->listen_addr.host, sizeof(cfg->listen_addr.host), "%s",
+                 cfg->world[cfg->rank].host);
         cfg->listen_addr.port = cfg->world[cfg->rank].port;
+    }
+    return 0;
+}
+
+/* allow_insecure and wire_protection (the key file itself is read at
+ * start, daemon.c). */
+static int finish_security(struct obd_config *cfg, char *err, size_t errlen)
+{
+    if (strcmp(cfg->allow_insecure, "true") == 0) {
+        cfg->insecure = 1;
+    } else if (strcmp(cfg->allow_insecure, "false") == 0) {
+        cfg->insecure = 0;
+    } else {
+        fail(err, errlen, "allow_insecure: '%s' is not true or false",
+             cfg->allow_insecure);
+        return -1;
+    }
+    cfg->wire = obd_auth_wire_parse(cfg->wire_protection);
+    if (cfg->wire < 0) {
+        fail(err, errlen,
+             "wire_protection: '%s' is not one of none, integrity, encrypt",
+             cfg->wire_protection);
+        return -1;
+    }
+    if (cfg->wire != OBD_WIRE_NONE && cfg->auth_key_file[0] == '\0') {
+        fail(err, errlen,
+             "wire_protection: %s needs auth_key_file (the session keys "
+             "come from the cluster key)",
+             cfg->wire_protection);
+        return -1;
     }
     return 0;
 }
@@ -605,6 +659,9 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
              where(cfg, "peers_file", pre, sizeof(pre)));
         return -1;
     }
+
+    if (finish_security(cfg, err, errlen))
+        return -1;
 
     cfg->nodes = 0;
     if (cfg->peers[0] != '\0' && world_from_text(cfg, err, errlen))
@@ -1034,6 +1091,16 @@ static void row_text(const struct obd_config *cfg, const struct row *r,
         memcpy(&v, field, sizeof(v));
         snprintf(buf, len, "%" PRId64, v);
     }
+}
+
+int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
+                     size_t len)
+{
+    const struct row *r = find_row(name);
+    if (r == NULL)
+        return -1;
+    row_text(cfg, r, buf, len);
+    return 0;
 }
 
 /* Appends "name: old -> new" for every row that differs and is (or is

@@ -49,6 +49,11 @@ struct obd_config {
     char socket_group[64];
     int64_t max_clients_per_uid;
     int64_t client_join_ms;
+    char auth_key_file[4096];
+    char allow_insecure[8];
+    char wire_protection[16];
+    int64_t max_unauth_links;
+    int64_t max_unauth_per_addr;
 
     /* Where each option was set, for messages: src_line[i] is 0 for the
      * default, -1 for a flag, else the line of src_file. */
@@ -61,6 +66,8 @@ struct obd_config {
     struct obd_addr listen_addr; /* port 0: no TCP listener */
     uint64_t fingerprint;        /* of cluster name and world, rank-free */
     int log_level_num;           /* OBD_LOG_* */
+    int insecure;                /* allow_insecure is true */
+    int wire;                    /* wire_protection as enum obd_wire */
 };
 
 /* Sets every option to its default. */
@@ -125,6 +132,10 @@ int obd_config_reload(struct obd_config *cur, const struct obd_config *next,
 int obd_config_diff_fixed(const struct obd_config *cur,
                           const struct obd_config *next, char *changed,
                           size_t len);
+
+/* Writes option `name`'s value as text into buf; -1 for an unknown name. */
+int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
+                     size_t len);
 
 /* Parses "host:port". */
 /* Writes world entry i as "host:port". */

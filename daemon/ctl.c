@@ -126,6 +126,20 @@ static int claim_path(struct obd_daemon *d, const struct sockaddr_un *sa)
     return 0;
 }
 
+static void on_accept(uv_poll_t *h, int status, int events);
+
+/* Out of descriptors: the pending connection stays pending, so a
+ * level-triggered poll would fire again at once. Accepting pauses instead
+ * and resumes a moment later. */
+#define ACCEPT_PAUSE_MS 250
+
+static void on_accept_resume(uv_timer_t *t)
+{
+    struct obd_daemon *d = container_of(t, struct obd_daemon, ctl_pause);
+    if (d->ctl_started && !d->closing)
+        uv_poll_start(&d->ctl_poll, UV_READABLE, on_accept);
+}
+
 static void on_accept(uv_poll_t *h, int status, int events)
 {
     struct obd_daemon *d = container_of(h, struct obd_daemon, ctl_poll);
@@ -136,9 +150,23 @@ static void on_accept(uv_poll_t *h, int status, int events)
     for (;;) {
         int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR)
-                obd_log_warn(&d->log, "accept on %s: %s", d->cfg.socket,
-                             strerror(errno));
+            int e = errno;
+            uint64_t held;
+            if (e == EAGAIN || e == EINTR)
+                return;
+            if (obd_log_limit(&d->lim_ctl_accept, obd_daemon_now(d), 10000,
+                              &held))
+                obd_log_warn(&d->log,
+                             "accept on %s: %s (%llu more like it held "
+                             "back)",
+                             d->cfg.socket, strerror(e),
+                             (unsigned long long)held);
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
+                uv_poll_stop(&d->ctl_poll);
+                uv_timer_start(&d->ctl_pause, on_accept_resume, ACCEPT_PAUSE_MS,
+                               0);
+            }
             return;
         }
         if (d->nclients >= d->cfg.max_clients) {

@@ -106,6 +106,8 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sighup);
     uv_timer_init(&d->loop, &d->drain);
+    uv_timer_init(&d->loop, &d->listen_pause);
+    uv_timer_init(&d->loop, &d->ctl_pause);
     d->sigterm.data = d;
     d->sigint.data = d;
     d->sighup.data = d;
@@ -169,6 +171,17 @@ int obd_daemon_start(struct obd_daemon *d)
         obd_log_error(&d->log, "%s", why);
         obd_daemon_close(d);
         return OBCOMM_E_IO;
+    }
+    if (d->cfg.auth_key_file[0] != '\0') {
+        char err[512] = "cannot initialise libsodium";
+        if (obd_auth_init() != 0 ||
+            obd_auth_key_load(d->cfg.auth_key_file, d->auth_key, err,
+                              sizeof(err)) != 0) {
+            obd_log_error(&d->log, "%s", err);
+            obd_daemon_close(d);
+            return OBCOMM_E_INVAL;
+        }
+        d->keyed = 1;
     }
     int rc = obd_efstore_open(d);
     if (rc == 0)
@@ -258,6 +271,8 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
+    uv_close((uv_handle_t *)&d->listen_pause, NULL);
+    uv_close((uv_handle_t *)&d->ctl_pause, NULL);
     obd_trace_close(d);
 }
 
@@ -304,6 +319,8 @@ void obd_daemon_fini(struct obd_daemon *d)
         uv_close((uv_handle_t *)&d->sigterm, NULL);
         uv_close((uv_handle_t *)&d->sigint, NULL);
         uv_close((uv_handle_t *)&d->sighup, NULL);
+        uv_close((uv_handle_t *)&d->listen_pause, NULL);
+        uv_close((uv_handle_t *)&d->ctl_pause, NULL);
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
     obd_runq_close(&d->runq);
@@ -314,4 +331,5 @@ void obd_daemon_fini(struct obd_daemon *d)
     free(d->scratch);
     d->scratch = NULL;
     obd_efstore_fini(d);
+    explicit_bzero(d->auth_key, sizeof(d->auth_key));
 }

@@ -17,10 +17,14 @@
  *                                  |               reduce.c, ring.h
  *                              efstore.c
  *
+ * peers.c also calls handshake.c (Hello and Auth), which calls auth.c
+ * (the cluster key, proofs and frame tags; pure).
+ *
  * Upward traffic goes only through the hooks below: job answers trainers
  * (hooks.answer, served by ctl.c) and sends to nodes (hooks.send_ctrl,
  * hooks.send_data, served by peers.c); peers hands what arrives to the
- * jobs (hooks.peer_*, hooks.data_*). runq.c, shm.c, log.c, metrics.c and
+ * jobs (hooks.peer_*, hooks.data_*). peers.c and handshake.c share
+ * link.h and nothing else does. runq.c, shm.c, log.c, metrics.c and
  * config.c are leaves that everyone uses. */
 #ifndef OBD_DAEMON_H
 #define OBD_DAEMON_H
@@ -29,6 +33,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -144,7 +149,18 @@ struct obd_daemon {
     struct obd_peer *peers;
     uv_tcp_t listener;
     int listening;
-    struct obd_link *unbound; /* accepted links before their Hello */
+    struct obd_link *unbound; /* links before the end of the handshake */
+    /* The cluster key (auth_key_file), read at start. */
+    uint8_t auth_key[OBD_AUTH_KEY];
+    int keyed;
+    /* Accepting paused after EMFILE/ENFILE (peers.c: the listener; ctl.c:
+     * the Unix socket), and repeated log lines held back. */
+    uv_timer_t listen_pause;
+    uv_timer_t ctl_pause;
+    struct obd_log_limit lim_auth;
+    struct obd_log_limit lim_unauth;
+    struct obd_log_limit lim_accept;
+    struct obd_log_limit lim_ctl_accept;
 
     /* Error-feedback states of the 1-bit allreduce (efstore.c), and the
      * timer that evicts states of jobs that went idle. */

@@ -44,6 +44,18 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                            "Peer links closed on error or refused", "counter"},
     [OBD_M_FRAMES_REJECTED] = {"frames_rejected", "Malformed frames from peers",
                                "counter"},
+    [OBD_M_AUTH_FAILURES] = {"auth_failures",
+                             "Peer handshakes that failed the cluster key "
+                             "or a frame tag",
+                             "counter"},
+    [OBD_M_UNAUTH_CLOSED] = {"unauth_closed",
+                             "Unauthenticated peer connections closed over "
+                             "max_unauth_links or max_unauth_per_addr",
+                             "counter"},
+    [OBD_M_ACCEPT_PAUSES] = {"accept_pauses",
+                             "Times accepting paused for want of file "
+                             "descriptors (peer listener and Unix socket)",
+                             "counter"},
     [OBD_M_CLIENTS] = {"clients", "Unix-socket connections", "gauge"},
     [OBD_M_CLIENT_ERRORS] = {"client_errors",
                              "Unix-socket connections closed for bad input",

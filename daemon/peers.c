@@ -2,6 +2,7 @@
 
 #include <obcomm.h>
 
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,44 +11,19 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "auth.h"
+#include "link.h"
 #include "wire.h"
-
-/* A link that has not said Hello by then is closed. */
-#define HELLO_TIMEOUT_MS 10000
-#define DISCARD_BYTES    16384
-
-enum link_state { L_CONNECTING, L_HELLO, L_UP, L_CLOSING };
-enum read_state { R_HDR, R_CTRL, R_DATA, R_DISCARD };
-
-struct obd_link {
-    struct obd_daemon *d;
-    uv_tcp_t tcp;
-    uv_connect_t connect;
-    uv_timer_t hello_timer;
-    enum link_state state;
-    int peer;   /* rank once known, else -1 */
-    int dialed; /* we dialed it */
-
-    enum read_state rs;
-    uint8_t hdr[OBD_FRAME_HDR];
-    size_t got;
-    struct obd_frame f;
-    uint8_t *ctrl;
-    uint8_t *dst;
-    void *token; /* from data_begin, until data_end */
-    int parked;  /* reading paused until the frame's op starts */
-    uint8_t discard[DISCARD_BYTES];
-
-    struct obd_link *next; /* in d->unbound */
-};
 
 struct data_write {
     uv_write_t req;
     uint8_t hdr[OBD_FRAME_HDR];
+    uint8_t tag[OBD_AUTH_TAG];
     void (*done)(void *arg, int status);
     void *arg;
     struct obd_peer *peer;
     size_t bytes;
+    uint8_t ct[]; /* wire_protection = encrypt: the payload encrypted */
 };
 
 struct ctrl_write {
@@ -58,7 +34,6 @@ struct ctrl_write {
 };
 
 static void dial(struct obd_peer *p);
-static void link_close(struct obd_link *l, const char *why);
 
 const char *obd_peer_state_name(enum obd_peer_state s)
 {
@@ -105,23 +80,37 @@ static void on_ctrl_written(uv_write_t *req, int status)
     free(w);
 }
 
-static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
+/* Sends a control frame whose body is packed already; with a session
+ * key it gets a tag (and is encrypted under wire_protection = encrypt). */
+int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t body)
 {
-    size_t body = protobuf_c_message_get_packed_size(msg);
     if (body > OBCOMM_WIRE_MAX)
         return OBCOMM_E_NOMEM;
-    struct ctrl_write *w = malloc(sizeof(*w) + OBD_FRAME_HDR + body);
+    size_t tag = l->tx_on ? OBD_AUTH_TAG : 0;
+    struct ctrl_write *w = malloc(sizeof(*w) + OBD_FRAME_HDR + body + tag);
     if (w == NULL)
         return OBCOMM_E_NOMEM;
     struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
                           .type = OBD_FRAME_CTRL,
                           .len = (uint32_t)body};
-    obd_frame_encode(&f, w->buf);
-    protobuf_c_message_pack(msg, w->buf + OBD_FRAME_HDR);
-    /* Before the Hello an accepted link has no peer yet; its bytes are
-     * counted against our own entry, which status never reports. */
-    w->peer = &l->d->peers[l->peer >= 0 ? l->peer : l->d->cfg.rank];
-    w->bytes = OBD_FRAME_HDR + body;
+    uint8_t *hdr = w->buf, *payload = w->buf + OBD_FRAME_HDR;
+    obd_frame_encode(&f, hdr);
+    memcpy(payload, packed, body);
+    if (l->tx_on) {
+        if (l->d->cfg.wire == OBD_WIRE_ENCRYPT) {
+            obd_auth_encrypt(l->tx_key, l->tx_ctr, hdr, OBD_FRAME_HDR, payload,
+                             body, payload, payload + body);
+        } else {
+            struct obd_auth_mac m;
+            obd_auth_mac_begin(&m, l->tx_key, l->tx_ctr, hdr, OBD_FRAME_HDR, 0);
+            obd_auth_mac_update(&m, payload, body);
+            obd_auth_mac_final(&m, payload + body);
+        }
+    }
+    /* Before the handshake ends the peer is not known for sure; the bytes
+     * are counted against our own entry, which status never reports. */
+    w->peer = &l->d->peers[l->state == L_UP ? l->peer : l->d->cfg.rank];
+    w->bytes = OBD_FRAME_HDR + body + tag;
 
     uv_buf_t buf = uv_buf_init((char *)w->buf, (unsigned)w->bytes);
     int rc =
@@ -130,7 +119,25 @@ static int link_send_ctrl(struct obd_link *l, const ProtobufCMessage *msg)
         free(w);
         return rc;
     }
+    if (l->tx_on)
+        l->tx_ctr++;
     return 0;
+}
+
+int obd_peers_link_send_msg(struct obd_link *l, const ProtobufCMessage *msg)
+{
+    size_t body = protobuf_c_message_get_packed_size(msg);
+    if (body > OBCOMM_WIRE_MAX)
+        return OBCOMM_E_NOMEM;
+    uint8_t stack[512];
+    uint8_t *buf = body <= sizeof(stack) ? stack : malloc(body);
+    if (buf == NULL)
+        return OBCOMM_E_NOMEM;
+    protobuf_c_message_pack(msg, buf);
+    int rc = obd_peers_link_send(l, buf, body);
+    if (buf != stack)
+        free(buf);
+    return rc;
 }
 
 int obd_peers_send_ctrl(struct obd_daemon *d, int to,
@@ -139,7 +146,7 @@ int obd_peers_send_ctrl(struct obd_daemon *d, int to,
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
         return OBCOMM_E_PEER_LOST;
-    return link_send_ctrl(p->link, &msg->base);
+    return obd_peers_link_send_msg(p->link, &msg->base);
 }
 
 static void on_data_written(uv_write_t *req, int status)
@@ -162,7 +169,10 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
         return OBCOMM_E_PEER_LOST;
-    struct data_write *w = malloc(sizeof(*w));
+    struct obd_link *l = p->link;
+    int wire = l->tx_on ? d->cfg.wire : OBD_WIRE_NONE;
+    size_t copy = wire == OBD_WIRE_ENCRYPT ? f->len : 0;
+    struct data_write *w = malloc(sizeof(*w) + copy);
     if (w == NULL)
         return OBCOMM_E_NOMEM;
     f->version = OBCOMM_PROTO_VERSION;
@@ -171,59 +181,40 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     w->done = done;
     w->arg = arg;
     w->peer = p;
-    w->bytes = OBD_FRAME_HDR + (size_t)f->len;
 
-    uv_buf_t bufs[2] = {uv_buf_init((char *)w->hdr, OBD_FRAME_HDR),
-                        uv_buf_init((char *)payload, f->len)};
-    int rc = uv_write(&w->req, (uv_stream_t *)&p->link->tcp, bufs,
-                      f->len ? 2 : 1, on_data_written);
+    /* none: header and payload straight from memory. integrity: the tag
+     * is computed over the payload in place. encrypt: the payload is
+     * encrypted into the write's own buffer. */
+    uv_buf_t bufs[3];
+    unsigned n = 0;
+    bufs[n++] = uv_buf_init((char *)w->hdr, OBD_FRAME_HDR);
+    const void *body = payload;
+    if (wire == OBD_WIRE_INTEGRITY) {
+        struct obd_auth_mac m;
+        obd_auth_mac_begin(&m, l->tx_key, l->tx_ctr, w->hdr, OBD_FRAME_HDR, 0);
+        obd_auth_mac_update(&m, payload, f->len);
+        obd_auth_mac_final(&m, w->tag);
+    } else if (wire == OBD_WIRE_ENCRYPT) {
+        obd_auth_encrypt(l->tx_key, l->tx_ctr, w->hdr, OBD_FRAME_HDR, payload,
+                         f->len, w->ct, w->tag);
+        body = w->ct;
+    }
+    if (f->len)
+        bufs[n++] = uv_buf_init((char *)body, f->len);
+    if (wire != OBD_WIRE_NONE)
+        bufs[n++] = uv_buf_init((char *)w->tag, OBD_AUTH_TAG);
+    w->bytes = OBD_FRAME_HDR + (size_t)f->len +
+               (wire != OBD_WIRE_NONE ? OBD_AUTH_TAG : 0);
+
+    int rc =
+        uv_write(&w->req, (uv_stream_t *)&l->tcp, bufs, n, on_data_written);
     if (rc) {
         free(w);
         return rc;
     }
+    if (wire != OBD_WIRE_NONE)
+        l->tx_ctr++;
     return 0;
-}
-
-/* ---- the handshake ---- */
-
-static void send_hello(struct obd_link *l)
-{
-    struct obd_daemon *d = l->d;
-    Obcomm__Hello h = OBCOMM__HELLO__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    h.proto_version = OBCOMM_PROTO_VERSION;
-    h.cluster = d->cfg.cluster;
-    h.rank = (uint32_t)d->cfg.rank;
-    h.world_size = (uint32_t)d->cfg.nodes;
-    h.world_fingerprint = d->cfg.fingerprint;
-    /* ops: the list itself, so that a peer that disagrees can name the
-     * first entry that differs. */
-    char text[OBD_MAX_NODES][OBD_HOST_MAX + 8];
-    char *world[OBD_MAX_NODES];
-    for (int i = 0; i < d->cfg.nodes; i++) {
-        obd_config_world_entry(&d->cfg, i, text[i], sizeof(text[i]));
-        world[i] = text[i];
-    }
-    h.n_world = (size_t)d->cfg.nodes;
-    h.world = world;
-    msg.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
-    msg.hello = &h;
-    (void)link_send_ctrl(l, &msg.base);
-}
-
-static void refuse(struct obd_link *l, const char *reason)
-{
-    Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
-    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    r.reason = (char *)reason;
-    msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
-    msg.refuse = &r;
-    (void)link_send_ctrl(l, &msg.base);
-    obd_metric_add(&l->d->metrics, OBD_M_LINK_ERRORS, 1);
-    /* ops: a refused peer dials again every second or so: once a minute. */
-    obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "refusing a peer: %s",
-                    reason);
-    link_close(l, reason);
 }
 
 static void unbind_unbound(struct obd_link *l)
@@ -235,66 +226,21 @@ static void unbind_unbound(struct obd_link *l)
         }
 }
 
-static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
+void obd_peers_link_up(struct obd_link *l)
 {
     struct obd_daemon *d = l->d;
-    char why[400];
-
-    if (l->state != L_HELLO) {
-        link_close(l, "Hello after the handshake");
-        return;
-    }
-    if (h->proto_version != OBCOMM_PROTO_VERSION) {
-        snprintf(why, sizeof(why),
-                 "protocol version %u here, %u at the peer (rank %u)",
-                 OBCOMM_PROTO_VERSION, h->proto_version, h->rank);
-        refuse(l, why);
-        return;
-    }
-    if (strcmp(h->cluster, d->cfg.cluster) != 0) {
-        snprintf(why, sizeof(why),
-                 "cluster '%s' here (rank %lld), '%s' at the peer (rank %u)",
-                 d->cfg.cluster, (long long)d->cfg.rank, h->cluster, h->rank);
-        refuse(l, why);
-        return;
-    }
-    if (h->world_size != (uint32_t)d->cfg.nodes ||
-        h->world_fingerprint != d->cfg.fingerprint) {
-        char diff[256];
-        obd_config_world_diff(&d->cfg, (const char *const *)h->world,
-                              h->n_world, diff, sizeof(diff));
-        snprintf(why, sizeof(why),
-                 "world of %d nodes with fingerprint %016llx here (rank "
-                 "%lld), %u nodes with fingerprint %016llx at rank %u: the "
-                 "peers lists differ: %s",
-                 d->cfg.nodes, (unsigned long long)d->cfg.fingerprint,
-                 (long long)d->cfg.rank, h->world_size,
-                 (unsigned long long)h->world_fingerprint, h->rank, diff);
-        refuse(l, why);
-        return;
-    }
-    int r = (int)h->rank;
-    if (r >= d->cfg.nodes || r == d->cfg.rank ||
-        (l->dialed ? r != l->peer : r < d->cfg.rank)) {
-        snprintf(why, sizeof(why),
-                 "peer says it is rank %u; expected %s (this is rank %lld)",
-                 h->rank, l->dialed ? "the rank dialed" : "a higher rank",
-                 (long long)d->cfg.rank);
-        refuse(l, why);
-        return;
-    }
-
+    int r = l->peer;
     unbind_unbound(l);
-    if (!l->dialed) {
-        l->peer = r;
-        send_hello(l);
-    }
     uv_timer_stop(&l->hello_timer);
+    free(l->hello_mine);
+    free(l->hello_theirs);
+    l->hello_mine = l->hello_theirs = NULL;
 
     struct obd_peer *p = &d->peers[r];
     if (p->link != NULL && p->link != l) {
-        /* The peer restarted: its new link replaces the old one. */
-        link_close(p->link, "replaced by a new connection");
+        /* The peer restarted: its new link, which has proved the key when
+         * there is one, replaces the old one. */
+        obd_peers_link_close(p->link, "replaced by a new connection");
     }
     p->link = l;
     p->state = OBD_PEER_UP;
@@ -303,8 +249,9 @@ static void handle_hello(struct obd_link *l, const Obcomm__Hello *h)
     p->backoff_ms = 0;
     l->state = L_UP;
     obd_metric_add(&d->metrics, OBD_M_LINKS_UP, 1);
-    obd_log_info(&d->log, "link to node %d (%s:%u) is up%s", r,
+    obd_log_info(&d->log, "link to node %d (%s:%u) is up%s%s", r,
                  d->cfg.world[r].host, d->cfg.world[r].port,
+                 d->keyed ? ", authenticated" : "",
                  obd_peers_complete(d) ? "; the world is complete" : "");
     d->hooks.peer_up(d, r);
 }
@@ -317,14 +264,15 @@ static void handle_job_msg(struct obd_link *l, const Obcomm__PeerMsg *m)
                           ? m->announce->job
                           : m->job_left->job;
     if (l->state != L_UP) {
-        link_close(l, "job message before the handshake");
+        obd_peers_link_close(l, "job message before the handshake");
         return;
     }
     if (strlen(job) >= OBD_PEER_JOB_NAME ||
         (m->body_case == OBCOMM__PEER_MSG__BODY_ANNOUNCE &&
          m->announce->node_rank != (uint32_t)l->peer)) {
         obd_metric_add(&l->d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "job message with a wrong node rank or job name");
+        obd_peers_link_close(l,
+                             "job message with a wrong node rank or job name");
         return;
     }
     l->d->hooks.peer_msg(l->d, l->peer, m);
@@ -335,20 +283,28 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
     Obcomm__PeerMsg *m = obcomm__peer_msg__unpack(NULL, len, buf);
     if (m == NULL) {
         obd_metric_add(&l->d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "control frame is not a PeerMsg");
+        obd_peers_link_close(l, "control frame is not a PeerMsg");
         return;
     }
     switch (m->body_case) {
     case OBCOMM__PEER_MSG__BODY_HELLO:
-        handle_hello(l, m->hello);
+        obd_handshake_hello(l, m->hello, buf, len);
+        break;
+    case OBCOMM__PEER_MSG__BODY_AUTH:
+        obd_handshake_auth(l, m->auth);
         break;
     case OBCOMM__PEER_MSG__BODY_REFUSE: {
         char why[512];
         snprintf(why, sizeof(why), "refused by the peer: %s",
                  m->refuse->reason);
-        obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "node %d %s", l->peer,
-                        why);
-        link_close(l, why);
+        /* The text may come from anyone: no control characters in logs. */
+        for (char *c = why; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
+        /* A refused peer dials again every second or so: once a minute. */
+        obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "node %d (%s) %s",
+                        l->peer, l->where, why);
+        obd_peers_link_close(l, why);
         break;
     }
     case OBCOMM__PEER_MSG__BODY_ANNOUNCE:
@@ -356,7 +312,7 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         handle_job_msg(l, m);
         break;
     default:
-        link_close(l, "empty PeerMsg");
+        obd_peers_link_close(l, "empty PeerMsg");
         break;
     }
     obcomm__peer_msg__free_unpacked(m, NULL);
@@ -369,9 +325,9 @@ static void start_payload(struct obd_link *l)
     struct obd_daemon *d = l->d;
     l->got = 0;
     if (l->f.type == OBD_FRAME_CTRL) {
-        l->ctrl = malloc(l->f.len);
+        l->ctrl = malloc(l->f.len ? l->f.len : 1);
         if (l->ctrl == NULL) {
-            link_close(l, "out of memory");
+            obd_peers_link_close(l, "out of memory");
             return;
         }
         l->rs = R_CTRL;
@@ -379,7 +335,7 @@ static void start_payload(struct obd_link *l)
     }
     if (l->state != L_UP) {
         obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        link_close(l, "data frame before the handshake");
+        obd_peers_link_close(l, "data frame before the handshake");
         return;
     }
 
@@ -411,6 +367,9 @@ static void give_up_payload(struct obd_link *l)
     l->d->hooks.data_end(token, l->peer, &l->f, 0);
 }
 
+/* Every payload byte is in: the tag follows when the frame has one. */
+static void payload_done(struct obd_link *l);
+
 static void finish_payload(struct obd_link *l)
 {
     enum read_state rs = l->rs;
@@ -426,6 +385,45 @@ static void finish_payload(struct obd_link *l)
         l->token = NULL;
         l->d->hooks.data_end(token, l->peer, &l->f, 1);
     }
+}
+
+static void payload_done(struct obd_link *l)
+{
+    if (!l->rx_tagged) {
+        finish_payload(l);
+        return;
+    }
+    l->after_tag = l->rs;
+    l->rs = R_TAG;
+    l->got = 0;
+}
+
+/* The tag is in: checked, then the payload decrypted in place when it
+ * was encrypted, then handed on. */
+static void tag_done(struct obd_link *l)
+{
+    struct obd_daemon *d = l->d;
+    if (obd_auth_mac_check(&l->rx_mac, l->tag) != 0) {
+        uint64_t held;
+        obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
+        obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
+        if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
+            obd_log_error(&d->log,
+                          "a frame from node %d (%s) failed its tag: "
+                          "closing the link (%llu more failures held back)",
+                          l->peer, l->where, (unsigned long long)held);
+        obd_peers_link_close(l, "a frame failed authentication");
+        return;
+    }
+    l->rs = l->after_tag;
+    if (l->rx_encrypted) {
+        if (l->rs == R_CTRL)
+            obd_auth_decrypt(l->rx_key, l->rx_ctr, l->ctrl, l->f.len);
+        else if (l->rs == R_DATA)
+            obd_auth_decrypt(l->rx_key, l->rx_ctr, l->dst, l->f.len);
+    }
+    l->rx_ctr++;
+    finish_payload(l);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -447,8 +445,18 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf =
             uv_buf_init((char *)l->dst + l->got, (unsigned)(l->f.len - l->got));
         break;
+    case R_TAG:
+        *buf = uv_buf_init((char *)l->tag + l->got,
+                           (unsigned)(OBD_AUTH_TAG - l->got));
+        break;
     case R_DISCARD: {
         size_t left = l->f.len - l->got;
+        if (l->discard == NULL)
+            l->discard = malloc(DISCARD_BYTES);
+        if (l->discard == NULL) {
+            *buf = uv_buf_init(NULL, 0); /* on_read gets UV_ENOBUFS */
+            break;
+        }
         *buf = uv_buf_init(
             (char *)l->discard,
             (unsigned)(left < DISCARD_BYTES ? left : DISCARD_BYTES));
@@ -461,10 +469,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct obd_link *l = container_of(s, struct obd_link, tcp);
     struct obd_daemon *d = l->d;
-    (void)buf;
     if (nread < 0) {
-        link_close(l, nread == UV_EOF ? "connection closed by the peer"
-                                      : uv_strerror((int)nread));
+        obd_peers_link_close(l, nread == UV_EOF
+                                    ? "connection closed by the peer"
+                                    : uv_strerror((int)nread));
         return;
     }
     if (nread == 0 || l->state == L_CLOSING)
@@ -479,21 +487,42 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (l->got < OBD_FRAME_HDR)
             return;
         const char *why;
-        if (obd_frame_decode(l->hdr, OBCOMM_WIRE_MAX,
-                             (uint32_t)d->cfg.segment_bytes, &l->f, &why)) {
+        /* Before the handshake ends only small control frames. */
+        uint32_t max_ctrl =
+            l->state == L_UP ? OBCOMM_WIRE_MAX : PREAUTH_CTRL_MAX;
+        if (obd_frame_decode(l->hdr, max_ctrl, (uint32_t)d->cfg.segment_bytes,
+                             &l->f, &why)) {
             char msg[128];
             snprintf(msg, sizeof(msg), "malformed frame: %s", why);
             obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-            link_close(l, msg);
+            obd_peers_link_close(l, msg);
             return;
         }
+        /* With a session every control frame has a tag, and data frames
+         * too unless wire_protection is none. */
+        l->rx_tagged = l->rx_on && (l->f.type == OBD_FRAME_CTRL ||
+                                    d->cfg.wire != OBD_WIRE_NONE);
+        l->rx_encrypted = l->rx_tagged && d->cfg.wire == OBD_WIRE_ENCRYPT;
+        if (l->rx_tagged)
+            obd_auth_mac_begin(&l->rx_mac, l->rx_key, l->rx_ctr, l->hdr,
+                               OBD_FRAME_HDR, l->rx_encrypted);
         start_payload(l);
         if (l->state == L_CLOSING || l->parked || l->f.len > 0)
             return;
-    } else if (l->got < l->f.len) {
+        payload_done(l);
         return;
     }
-    finish_payload(l);
+    if (l->rs == R_TAG) {
+        if (l->got == OBD_AUTH_TAG)
+            tag_done(l);
+        return;
+    }
+    /* The tag covers the payload as it arrives, wherever it goes. */
+    if (l->rx_tagged)
+        obd_auth_mac_update(&l->rx_mac, buf->base, (size_t)nread);
+    if (l->got < l->f.len)
+        return;
+    payload_done(l);
 }
 
 /* Links that paused on a frame of an op that had not started look at it
@@ -511,7 +540,7 @@ static void resume_links(struct obd_ready *r)
             continue;
         uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
         if (l->f.len == 0)
-            finish_payload(l);
+            payload_done(l);
     }
 }
 
@@ -521,6 +550,11 @@ static void on_link_closed(uv_handle_t *h)
 {
     struct obd_link *l = container_of(h, struct obd_link, tcp);
     free(l->ctrl);
+    free(l->discard);
+    free(l->hello_mine);
+    free(l->hello_theirs);
+    memset(l->tx_key, 0, sizeof(l->tx_key));
+    memset(l->rx_key, 0, sizeof(l->rx_key));
     free(l);
 }
 
@@ -530,7 +564,7 @@ static void on_hello_timer_closed(uv_handle_t *h)
     uv_close((uv_handle_t *)&l->tcp, on_link_closed);
 }
 
-static void link_close(struct obd_link *l, const char *why)
+void obd_peers_link_close(struct obd_link *l, const char *why)
 {
     struct obd_daemon *d = l->d;
     if (l->state == L_CLOSING)
@@ -572,14 +606,15 @@ static void link_close(struct obd_link *l, const char *why)
             dial(p);
     } else if (!d->closing) {
         obd_log_limited(&d->log, OBD_LOG_WARN, 60000,
-                        "unidentified connection closed: %s", why);
+                        "unidentified connection from %s closed: %s", l->where,
+                        why);
     }
 }
 
 static void on_hello_timeout(uv_timer_t *t)
 {
     struct obd_link *l = container_of(t, struct obd_link, hello_timer);
-    link_close(l, "no Hello within the handshake timeout");
+    obd_peers_link_close(l, "no Hello within the handshake timeout");
 }
 
 static struct obd_link *link_new(struct obd_daemon *d)
@@ -605,14 +640,15 @@ static void on_connect(uv_connect_t *req, int status)
         obd_log_debug(&d->log, "dial node %d: %s", p->rank,
                       uv_strerror(status));
         l->state = L_HELLO; /* not up: closing it redials with backoff */
-        link_close(l, uv_strerror(status));
+        obd_peers_link_close(l, uv_strerror(status));
         return;
     }
     set_sockopts(l);
     l->state = L_HELLO;
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
-    send_hello(l);
+    if (obd_handshake_begin(l) != 0)
+        obd_peers_link_close(l, "cannot send our Hello");
 }
 
 static int resolve(const struct obd_addr *a, struct sockaddr_storage *out)
@@ -652,6 +688,9 @@ static void on_retry(uv_timer_t *t)
     }
     l->peer = p->rank;
     l->dialed = 1;
+    snprintf(l->ip, sizeof(l->ip), "%s", d->cfg.world[p->rank].host);
+    snprintf(l->where, sizeof(l->where), "%s:%u", d->cfg.world[p->rank].host,
+             d->cfg.world[p->rank].port);
     l->state = L_CONNECTING;
     l->next = d->unbound;
     d->unbound = l;
@@ -660,7 +699,7 @@ static void on_retry(uv_timer_t *t)
                             on_connect);
     if (rc) {
         l->state = L_HELLO;
-        link_close(l, uv_strerror(rc));
+        obd_peers_link_close(l, uv_strerror(rc));
     }
 }
 
@@ -677,11 +716,115 @@ static void dial(struct obd_peer *p)
     uv_timer_start(&p->retry, on_retry, p->backoff_ms, 0);
 }
 
+/* Connections that have not finished the handshake are bounded: at most
+ * max_unauth_per_addr from one address and max_unauth_links in all. Over
+ * a bound the oldest one of the busiest address goes, so a flood from one
+ * place cannot keep a real node (which finishes in a round trip) out. */
+static void bound_unauth(struct obd_daemon *d, struct obd_link *nl)
+{
+    for (;;) {
+        int total = 0, same = 0, busiest = 0;
+        struct obd_link *victim = NULL;
+        for (struct obd_link *l = d->unbound; l; l = l->next) {
+            if (l->dialed)
+                continue;
+            total++;
+            if (strcmp(l->ip, nl->ip) == 0)
+                same++;
+        }
+        if (same > d->cfg.max_unauth_per_addr) {
+            for (struct obd_link *l = d->unbound; l; l = l->next)
+                if (!l->dialed && l != nl && strcmp(l->ip, nl->ip) == 0)
+                    victim = l; /* the list is newest first */
+        } else if (total > d->cfg.max_unauth_links) {
+            for (struct obd_link *l = d->unbound; l; l = l->next) {
+                if (l->dialed || l == nl)
+                    continue;
+                int n = 0;
+                for (struct obd_link *m = d->unbound; m; m = m->next)
+                    if (!m->dialed && strcmp(m->ip, l->ip) == 0)
+                        n++;
+                if (n >= busiest) {
+                    busiest = n;
+                    victim = l;
+                }
+            }
+        }
+        if (victim == NULL)
+            return;
+        uint64_t held;
+        obd_metric_add(&d->metrics, OBD_M_UNAUTH_CLOSED, 1);
+        if (obd_log_limit(&d->lim_unauth, obd_daemon_now(d), LOG_EVERY_MS,
+                          &held))
+            obd_log_warn(&d->log,
+                         "too many peer connections without a handshake "
+                         "(%d, %d from %s): closing the oldest from %s (%llu "
+                         "more like it held back)",
+                         total, same, nl->ip, victim->ip,
+                         (unsigned long long)held);
+        obd_peers_link_close(victim,
+                             "too many connections without a handshake");
+    }
+}
+
+static void peer_address(struct obd_link *l)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof(sa);
+    snprintf(l->ip, sizeof(l->ip), "?");
+    if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) != 0)
+        return;
+    unsigned port = 0;
+    if (sa.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&sa;
+        uv_ip4_name(in, l->ip, sizeof(l->ip));
+        port = ntohs(in->sin_port);
+    } else if (sa.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)&sa;
+        uv_ip6_name(in, l->ip, sizeof(l->ip));
+        port = ntohs(in->sin6_port);
+    }
+    snprintf(l->where, sizeof(l->where), "%s:%u", l->ip, port);
+}
+
+static int listen_open(struct obd_daemon *d);
+
+static void on_listen_resume(uv_timer_t *t)
+{
+    struct obd_daemon *d = container_of(t, struct obd_daemon, listen_pause);
+    if (d->closing || d->listening)
+        return;
+    if (listen_open(d) != 0)
+        uv_timer_start(&d->listen_pause, on_listen_resume, ACCEPT_PAUSE_MS, 0);
+}
+
+static void on_listener_paused(uv_handle_t *h)
+{
+    struct obd_daemon *d = container_of(h, struct obd_daemon, listener);
+    if (!d->closing)
+        uv_timer_start(&d->listen_pause, on_listen_resume, ACCEPT_PAUSE_MS, 0);
+}
+
 static void on_incoming(uv_stream_t *server, int status)
 {
     struct obd_daemon *d = container_of(server, struct obd_daemon, listener);
-    if (status < 0)
+    if (status < 0) {
+        uint64_t held;
+        if (obd_log_limit(&d->lim_accept, obd_daemon_now(d), LOG_EVERY_MS,
+                          &held))
+            obd_log_warn(&d->log,
+                         "accepting a peer connection: %s (%llu more like "
+                         "it held back)",
+                         uv_strerror(status), (unsigned long long)held);
+        /* Out of descriptors: libuv would call us again at once. The
+         * listener closes for a moment instead (peers redial). */
+        if ((status == UV_EMFILE || status == UV_ENFILE) && d->listening) {
+            obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
+            d->listening = 0;
+            uv_close((uv_handle_t *)&d->listener, on_listener_paused);
+        }
         return;
+    }
     struct obd_link *l = link_new(d);
     if (l == NULL)
         return;
@@ -692,9 +835,61 @@ static void on_incoming(uv_stream_t *server, int status)
     l->state = L_HELLO;
     l->next = d->unbound;
     d->unbound = l;
+    peer_address(l);
     set_sockopts(l);
     uv_timer_start(&l->hello_timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
     uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
+    bound_unauth(d, l);
+}
+
+static int is_loopback(const struct sockaddr_storage *sa)
+{
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)sa;
+        return IN6_IS_ADDR_LOOPBACK(&in->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&in->sin6_addr) &&
+                in->sin6_addr.s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+static int listen_open(struct obd_daemon *d)
+{
+    struct sockaddr_storage sa;
+    if (resolve(&d->cfg.listen_addr, &sa) != 0) {
+        obd_log_error(&d->log, "cannot resolve listen address %s",
+                      d->cfg.listen_addr.host);
+        return OBCOMM_E_INVAL;
+    }
+    /* Protected mode: without a key only loopback. */
+    if (!d->keyed && !d->cfg.insecure && !is_loopback(&sa)) {
+        obd_log_error(
+            &d->log,
+            "refusing to listen on %s:%u without a cluster key: anyone who "
+            "reaches that address could join the mesh. Set auth_key_file on "
+            "every node (head -c 32 /dev/urandom > /etc/obcomm/cluster.key; "
+            "chmod 600 it; copy it to every node), or set allow_insecure = "
+            "true to accept the risk",
+            d->cfg.listen_addr.host, d->cfg.listen_addr.port);
+        return OBCOMM_E_INVAL;
+    }
+    uv_tcp_init(&d->loop, &d->listener);
+    d->listening = 1;
+    int rc = uv_tcp_bind(&d->listener, (struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&d->listener, 128, on_incoming);
+    if (rc) {
+        obd_log_error(&d->log, "listen on %s:%u: %s", d->cfg.listen_addr.host,
+                      d->cfg.listen_addr.port, uv_strerror(rc));
+        d->listening = 0;
+        uv_close((uv_handle_t *)&d->listener, NULL);
+        return rc;
+    }
+    return 0;
 }
 
 int obd_peers_start(struct obd_daemon *d)
@@ -713,24 +908,13 @@ int obd_peers_start(struct obd_daemon *d)
     if (d->cfg.nodes == 1)
         return 0;
 
-    struct sockaddr_storage sa;
-    if (resolve(&d->cfg.listen_addr, &sa) != 0) {
-        obd_log_error(&d->log, "cannot resolve listen address %s",
-                      d->cfg.listen_addr.host);
-        return OBCOMM_E_INVAL;
-    }
-    uv_tcp_init(&d->loop, &d->listener);
-    d->listening = 1;
-    int rc = uv_tcp_bind(&d->listener, (struct sockaddr *)&sa, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&d->listener, 128, on_incoming);
-    if (rc) {
-        obd_log_error(&d->log, "listen on %s:%u: %s", d->cfg.listen_addr.host,
-                      d->cfg.listen_addr.port, uv_strerror(rc));
+    int rc = listen_open(d);
+    if (rc)
         return rc;
-    }
-    obd_log_info(&d->log, "listening for peers on %s:%u",
-                 d->cfg.listen_addr.host, d->cfg.listen_addr.port);
+    obd_log_info(&d->log, "listening for peers on %s:%u (%s)",
+                 d->cfg.listen_addr.host, d->cfg.listen_addr.port,
+                 d->keyed ? "cluster key set"
+                          : "no cluster key: unauthenticated");
 
     /* A higher rank dials every lower one. */
     for (int i = 0; i < d->cfg.rank; i++)
@@ -746,10 +930,10 @@ void obd_peers_close(struct obd_daemon *d)
         struct obd_peer *p = &d->peers[i];
         uv_close((uv_handle_t *)&p->retry, NULL);
         if (p->link != NULL)
-            link_close(p->link, "shutting down");
+            obd_peers_link_close(p->link, "shutting down");
     }
     while (d->unbound != NULL)
-        link_close(d->unbound, "shutting down");
+        obd_peers_link_close(d->unbound, "shutting down");
     if (d->listening) {
         d->listening = 0;
         uv_close((uv_handle_t *)&d->listener, NULL);

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
     build-essential meson ninja-build pkg-config
     libuv1-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev check
+    libsodium-dev
     zlib1g-dev clang-format iproute2 procps
     libjson-c-dev python3
     prometheus man-db groff-base  # promtool and man -l for the tests

@@ -23,7 +23,8 @@
 # RATE as payload.
 #
 # Daemons: obcommd --rank I --peers 10.77.0.1:PORT,... --listen
-# 10.77.0.(I+1):PORT --socket $DIR/nI.sock, log $DIR/nI.log, where DIR is
+# 10.77.0.(I+1):PORT --auth_key_file $DIR/cluster.key (a fresh key per
+# `up`) --socket $DIR/nI.sock, log $DIR/nI.log, where DIR is
 # $OBCOMM_NETNS_DIR (default /tmp/obcomm-netns) and PORT $OBCOMM_NETNS_PORT
 # (default 7800). Binaries come from $BUILD (default build/).
 #
@@ -74,7 +75,7 @@ down() {
     for ns in $(our_netns); do
         ip netns del "$ns" 2>/dev/null || true
     done
-    rm -f "$dir"/n*.sock "$dir/nodes" "$dir/rate"
+    rm -f "$dir"/n*.sock "$dir/nodes" "$dir/rate" "$dir/cluster.key"
 }
 
 # shape DEV RATE [NETNS]: tbf on DEV's egress. burst must hold at least a
@@ -117,9 +118,14 @@ up() {
         shape obv$i "$rate" "$brns"
         peers+="${peers:+,}$(addr $i):$port"
     done
+    # The addresses are not loopback, so the daemons need a cluster key
+    # (protected mode): one fresh key per cluster, readable by root only.
+    # A --auth_key_file among the flags overrides it.
+    (umask 077 && head -c 32 /dev/urandom >"$dir/cluster.key")
     for ((i = 0; i < k; i++)); do
         ip netns exec "$prefix$i" "$build/daemon/obcommd" --rank "$i" \
             --peers "$peers" --listen "$(addr $i):$port" \
+            --auth_key_file "$dir/cluster.key" \
             --socket "$dir/n$i.sock" "$@" >"$dir/n$i.log" 2>&1 &
     done
     echo "$k" >"$dir/nodes"

@@ -184,9 +184,14 @@ int hx_restart(struct hx_cluster *c)
 
 int hx_crash_restart(struct hx_cluster *c, int i)
 {
+    return hx_restart_node(c, i, SIGKILL);
+}
+
+int hx_restart_node(struct hx_cluster *c, int i, int sig)
+{
     if (c->daemon[i] > 0 && !c->exited[i]) {
-        kill(c->daemon[i], SIGKILL);
-        waitpid(c->daemon[i], NULL, 0);
+        kill(c->daemon[i], sig);
+        waitpid(c->daemon[i], &c->status[i], 0);
     }
     c->daemon[i] = 0;
     c->exited[i] = 0;

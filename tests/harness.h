@@ -49,6 +49,11 @@ int hx_restart(struct hx_cluster *c);
  * port, socket, flags and log while the others keep running. */
 int hx_crash_restart(struct hx_cluster *c, int i);
 
+/* Stops daemon i alone with sig (SIGKILL: a crash), reaps it and starts
+ * it again with the same port, socket and flags; waits until its socket
+ * answers. Returns 0 or -1. */
+int hx_restart_node(struct hx_cluster *c, int i, int sig);
+
 /* A counter of daemon i as obcommctl ($OBCOMMCTL) reports it; -1 if
  * unavailable. */
 long long hx_metric(const struct hx_cluster *c, int i, const char *name);

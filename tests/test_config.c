@@ -83,7 +83,8 @@ START_TEST(file_then_flags_override)
     ck_assert_int_eq(c.nodes, 3);
     ck_assert_str_eq(c.world[2].host, "10.0.0.3");
     ck_assert_int_eq(c.world[2].port, 7001);
-    ck_assert_str_eq(c.listen_addr.host, "0.0.0.0");
+    /* The default listen address is this rank's own, not 0.0.0.0. */
+    ck_assert_str_eq(c.listen_addr.host, "10.0.0.2");
     ck_assert_int_eq(c.listen_addr.port, 7000);
 
     /* The fingerprint covers cluster and world, not the rank. */

@@ -6,7 +6,8 @@
 #   tests/bench/run_bench.sh [--nodes "2 4 8"] [--sizes-mib "1 4 16 64 256"]
 #       [--rate 1gbit] [--repeats N] [--warmup N] [--quick]
 #       [--contenders "obcomm mpi mpi_ring gloo"] [--out DIR]
-#       [--trainer "CMD ..."] [-- obcommd flags...]
+#       [--trainer "CMD ..."] [--wire-protection none|integrity|encrypt]
+#       [-- obcommd flags...]
 #
 # --quick: 2 nodes, 1 and 4 MiB, 2 repeats (a smoke check), into
 #   tests/bench/results-quick unless --out says otherwise.
@@ -14,6 +15,8 @@
 #   mpi = mpi_allreduce under mpirun with Open MPI's default algorithm choice;
 #   mpi_ring = the same with coll_tuned forced to the ring allreduce (4);
 #   gloo = gloo_allreduce.py (Debian python3-torch, /usr/bin/python3).
+# --wire-protection MODE: obcommd's wire_protection (the daemons of the
+#   emulated cluster always hold a cluster key, deploy/netns-cluster.sh).
 # --trainer CMD: after the contenders, for every node count, runs CMD once
 #   per node with run_on_nodes (see below); its output goes to
 #   $OUT/raw/trainer-n<K>-r<I>.log. This is the hook for the end-to-end
@@ -37,11 +40,12 @@ warmup=1
 contenders="obcomm mpi mpi_ring gloo"
 out=$here/results
 trainer=""
+wire=""
 quick=0
 per_run_timeout=${BENCH_TIMEOUT:-3600}
 py=/usr/bin/python3
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,6 +57,7 @@ while [ $# -gt 0 ]; do
     --contenders) contenders=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --trainer) trainer=$2; shift 2 ;;
+    --wire-protection) wire=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h | --help) usage 0 ;;
     --) shift; break ;;
@@ -60,6 +65,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 daemon_flags=("$@")
+[ -n "$wire" ] && daemon_flags+=(--wire_protection "$wire")
 if [ $quick -eq 1 ]; then
     nodes=2 sizes="1 4" repeats=2
     # A smoke check never overwrites the committed results.
