@@ -233,17 +233,21 @@ void obd_handshake_hello(struct obd_link *l, const Obcomm__Hello *h,
     if (!d->keyed && (h->world_size != (uint32_t)d->cfg.nodes ||
                       h->world_fingerprint != d->cfg.fingerprint)) {
         /* The fingerprint is not told: it would help an impostor. */
-        char told[200];
-        snprintf(told, sizeof(told),
-                 "world of %d nodes here (rank %lld), %u at rank %u: the "
-                 "peers lists differ",
-                 d->cfg.nodes, (long long)d->cfg.rank, h->world_size, h->rank);
-        char diff[256];
+        /* Without a key the mesh is loopback (or explicitly insecure)
+         * and the peer may read which entry differs, but not the
+         * fingerprint: it would help an impostor. */
+        char diff[256], told[400];
         obd_config_world_diff(&d->cfg, (const char *const *)h->world,
                               h->n_world, diff, sizeof(diff));
+        snprintf(told, sizeof(told),
+                 "world of %d nodes here (rank %lld), %u at rank %u: the "
+                 "peers lists differ: %s",
+                 d->cfg.nodes, (long long)d->cfg.rank, h->world_size, h->rank,
+                 diff);
         snprintf(why, sizeof(why),
-                 "%s: %s (fingerprints %016llx here, %016llx there)", told,
-                 diff, (unsigned long long)d->cfg.fingerprint,
+                 "%s (fingerprints %016llx here, %016llx "
+                 "there)",
+                 told, (unsigned long long)d->cfg.fingerprint,
                  (unsigned long long)h->world_fingerprint);
         refuse2(l, told, why);
         return;
