@@ -151,16 +151,10 @@ static void on_accept(uv_poll_t *h, int status, int events)
         int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
-            uint64_t held;
             if (e == EAGAIN || e == EINTR)
                 return;
-            if (obd_log_limit(&d->lim_ctl_accept, obd_daemon_now(d), 10000,
-                              &held))
-                obd_log_warn(&d->log,
-                             "accept on %s: %s (%llu more like it held "
-                             "back)",
-                             d->cfg.socket, strerror(e),
-                             (unsigned long long)held);
+            obd_log_limited(&d->log, OBD_LOG_WARN, 10000, "accept on %s: %s",
+                            d->cfg.socket, strerror(e));
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
                 obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
                 uv_poll_stop(&d->ctl_poll);

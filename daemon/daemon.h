@@ -157,10 +157,6 @@ struct obd_daemon {
      * the Unix socket), and repeated log lines held back. */
     uv_timer_t listen_pause;
     uv_timer_t ctl_pause;
-    struct obd_log_limit lim_auth;
-    struct obd_log_limit lim_unauth;
-    struct obd_log_limit lim_accept;
-    struct obd_log_limit lim_ctl_accept;
 
     /* Error-feedback states of the 1-bit allreduce (efstore.c), and the
      * timer that evicts states of jobs that went idle. */

@@ -125,14 +125,12 @@ static void refuse(struct obd_link *l, const char *reason)
 static void refuse_auth(struct obd_link *l, const char *why)
 {
     struct obd_daemon *d = l->d;
-    uint64_t held;
     obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
     obd_metric_add(&d->metrics, OBD_M_LINK_ERRORS, 1);
-    if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
-        obd_log_error(&d->log,
-                      "peer connection from %s (claims rank %d) failed "
-                      "authentication: %s (%llu more failures held back)",
-                      l->where, l->peer, why, (unsigned long long)held);
+    obd_log_limited(&d->log, OBD_LOG_ERROR, LOG_EVERY_MS,
+                    "peer connection from %s (claims rank %d) failed "
+                    "authentication: %s",
+                    l->where, l->peer, why);
     Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
     r.reason = "authentication failed";

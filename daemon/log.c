@@ -148,17 +148,3 @@ void obd_log_limited(struct obd_log *log, int level, uint64_t interval_ms,
     emit(log, level, suppressed, fmt, ap);
     va_end(ap);
 }
-
-int obd_log_limit(struct obd_log_limit *l, uint64_t now_ms,
-                  uint64_t interval_ms, uint64_t *suppressed)
-{
-    if (l->started && now_ms - l->last_ms < interval_ms) {
-        l->suppressed++;
-        return 0;
-    }
-    l->started = 1;
-    l->last_ms = now_ms;
-    *suppressed = l->suppressed;
-    l->suppressed = 0;
-    return 1;
-}

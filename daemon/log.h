@@ -54,18 +54,6 @@ void obd_log_printf(struct obd_log *log, int level, const char *fmt, ...)
 void obd_log_limited(struct obd_log *log, int level, uint64_t interval_ms,
                      const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* A repeated line goes out at most once per interval; the ones held back
- * are counted and the next line that goes out says how many. */
-struct obd_log_limit {
-    uint64_t last_ms;
-    uint64_t suppressed;
-    int started;
-};
-
-/* 1 when the line may go out at now_ms; *suppressed is then how many were
- * held back since the previous one. 0: count it and stay quiet. */
-int obd_log_limit(struct obd_log_limit *l, uint64_t now_ms,
-                  uint64_t interval_ms, uint64_t *suppressed);
 
 #define obd_log_error(l, ...) obd_log_printf((l), OBD_LOG_ERROR, __VA_ARGS__)
 #define obd_log_warn(l, ...)  obd_log_printf((l), OBD_LOG_WARN, __VA_ARGS__)

@@ -404,14 +404,12 @@ static void tag_done(struct obd_link *l)
 {
     struct obd_daemon *d = l->d;
     if (obd_auth_mac_check(&l->rx_mac, l->tag) != 0) {
-        uint64_t held;
         obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
         obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        if (obd_log_limit(&d->lim_auth, obd_daemon_now(d), LOG_EVERY_MS, &held))
-            obd_log_error(&d->log,
-                          "a frame from node %d (%s) failed its tag: "
-                          "closing the link (%llu more failures held back)",
-                          l->peer, l->where, (unsigned long long)held);
+        obd_log_limited(&d->log, OBD_LOG_ERROR, LOG_EVERY_MS,
+                        "a frame from node %d (%s) failed its tag: closing "
+                        "the link",
+                        l->peer, l->where);
         obd_peers_link_close(l, "a frame failed authentication");
         return;
     }
@@ -752,16 +750,11 @@ static void bound_unauth(struct obd_daemon *d, struct obd_link *nl)
         }
         if (victim == NULL)
             return;
-        uint64_t held;
         obd_metric_add(&d->metrics, OBD_M_UNAUTH_CLOSED, 1);
-        if (obd_log_limit(&d->lim_unauth, obd_daemon_now(d), LOG_EVERY_MS,
-                          &held))
-            obd_log_warn(&d->log,
-                         "too many peer connections without a handshake "
-                         "(%d, %d from %s): closing the oldest from %s (%llu "
-                         "more like it held back)",
-                         total, same, nl->ip, victim->ip,
-                         (unsigned long long)held);
+        obd_log_limited(&d->log, OBD_LOG_WARN, LOG_EVERY_MS,
+                        "too many peer connections without a handshake (%d, "
+                        "%d from %s): closing the oldest from %s",
+                        total, same, nl->ip, victim->ip);
         obd_peers_link_close(victim,
                              "too many connections without a handshake");
     }
@@ -809,13 +802,8 @@ static void on_incoming(uv_stream_t *server, int status)
 {
     struct obd_daemon *d = container_of(server, struct obd_daemon, listener);
     if (status < 0) {
-        uint64_t held;
-        if (obd_log_limit(&d->lim_accept, obd_daemon_now(d), LOG_EVERY_MS,
-                          &held))
-            obd_log_warn(&d->log,
-                         "accepting a peer connection: %s (%llu more like "
-                         "it held back)",
-                         uv_strerror(status), (unsigned long long)held);
+        obd_log_limited(&d->log, OBD_LOG_WARN, LOG_EVERY_MS,
+                        "accepting a peer connection: %s", uv_strerror(status));
         /* Out of descriptors: libuv would call us again at once. The
          * listener closes for a moment instead (peers redial). */
         if ((status == UV_EMFILE || status == UV_ENFILE) && d->listening) {
