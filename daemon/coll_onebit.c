@@ -6,10 +6,12 @@
  *   NORM      WORKER tasks, one pass over each segment of the tensor (the
  *             lazy worker step, codec.h): the exact average of the
  *             trainers plus the worker error, rewritten in place into the
- *             key's worker state, its signs and its block sums; then our
- *             scale, and the worker state commits;
- *   SCALES    our scale and then our signs go to every node (parameter-
- *             server phase); the op waits for every node's scale;
+ *             key's worker state, its signs and its block sums; each
+ *             segment's signs go to the chunk's server as soon as they
+ *             are packed (parameter-server phase); then our scale, and the
+ *             worker state commits;
+ *   SCALES    our scale follows our signs to every node; the op waits for
+ *             every node's scale;
  *   EXCHANGE  as the server of our chunk we run the lazy server step over
  *             a segment once every node's bits of it are in (SERVER: m in
  *             place into the server state, its signs and block sums); with
@@ -36,9 +38,12 @@
  * the way (a queue that fails, a send that fails, a bad scale) fails the
  * op, which every other node then learns from our announce.
  *
- * Frames: step 0 carries the parameter-server phase, step 1 + s step s of
- * the allgather. Within a step, segment 0 is the 4-byte scale of the chunk
- * and segments 1..nseg its packed bits, in order.
+ * Frames: step 0 carries the parameter-server phase: segments 0..nseg-1
+ * our packed bits of the chunk, in order, each sent as soon as the worker
+ * pass has produced it (the signs do not need the scale), then segment
+ * nseg our 4-byte worker scale. Step 1 + s is step s of the allgather:
+ * segment 0 the chunk's 4-byte server scale, segments 1..nseg its packed
+ * bits, in order.
  */
 #include "coll.h"
 
@@ -258,8 +263,8 @@ static int send_frame(struct obd_op *op, int to, uint32_t step, size_t x,
 
 /* ---- the transitions ---- */
 
-/* Parameter-server phase: node k gets our scale, then our bits of chunk k
- * segment by segment as they are packed. */
+/* Parameter-server phase: node k gets our bits of chunk k segment by
+ * segment as they are packed, then our scale once it is known. */
 static int send_to_servers(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
@@ -268,16 +273,17 @@ static int send_to_servers(struct obd_op *op)
             continue;
         while (ob->ps_sent[k] <= ob->nseg) {
             size_t x = ob->ps_sent[k];
-            if (x == 0) {
-                if (send_frame(op, k, 0, 0, &ob->scale, sizeof(float)))
+            if (x == ob->nseg) {
+                if (!ob->have_scale[ob->r])
+                    break;
+                if (send_frame(op, k, 0, x, &ob->scale, sizeof(float)))
                     return -1;
             } else {
-                size_t j = x - 1;
-                if (ob->sign[(size_t)k * ob->nseg + j] != SG_PACKED)
+                if (ob->sign[(size_t)k * ob->nseg + x] != SG_PACKED)
                     break;
-                size_t off = (size_t)k * ob->C + j * ob->seg;
+                size_t off = (size_t)k * ob->C + x * ob->seg;
                 if (send_frame(op, k, 0, x, ob->ctx.bits + off / 8,
-                               seg_elems(ob, j) / 8))
+                               seg_elems(ob, x) / 8))
                     return -1;
             }
             ob->ps_sent[k]++;
@@ -326,7 +332,7 @@ static int server_inputs_ready(const struct onebit *ob, size_t j)
     if (ob->sign[(size_t)ob->r * ob->nseg + j] != SG_PACKED)
         return 0;
     for (int k = 0; k < ob->n; k++)
-        if (k != ob->r && ob->ps_recv[k] < j + 2)
+        if (k != ob->r && ob->ps_recv[k] < j + 1)
             return 0;
     return 1;
 }
@@ -444,9 +450,9 @@ static void step(struct obd_op *op)
         return;
     switch (ob->phase) {
     case PH_NORM: {
-        if (ob->norm_left > 0)
-            return;
         update_signs(ob);
+        if (send_to_servers(op) || ob->norm_left > 0)
+            return;
         size_t nblocks = (ob->N + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
         if (obd_codec_scale(ob->ctx.wsums, nblocks, ob->N, &ob->scale)) {
             fail(op, OBCOMM_E_NONFINITE,
@@ -494,18 +500,18 @@ static void *onebit_recv_dest(struct obd_op *op, int from,
             *why = "parameter-server frame out of order";
             return NULL;
         }
-        if (x == 0) {
+        if (x == ob->nseg) {
             if (f->len != sizeof(float)) {
                 *why = "scale frame of the wrong length";
                 return NULL;
             }
             return &ob->scales[from];
         }
-        if (f->len != seg_elems(ob, x - 1) / 8) {
+        if (f->len != seg_elems(ob, x) / 8) {
             *why = "payload length differs from the segment's";
             return NULL;
         }
-        return (uint8_t *)ob->ctx.in[from] + (x - 1) * ob->seg / 8;
+        return (uint8_t *)ob->ctx.in[from] + x * ob->seg / 8;
     }
 
     int s = (int)f->step - 1;
@@ -535,7 +541,7 @@ static void onebit_recv_done(struct obd_op *op, int from,
 {
     struct onebit *ob = op->coll;
     if (f->step == 0) {
-        if (ob->ps_recv[from] == 0)
+        if (ob->ps_recv[from] == ob->nseg)
             ob->have_scale[from] = 1;
         ob->ps_recv[from]++;
         return;
