@@ -3,10 +3,12 @@
 # one or more obcommd builds side by side in the same run (issue 13 item 4).
 #
 #   tests/bench/cpu_per_op.sh [--runs K] [--count N] [--repeats R]
-#       [--warmup W] [--probe PATH] [--out FILE] NAME=OBCOMMD [NAME=OBCOMMD...]
+#       [--warmup W] [--trainers T] [--probe PATH] [--out FILE]
+#       NAME=OBCOMMD [NAME=OBCOMMD...]
 #
-# For each of K runs and each build in turn: two daemons on loopback, one
-# trainer each (tests/bench/onebit_cpu), W untimed and R timed 1-bit ops of
+# For each of K runs and each build in turn: two daemons on loopback, T
+# trainers each (default 1; tests/bench/onebit_cpu), W untimed and R timed
+# 1-bit ops of
 # N floats (default 16 Mi); each trainer reads its daemon's utime + stime
 # (/proc/PID/stat) around the R ops and times a memcpy of the tensor in
 # the same run. Prints one JSON line per (run, build, node), with the load
@@ -16,7 +18,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-runs=5 count=$((16 << 20)) repeats=20 warmup=5 out=/dev/stdout
+runs=5 count=$((16 << 20)) repeats=20 warmup=5 trainers=1 out=/dev/stdout
 probe=$root/build/tests/bench/onebit_cpu
 while [ $# -gt 0 ]; do
     case $1 in
@@ -24,9 +26,10 @@ while [ $# -gt 0 ]; do
     --count) count=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --trainers) trainers=$2; shift 2 ;;
     --probe) probe=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
@@ -67,17 +70,21 @@ for run in $(seq 1 "$runs"); do
         done
         tp=()
         for i in 0 1; do
-            "$probe" -s "$dir/n$i.sock" -p "${pids[$i]}" -n "$count" \
-                -w "$warmup" -r "$repeats" >"$dir/p$i.json" &
-            tp+=($!)
+            for l in $(seq 0 $((trainers - 1))); do
+                "$probe" -s "$dir/n$i.sock" -p "${pids[$i]}" -n "$count" \
+                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" \
+                    >"$dir/p$i-$l.json" &
+                tp+=($!)
+            done
         done
         ok=1
         for p in "${tp[@]}"; do wait "$p" || ok=0; done
         cleanup
         [ $ok -eq 1 ] || { echo "cpu_per_op: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; exit 1; }
-        for i in 0 1; do
-            sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,/" "$dir/p$i.json" >>"$results"
+        for f in "$dir"/p*.json; do
+            sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,\"trainers\":$trainers,/" "$f" >>"$results"
         done
+        rm -f "$dir"/p*.json
         rm -f "$dir"/n*.sock
     done
 done
@@ -86,8 +93,8 @@ python3 - "$results" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 builds = list(dict.fromkeys(r["build"] for r in rows))
-print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (medians of %d runs x 2 nodes; load %s)"
-      % (max(r["run"] for r in rows), ", ".join(sorted({str(r["load"]) for r in rows}))))
+print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (medians of %d runs x 2 nodes x %d trainers; load %s)"
+      % (max(r["run"] for r in rows), rows[0]["trainers"], ", ".join(sorted({str(r["load"]) for r in rows}))))
 for b in builds:
     rs = [r for r in rows if r["build"] == b]
     med = lambda k: statistics.median(r[k] for r in rs)

@@ -7,6 +7,10 @@
  * inflate, like the daemon's utime + stime).
  *
  *   onebit_cpu -s SOCKET -p DAEMON_PID [-n COUNT] [-w WARMUP] [-r REPEATS]
+ *              [-L LOCAL_SIZE -l LOCAL_RANK]
+ *
+ * With several trainers per node (-L), each one runs this program; each
+ * reads the same daemon, so their CPU figures are the node's.
  *
  * Output: one JSON line with the daemon's CPU ms per op, the memcpy ms,
  * their ratio, the wall ms per op (the 1-bit calls only), and an FNV-1a
@@ -77,8 +81,8 @@ int main(int argc, char **argv)
     const char *sock = NULL;
     long pid = 0;
     size_t count = 16u << 20;
-    int warmup = 5, repeats = 20, opt;
-    while ((opt = getopt(argc, argv, "s:p:n:w:r:")) != -1) {
+    int warmup = 5, repeats = 20, lsize = 1, lrank = 0, opt;
+    while ((opt = getopt(argc, argv, "s:p:n:w:r:L:l:")) != -1) {
         switch (opt) {
         case 's':
             sock = optarg;
@@ -95,17 +99,27 @@ int main(int argc, char **argv)
         case 'r':
             repeats = atoi(optarg);
             break;
+        case 'L':
+            lsize = atoi(optarg);
+            break;
+        case 'l':
+            lrank = atoi(optarg);
+            break;
         default:
             fprintf(stderr, "usage: onebit_cpu -s SOCKET -p DAEMON_PID [-n "
                             "COUNT] [-w WARMUP] [-r REPEATS]\n");
             return 2;
         }
     }
-    if (pid <= 0 || repeats < 1 || count == 0) {
+    if (pid <= 0 || repeats < 1 || count == 0 || lsize < 1 || lrank < 0 ||
+        lrank >= lsize) {
         fprintf(stderr, "onebit_cpu: -p DAEMON_PID is required\n");
         return 2;
     }
-    obcomm_options_t o = {.socket_path = sock, .job = "cpu", .local_size = 1};
+    obcomm_options_t o = {.socket_path = sock,
+                          .job = "cpu",
+                          .local_rank = lrank,
+                          .local_size = lsize};
     obcomm_t *c;
     if (obcomm_connect(&o, &c)) {
         fprintf(stderr, "onebit_cpu: connect: %s\n", obcomm_last_error(NULL));
