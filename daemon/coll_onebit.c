@@ -31,8 +31,9 @@
  * and a snapshot meanwhile does not save it. (The two-pass codec this
  * replaces left the state untouched when the op failed before every
  * node's scale was in; the single pass costs a failed op's key its
- * accumulated error instead.) An op that fails after the server commit
- * leaves the state one step further, as every node that completes it.
+ * accumulated error instead.) An op that fails after this node's server
+ * commit leaves its state one step further, like a node that completed
+ * the op.
  * Events (a task done, a frame in) only record what happened and post the
  * op; step() is the one place that makes transitions, and every error on
  * the way (a queue that fails, a send that fails, a bad scale) fails the
