@@ -756,7 +756,8 @@ void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n)
 {
-    memcpy(s->v[s->cur], e, n * sizeof(float));
+    if (e != s->v[s->cur])
+        memcpy(s->v[s->cur], e, n * sizeof(float));
     s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
     s->scale[s->cur] = 0.0f;
 }

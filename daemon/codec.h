@@ -206,7 +206,8 @@ void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
                                float *v1);
 
 /* Restore an error snapshot: e (n floats, the state's length) is copied
- * into the current buffer, whose mode becomes EAGER. */
+ * into the current buffer, whose mode becomes EAGER. e may be the current
+ * buffer itself (a snapshot read in place): nothing is copied then. */
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n);
 

@@ -3,30 +3,48 @@
  * schedules are plain tasks (onebit_task.h) run on the worker pool.
  *
  * On every node, for op (job, key, count), the op moves through phases:
- *   NORM      NORM tasks average the trainers exactly and form the norm of
- *             b = avg + werr (nothing changes yet);
- *   SCALES    our scale is known and goes to every node; the op waits for
- *             every node's scale, so that a node whose tensor held a NaN
- *             (it sends none and fails the op everywhere) leaves every
- *             node's error feedback untouched;
- *   EXCHANGE  SIGNS tasks pack our signs chunk by chunk (updating werr),
- *             each segment going to the chunk's server as soon as it is
- *             packed (parameter-server phase); as the server of our chunk
- *             we sum a segment once every node's bits of it are in
- *             (SRV_NORM), then, with the server scale known, pack it
- *             (SRV_SIGNS, updating serr); the servers' chunks travel around
- *             the ring (allgather) and every segment is decoded into the
- *             trainers' buffers as it arrives;
+ *   NORM      WORKER tasks, one pass over each segment of the tensor (the
+ *             lazy worker step, codec.h): the exact average of the
+ *             trainers plus the worker error, rewritten in place into the
+ *             key's worker state, its signs and its block sums; each
+ *             segment's signs go to the chunk's server as soon as they
+ *             are packed (parameter-server phase); then our scale, and the
+ *             worker state commits;
+ *   SCALES    our scale follows our signs to every node; the op waits for
+ *             every node's scale;
+ *   EXCHANGE  as the server of our chunk we run the lazy server step over
+ *             a segment once every node's bits of it are in (SERVER: m in
+ *             place into the server state, its signs and block sums); with
+ *             every segment done the server scale is known and the server
+ *             state commits; the servers' chunks travel around the ring
+ *             (allgather) and every segment is decoded into the trainers'
+ *             buffers as it arrives;
  *   DONE      everything sent, received and decoded.
  * Segments have states of their own (sign_seg, srv_seg, res_seg below).
+ *
+ * Error feedback on failure (the RESET policy, codec.h and efstate.h):
+ * the worker pass changes the key's state from its first segment on, and
+ * fp32 cannot undo it. From the moment the worker tasks are queued until
+ * the server state commits, the key is torn: an op that fails in between
+ * (a NaN or Inf on any node, a bad scale, a lost node, a timeout) resets
+ * the key's error feedback to zero at its next op, counted in ef_resets,
+ * and a snapshot meanwhile does not save it. (The two-pass codec this
+ * replaces left the state untouched when the op failed before every
+ * node's scale was in; the single pass costs a failed op's key its
+ * accumulated error instead.) An op that fails after this node's server
+ * commit leaves its state one step further, like a node that completed
+ * the op.
  * Events (a task done, a frame in) only record what happened and post the
  * op; step() is the one place that makes transitions, and every error on
  * the way (a queue that fails, a send that fails, a bad scale) fails the
  * op, which every other node then learns from our announce.
  *
- * Frames: step 0 carries the parameter-server phase, step 1 + s step s of
- * the allgather. Within a step, segment 0 is the 4-byte scale of the chunk
- * and segments 1..nseg its packed bits, in order.
+ * Frames: step 0 carries the parameter-server phase: segments 0..nseg-1
+ * our packed bits of the chunk, in order, each sent as soon as the worker
+ * pass has produced it (the signs do not need the scale), then segment
+ * nseg our 4-byte worker scale. Step 1 + s is step s of the allgather:
+ * segment 0 the chunk's 4-byte server scale, segments 1..nseg its packed
+ * bits, in order.
  */
 #include "coll.h"
 
@@ -47,16 +65,15 @@
 enum phase { PH_NORM, PH_SCALES, PH_EXCHANGE, PH_DONE };
 
 /* A segment of our signs of one chunk. */
-enum sign_seg { SG_IDLE, SG_PACKING, SG_PACKED };
+enum sign_seg { SG_PACKING, SG_PACKED };
 /* A segment of the chunk we serve. */
-enum srv_seg { SV_INPUTS, SV_SUMMING, SV_SUMMED, SV_PACKING, SV_PACKED };
+enum srv_seg { SV_INPUTS, SV_PACKING, SV_PACKED };
 /* A segment of one chunk's result. */
 enum res_seg { RS_WAIT, RS_IN, RS_DECODING, RS_DONE };
 
 /* Spans of the op's steps for the timeline (trace.h): first and last
  * moment of each, 0 while it has not begun. */
 enum span {
-    SP_NORM,
     SP_COMPRESS,
     SP_PS_SEND,
     SP_SERVER,
@@ -65,8 +82,8 @@ enum span {
     SP_COUNT
 };
 static const char *const span_names[SP_COUNT] = {
-    "local reduce + norm", "compress",  "parameter-server send",
-    "server step",         "allgather", "decompress"};
+    "compress", "parameter-server send", "server step", "allgather",
+    "decompress"};
 
 struct onebit {
     struct obd_daemon *d;
@@ -78,10 +95,11 @@ struct onebit {
     enum phase phase;
     int began; /* holds a use of ef */
 
-    /* NORM */
-    float *b; /* avg + werr with several trainers, N */
-    size_t b_cap;
-    size_t norm_left; /* NORM tasks not finished */
+    /* NORM: WORKER tasks run over whole codec blocks of the padded
+     * tensor; block k belongs to the task of the segment holding element
+     * k * OBD_CODEC_BLOCK (segments smaller than a block share one). */
+    size_t norm_left;  /* WORKER tasks not finished */
+    uint8_t *blk_done; /* per block of the padded tensor */
     float scale;
 
     /* Worker side: our signs of chunk k segment j, and the parameter-server
@@ -93,7 +111,8 @@ struct onebit {
     float *scales;
     uint8_t *have_scale;
     size_t *ps_recv;
-    uint8_t *srv; /* enum srv_seg, nseg */
+    uint8_t *srv;    /* enum srv_seg, nseg */
+    size_t srv_left; /* segments whose SERVER task has not finished */
     float sscale;
 
     /* Allgather and decoding. */
@@ -117,12 +136,9 @@ static void mark(struct onebit *ob, enum span s, uint64_t when)
 static enum span span_of(enum obd_onebit_pass pass)
 {
     switch (pass) {
-    case OBD_ONEBIT_NORM:
-        return SP_NORM;
-    case OBD_ONEBIT_SIGNS:
+    case OBD_ONEBIT_WORKER:
         return SP_COMPRESS;
-    case OBD_ONEBIT_SRV_NORM:
-    case OBD_ONEBIT_SRV_SIGNS:
+    case OBD_ONEBIT_SERVER:
         return SP_SERVER;
     case OBD_ONEBIT_DECODE:
         break;
@@ -135,7 +151,7 @@ struct task {
     struct obd_op *op;
     struct onebit *ob;
     struct obd_onebit_task t;
-    int chunk; /* SIGNS, DECODE */
+    int chunk; /* DECODE */
     size_t seg;
     uint64_t begin_ns, end_ns; /* on the worker thread, for the timeline */
 };
@@ -167,8 +183,8 @@ static void task_done(uv_work_t *req, int status)
     mark(ob, span_of(t->t.pass), t->begin_ns);
     mark(ob, span_of(t->t.pass), t->end_ns);
     if (ob->d->trace.f != NULL) {
-        static const char *const pass_names[] = {"norm", "signs", "server norm",
-                                                 "server signs", "decode"};
+        static const char *const pass_names[] = {"worker pass", "server pass",
+                                                 "decode"};
         char args[96];
         snprintf(args, sizeof(args), "\"seq\":%llu,\"begin\":%zu,\"end\":%zu",
                  (unsigned long long)op->seq, t->t.begin, t->t.end);
@@ -176,18 +192,14 @@ static void task_done(uv_work_t *req, int status)
                        t->begin_ns, t->end_ns, args);
     }
     switch (t->t.pass) {
-    case OBD_ONEBIT_NORM:
+    case OBD_ONEBIT_WORKER:
         ob->norm_left--;
+        for (size_t b = t->t.begin; b < t->t.end; b += OBD_CODEC_BLOCK)
+            ob->blk_done[b / OBD_CODEC_BLOCK] = 1;
         break;
-    case OBD_ONEBIT_SIGNS:
-        ob->sign[(size_t)t->chunk * ob->nseg + t->seg] = SG_PACKED;
-        break;
-    case OBD_ONEBIT_SRV_NORM:
-        ob->srv[t->seg] = SV_SUMMED;
-        break;
-    case OBD_ONEBIT_SRV_SIGNS:
+    case OBD_ONEBIT_SERVER:
         ob->srv[t->seg] = SV_PACKED;
-        ob->res[(size_t)ob->r * ob->nseg + t->seg] = RS_IN;
+        ob->srv_left--;
         break;
     case OBD_ONEBIT_DECODE:
         ob->res[(size_t)t->chunk * ob->nseg + t->seg] = RS_DONE;
@@ -252,8 +264,8 @@ static int send_frame(struct obd_op *op, int to, uint32_t step, size_t x,
 
 /* ---- the transitions ---- */
 
-/* Parameter-server phase: node k gets our scale, then our bits of chunk k
- * segment by segment as they are packed. */
+/* Parameter-server phase: node k gets our bits of chunk k segment by
+ * segment as they are packed, then our scale once it is known. */
 static int send_to_servers(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
@@ -262,16 +274,17 @@ static int send_to_servers(struct obd_op *op)
             continue;
         while (ob->ps_sent[k] <= ob->nseg) {
             size_t x = ob->ps_sent[k];
-            if (x == 0) {
-                if (send_frame(op, k, 0, 0, &ob->scale, sizeof(float)))
+            if (x == ob->nseg) {
+                if (!ob->have_scale[ob->r])
+                    break;
+                if (send_frame(op, k, 0, x, &ob->scale, sizeof(float)))
                     return -1;
             } else {
-                size_t j = x - 1;
-                if (ob->sign[(size_t)k * ob->nseg + j] != SG_PACKED)
+                if (ob->sign[(size_t)k * ob->nseg + x] != SG_PACKED)
                     break;
-                size_t off = (size_t)k * ob->C + j * ob->seg;
+                size_t off = (size_t)k * ob->C + x * ob->seg;
                 if (send_frame(op, k, 0, x, ob->ctx.bits + off / 8,
-                               seg_elems(ob, j) / 8))
+                               seg_elems(ob, x) / 8))
                     return -1;
             }
             ob->ps_sent[k]++;
@@ -296,23 +309,23 @@ static int all_scales(struct obd_op *op)
     return 1;
 }
 
-/* Our signs of every chunk, in the order of their servers starting after
- * us, so that the nodes do not all feed the same server first. */
-static int queue_signs(struct obd_op *op)
+/* Marks every segment of our signs whose blocks are all done. */
+static void update_signs(struct onebit *ob)
 {
-    struct onebit *ob = op->coll;
-    ob->ef->torn = 1; /* until serve() has queued the server's update */
-    for (int i = 1; i <= ob->n; i++) {
-        int c = obd_ring_mod(ob->r + i, ob->n);
+    for (int c = 0; c < ob->n; c++)
         for (size_t j = 0; j < ob->nseg; j++) {
+            uint8_t *st = &ob->sign[(size_t)c * ob->nseg + j];
+            if (*st == SG_PACKED)
+                continue;
             size_t begin = (size_t)c * ob->C + j * ob->seg;
-            if (queue(op, OBD_ONEBIT_SIGNS, c, j, begin,
-                      begin + seg_elems(ob, j), ob->scale))
-                return -1;
-            ob->sign[(size_t)c * ob->nseg + j] = SG_PACKING;
+            size_t end = begin + seg_elems(ob, j);
+            int done = 1;
+            for (size_t k = begin / OBD_CODEC_BLOCK;
+                 done && k * OBD_CODEC_BLOCK < end; k++)
+                done = ob->blk_done[k];
+            if (done)
+                *st = SG_PACKED;
         }
-    }
-    return 0;
 }
 
 static int server_inputs_ready(const struct onebit *ob, size_t j)
@@ -320,46 +333,44 @@ static int server_inputs_ready(const struct onebit *ob, size_t j)
     if (ob->sign[(size_t)ob->r * ob->nseg + j] != SG_PACKED)
         return 0;
     for (int k = 0; k < ob->n; k++)
-        if (k != ob->r && ob->ps_recv[k] < j + 2)
+        if (k != ob->r && ob->ps_recv[k] < j + 1)
             return 0;
     return 1;
 }
 
-/* The server of chunk r: sums each segment once its inputs are in, then,
- * with every segment summed, forms the server scale and packs. */
+/* The server of chunk r: runs the lazy server pass over each segment once
+ * every node's scale and bits of it are in; with every segment done, forms
+ * the server scale and commits the server state. Segments are whole codec
+ * blocks of the chunk (or the whole chunk), so the block sums do not
+ * depend on them. */
 static int serve(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
-    int summed = 0;
-    for (size_t j = 0; j < ob->nseg; j++) {
+    if (ob->have_sscale[ob->r])
+        return 0;
+    for (size_t j = 0; j < ob->nseg; j++)
         if (ob->srv[j] == SV_INPUTS && server_inputs_ready(ob, j)) {
-            if (queue(op, OBD_ONEBIT_SRV_NORM, ob->r, j, j * ob->seg,
+            if (queue(op, OBD_ONEBIT_SERVER, ob->r, j, j * ob->seg,
                       j * ob->seg + seg_elems(ob, j), 0))
                 return -1;
-            ob->srv[j] = SV_SUMMING;
+            ob->srv[j] = SV_PACKING;
         }
-        summed += ob->srv[j] == SV_SUMMED;
-    }
-    if ((size_t)summed < ob->nseg)
+    if (ob->srv_left > 0)
         return 0;
     size_t nblocks = (ob->C + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
     if (obd_codec_scale(ob->ctx.ssums, nblocks, ob->C, &ob->sscale)) {
         fail(op, OBCOMM_E_NONFINITE,
              "the server step met a non-finite value (a NaN or Inf in some "
-             "node's tensor or scale)");
+             "node's tensor); this key's error feedback restarts at zero");
         return -1;
     }
+    obd_codec_lazy_state_commit(&ob->ef->sl, ob->sscale);
+    /* Both states have taken this op's step. */
+    ob->ef->torn = 0;
     ob->sscales[ob->r] = ob->sscale;
     ob->have_sscale[ob->r] = 1;
-    for (size_t j = 0; j < ob->nseg; j++) {
-        if (queue(op, OBD_ONEBIT_SRV_SIGNS, ob->r, j, j * ob->seg,
-                  j * ob->seg + seg_elems(ob, j), ob->sscale))
-            return -1;
-        ob->srv[j] = SV_PACKING;
-    }
-    /* Every task that changes the state is queued, and queued tasks always
-     * run: the state reaches this op's step even if the op fails now. */
-    ob->ef->torn = 0;
+    for (size_t j = 0; j < ob->nseg; j++)
+        ob->res[(size_t)ob->r * ob->nseg + j] = RS_IN;
     return 0;
 }
 
@@ -440,15 +451,17 @@ static void step(struct obd_op *op)
         return;
     switch (ob->phase) {
     case PH_NORM: {
-        if (ob->norm_left > 0)
+        update_signs(ob);
+        if (send_to_servers(op) || ob->norm_left > 0)
             return;
         size_t nblocks = (ob->N + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
         if (obd_codec_scale(ob->ctx.wsums, nblocks, ob->N, &ob->scale)) {
             fail(op, OBCOMM_E_NONFINITE,
                  "the averaged tensor plus error feedback holds a NaN or "
-                 "Inf; the error feedback state is unchanged");
+                 "Inf; this key's error feedback restarts at zero");
             return;
         }
+        obd_codec_lazy_state_commit(&ob->ef->wl, ob->scale);
         ob->scales[ob->r] = ob->scale;
         ob->have_scale[ob->r] = 1;
         ob->phase = PH_SCALES;
@@ -456,8 +469,6 @@ static void step(struct obd_op *op)
         /* fall through */
     case PH_SCALES:
         if (send_to_servers(op) || !all_scales(op))
-            return;
-        if (queue_signs(op))
             return;
         ob->phase = PH_EXCHANGE;
         /* fall through */
@@ -490,18 +501,18 @@ static void *onebit_recv_dest(struct obd_op *op, int from,
             *why = "parameter-server frame out of order";
             return NULL;
         }
-        if (x == 0) {
+        if (x == ob->nseg) {
             if (f->len != sizeof(float)) {
                 *why = "scale frame of the wrong length";
                 return NULL;
             }
             return &ob->scales[from];
         }
-        if (f->len != seg_elems(ob, x - 1) / 8) {
+        if (f->len != seg_elems(ob, x) / 8) {
             *why = "payload length differs from the segment's";
             return NULL;
         }
-        return (uint8_t *)ob->ctx.in[from] + (x - 1) * ob->seg / 8;
+        return (uint8_t *)ob->ctx.in[from] + x * ob->seg / 8;
     }
 
     int s = (int)f->step - 1;
@@ -531,7 +542,7 @@ static void onebit_recv_done(struct obd_op *op, int from,
 {
     struct onebit *ob = op->coll;
     if (f->step == 0) {
-        if (ob->ps_recv[from] == 0)
+        if (ob->ps_recv[from] == ob->nseg)
             ob->have_scale[from] = 1;
         ob->ps_recv[from]++;
         return;
@@ -592,7 +603,7 @@ static void onebit_free(struct obd_op *op)
         if (ob->span[s][0] != 0)
             obd_trace_span(ob->d, span_names[s], "1-bit", tid, ob->span[s][0],
                            ob->span[s][1], NULL);
-    obd_daemon_scratch_put(ob->d, ob->b, ob->b_cap);
+    free(ob->blk_done);
     free(ob->ctx.wsums);
     free(ob->ctx.ssums);
     free(ob->sign);
@@ -650,7 +661,7 @@ static int start_one_node(struct obd_op *op, struct onebit *ob)
     return 0;
 }
 
-/* Allocates the op's buffers and queues the NORM tasks. */
+/* Allocates the op's buffers and queues the WORKER tasks. */
 static int begin(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
@@ -660,8 +671,8 @@ static int begin(struct obd_op *op)
     ob->began = 1;
     const struct obd_ef_work *w = obd_ef_work(ob->ef, ob->r);
     obd_efstore_account(d);
-    if (ob->ls > 1)
-        ob->b = obd_daemon_scratch_get(d, ob->N * sizeof(float), &ob->b_cap);
+    size_t nblocks = (ob->N + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
+    ob->blk_done = calloc(nblocks, 1);
     ob->ctx.wsums = calloc(ob->N / OBD_CODEC_BLOCK + 1, sizeof(double));
     ob->ctx.ssums = calloc(ob->C / OBD_CODEC_BLOCK + 1, sizeof(double));
     ob->sign = calloc(n * nseg, 1);
@@ -673,10 +684,9 @@ static int begin(struct obd_op *op)
     ob->sscales = calloc(n, sizeof(float));
     ob->have_sscale = calloc(n, 1);
     ob->res = calloc(n * nseg, 1);
-    if (!w || (!ob->b && ob->ls > 1) || !ob->ctx.wsums || !ob->ctx.ssums ||
-        !ob->sign || !ob->ps_sent || !ob->scales || !ob->have_scale ||
-        !ob->ps_recv || !ob->srv || !ob->sscales || !ob->have_sscale ||
-        !ob->res) {
+    if (!w || !ob->blk_done || !ob->ctx.wsums || !ob->ctx.ssums || !ob->sign ||
+        !ob->ps_sent || !ob->scales || !ob->have_scale || !ob->ps_recv ||
+        !ob->srv || !ob->sscales || !ob->have_sscale || !ob->res) {
         fail(op, OBCOMM_E_NOMEM, "out of memory for codec buffers");
         return OBCOMM_E_NOMEM;
     }
@@ -686,9 +696,10 @@ static int begin(struct obd_op *op)
         .ls = ob->ls,
         .count = ob->count,
         .dst = (float *const *)op->data,
-        .werr = ob->ef->werr,
-        .serr = ob->ef->serr,
-        .b = ob->b,
+        .wprev = obd_codec_lazy_state_prev(&ob->ef->wl),
+        .wnext = obd_codec_lazy_state_next(&ob->ef->wl),
+        .sprev = obd_codec_lazy_state_prev(&ob->ef->sl),
+        .snext = obd_codec_lazy_state_next(&ob->ef->sl),
         .wsums = ob->ctx.wsums,
         .ssums = ob->ctx.ssums,
         .bits = w->bits,
@@ -696,21 +707,33 @@ static int begin(struct obd_op *op)
         .scales = ob->scales,
         .out = w->out,
         .chunk_begin = (size_t)ob->r * ob->C,
+        .stream = ob->count * sizeof(float) >= OBD_ONEBIT_STREAM_BYTES,
     };
+    ob->srv_left = nseg;
 
-    /* NORM over whole blocks, split across the pool's threads. */
-    size_t nblocks = (ob->N + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
-    size_t parts = (size_t)d->threads;
-    if (parts > nblocks)
-        parts = nblocks;
+    /* One WORKER task per segment, over the blocks that begin in it, our
+     * signs of every chunk in the order of their servers starting after
+     * us, so that the nodes do not all feed the same server first. From
+     * here on the state changes in place: torn until the server commits
+     * (or reset at the next op, see the file comment). */
     ob->phase = PH_NORM;
-    for (size_t p = 0; p < parts; p++) {
-        size_t b0 = nblocks * p / parts, b1 = nblocks * (p + 1) / parts;
-        size_t end =
-            b1 * OBD_CODEC_BLOCK < ob->N ? b1 * OBD_CODEC_BLOCK : ob->N;
-        if (queue(op, OBD_ONEBIT_NORM, 0, 0, b0 * OBD_CODEC_BLOCK, end, 0))
-            return OBCOMM_E_NOMEM;
-        ob->norm_left++;
+    ob->ef->torn = 1;
+    for (int i = 1; i <= ob->n; i++) {
+        int c = obd_ring_mod(ob->r + i, ob->n);
+        for (size_t j = 0; j < nseg; j++) {
+            size_t first = (size_t)c * ob->C + j * ob->seg;
+            size_t last = first + seg_elems(ob, j);
+            size_t b0 = (first + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
+            size_t b1 = (last + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
+            if (b0 >= b1)
+                continue; /* no block begins in this segment */
+            size_t end =
+                b1 * OBD_CODEC_BLOCK < ob->N ? b1 * OBD_CODEC_BLOCK : ob->N;
+            if (queue(op, OBD_ONEBIT_WORKER, c, j, b0 * OBD_CODEC_BLOCK, end,
+                      0))
+                return OBCOMM_E_NOMEM;
+            ob->norm_left++;
+        }
     }
     return 0;
 }

@@ -30,6 +30,17 @@ struct ef_hdr {
     char job[OBD_EF_JOB_MAX];
 };
 
+/* A state buffer: 64-byte aligned (codec.h), zeroed so that no byte of
+ * it is ever uninitialized, although a ZERO state does not read it. */
+static float *alloc_buf(size_t elems)
+{
+    size_t bytes = (elems * sizeof(float) + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes);
+    if (p != NULL)
+        memset(p, 0, bytes);
+    return p;
+}
+
 struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
                           int nodes)
 {
@@ -39,12 +50,14 @@ struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
     struct obd_ef *ef = calloc(1, sizeof(*ef));
     if (ef == NULL)
         return NULL;
-    ef->werr = calloc(padded, sizeof(float));
-    ef->serr = calloc(padded / (size_t)nodes, sizeof(float));
+    ef->werr = alloc_buf(padded);
+    ef->serr = alloc_buf(padded / (size_t)nodes);
     if (ef->werr == NULL || ef->serr == NULL) {
         obd_ef_free(ef);
         return NULL;
     }
+    obd_codec_lazy_state_init(&ef->wl, OBD_CODEC_LAZY_RESET, ef->werr, NULL);
+    obd_codec_lazy_state_init(&ef->sl, OBD_CODEC_LAZY_RESET, ef->serr, NULL);
     strcpy(ef->job, job);
     ef->key = key;
     ef->count = count;
@@ -78,8 +91,33 @@ void obd_ef_free(struct obd_ef *ef)
 
 void obd_ef_zero(struct obd_ef *ef)
 {
-    memset(ef->werr, 0, ef->padded * sizeof(float));
-    memset(ef->serr, 0, ef->padded / (size_t)ef->nodes * sizeof(float));
+    obd_codec_lazy_state_init(&ef->wl, OBD_CODEC_LAZY_RESET, ef->werr, NULL);
+    obd_codec_lazy_state_init(&ef->sl, OBD_CODEC_LAZY_RESET, ef->serr, NULL);
+}
+
+int obd_ef_abort(struct obd_ef *ef)
+{
+    return obd_codec_lazy_state_abort(&ef->wl) +
+           obd_codec_lazy_state_abort(&ef->sl);
+}
+
+void obd_ef_restored(struct obd_ef *ef)
+{
+    /* The errors are in the current buffers already: nothing is copied. */
+    obd_codec_lazy_state_restore(&ef->wl, ef->werr, ef->padded);
+    obd_codec_lazy_state_restore(&ef->sl, ef->serr,
+                                 ef->padded / (size_t)ef->nodes);
+}
+
+void obd_ef_error(const struct obd_ef *ef, int serr_part, float *e,
+                  size_t begin, size_t end)
+{
+    struct obd_codec_lazy st =
+        obd_codec_lazy_state_prev(serr_part ? &ef->sl : &ef->wl);
+    /* The error is elementwise: the range as a state of its own. */
+    if (st.v != NULL)
+        st.v += begin;
+    obd_codec_best()->lazy_error(&st, e, 0, end - begin);
 }
 
 /* Two error buffers, then our bits, the results' bits and the other
@@ -176,13 +214,16 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     h.padded = ef->padded;
     strcpy(h.job, ef->job);
 
+    /* The header, then each state's error, formed chunk by chunk into a
+     * staging buffer (the file holds errors, whatever the mode). */
     const struct {
-        const void *p;
+        const void *p; /* NULL: state part - 1 */
+        int part;
         size_t len;
     } parts[] = {
-        {&h, sizeof(h)},
-        {ef->werr, ef->padded * sizeof(float)},
-        {ef->serr, ef->padded / (size_t)ef->nodes * sizeof(float)},
+        {&h, 0, sizeof(h)},
+        {NULL, 0, ef->padded * sizeof(float)},
+        {NULL, 1, ef->padded / (size_t)ef->nodes * sizeof(float)},
     };
     LZ4F_preferences_t prefs;
     memset(&prefs, 0, sizeof(prefs));
@@ -197,6 +238,7 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     size_t cap = LZ4F_compressBound(IO_CHUNK, &prefs) + LZ4F_HEADER_SIZE_MAX;
     char *out = malloc(cap);
+    float *stage = malloc(IO_CHUNK);
     LZ4F_cctx *cctx = NULL;
     int rc = 0;
     /* A temporary file left by a crash is removed first; a symlink or any
@@ -205,7 +247,7 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     (void)unlink(tmp);
     int fd =
         open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0 || out == NULL ||
+    if (fd < 0 || out == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createCompressionContext(&cctx, LZ4F_VERSION))) {
         rc = fd < 0 ? -errno : -ENOMEM;
         snprintf(why, whylen, "%s: %s", tmp, strerror(-rc));
@@ -220,7 +262,14 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
         for (size_t off = 0; off < parts[i].len; off += IO_CHUNK) {
             size_t len =
                 parts[i].len - off < IO_CHUNK ? parts[i].len - off : IO_CHUNK;
-            n = LZ4F_compressUpdate(cctx, out, cap, p + off, len, NULL);
+            const void *src = stage;
+            if (p != NULL)
+                src = p + off;
+            else {
+                obd_ef_error(ef, parts[i].part, stage, off / sizeof(float),
+                             (off + len) / sizeof(float));
+            }
+            n = LZ4F_compressUpdate(cctx, out, cap, src, len, NULL);
             if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
                 goto io;
         }
@@ -252,6 +301,7 @@ out:
         close(fd);
     LZ4F_freeCompressionContext(cctx);
     free(out);
+    free(stage);
     return rc;
 }
 
@@ -437,6 +487,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
         snprintf(why, whylen, "%s: truncated snapshot", path);
         goto out;
     }
+    obd_ef_restored(s.ef);
     *out = s.ef;
     s.ef = &hdr_only;
     rc = OBD_EF_OK;

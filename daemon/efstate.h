@@ -1,5 +1,15 @@
 /* Error-feedback state of the 1-bit allreduce, one per (job, key) on every
- * node: the worker error (padded length) and the server error (one chunk).
+ * node: the worker error (padded length) and the server error (one chunk),
+ * each held as a lazy state (codec.h "Lazy error feedback") with the RESET
+ * policy: one buffer per role, which a step rewrites in place in its single
+ * pass, and the error formed on the fly from (buffer, mode, scale).
+ *
+ * A failed op: once a step's pass has begun on the buffers, the op is torn
+ * (below) until both states have committed; a torn state cannot be undone
+ * (fp32 addition is not invertible), so it is aborted at the key's next op
+ * (obd_ef_abort: both states back to ZERO, counted in ef_resets) and never
+ * saved. A failure before any pass began, or after both commits, leaves
+ * the state as a valid step.
  *
  * Snapshots: one file per (job, key) in state_dir, an LZ4 frame with block
  * and content checksums holding a fixed header and both error buffers,
@@ -16,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec.h"
+
 #define OBD_EF_JOB_MAX 64
 
 struct obd_ef {
@@ -24,8 +36,12 @@ struct obd_ef {
     uint64_t count;
     size_t padded; /* obd_codec_padded_len(count, nodes) */
     int nodes;
-    float *werr; /* padded elements */
-    float *serr; /* padded / nodes elements */
+    /* The states' buffers (64-byte aligned, owned): not the errors
+     * themselves; read the errors with obd_ef_error. */
+    float *werr;                    /* padded elements */
+    float *serr;                    /* padded / nodes elements */
+    struct obd_codec_lazy_state wl; /* borrows werr */
+    struct obd_codec_lazy_state sl; /* borrows serr */
 
     /* The packed buffers of an op on this key, kept between ops (fresh
      * ones would cost a page fault per 4 KiB on every op); allocated by
@@ -37,10 +53,11 @@ struct obd_ef {
     int users;
     int doomed; /* reset while in use: freed when the last user leaves */
     int active; /* its job has a trainer on this node */
-    /* Set while a 1-bit op has begun to change the state (worker error)
-     * and has not yet committed to change all of it (server error): a
-     * failure in between leaves it torn, and it is then reset at its next
-     * op and never saved (efstore.c). */
+    /* Set while a 1-bit op has begun to change the state (its worker
+     * pass was queued) and has not yet committed both the worker and the
+     * server state: a failure in between leaves it torn, and it is then
+     * aborted (reset to ZERO, counted) at its next op and never saved
+     * (efstore.c). */
     int torn;
     uint64_t idle_since_ms;
 
@@ -75,7 +92,19 @@ enum {
 struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
                           int nodes);
 void obd_ef_free(struct obd_ef *ef);
+/* Both states back to ZERO, as for a new key. */
 void obd_ef_zero(struct obd_ef *ef);
+/* Aborts both states of a torn key (obd_codec_lazy_state_abort): returns
+ * the number of states reset, which the caller counts in ef_resets. */
+int obd_ef_abort(struct obd_ef *ef);
+/* werr and serr were written with errors (a snapshot's, or a test's):
+ * both states become EAGER, holding exactly those errors. */
+void obd_ef_restored(struct obd_ef *ef);
+/* The errors the states hold, elements [begin, end) of the worker error
+ * (serr_part 0) or of the server error (1), into e: what a snapshot
+ * stores, byte for byte the eager codec's errors. */
+void obd_ef_error(const struct obd_ef *ef, int serr_part, float *e,
+                  size_t begin, size_t end);
 /* Memory the state holds, work buffers included. */
 size_t obd_ef_bytes(const struct obd_ef *ef);
 

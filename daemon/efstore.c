@@ -288,13 +288,14 @@ void obd_efstore_job_active(struct obd_daemon *d, const char *job, int active)
 void obd_efstore_begin(struct obd_daemon *d, struct obd_ef *ef)
 {
     if (ef->users == 0 && ef->torn) {
-        obd_ef_zero(ef);
         ef->torn = 0;
-        obd_metric_add(&d->metrics, OBD_M_EF_RESETS, 1);
-        obd_log_warn(&d->log,
-                     "job %s key %llu: error feedback was left half-updated "
-                     "by a failed op; it restarts at zero",
-                     ef->job, (unsigned long long)ef->key);
+        if (obd_ef_abort(ef) > 0) {
+            obd_metric_add(&d->metrics, OBD_M_EF_RESETS, 1);
+            obd_log_warn(&d->log,
+                         "job %s key %llu: error feedback was left "
+                         "half-updated by a failed op; it restarts at zero",
+                         ef->job, (unsigned long long)ef->key);
+        }
     }
     ef->users++;
 }

@@ -4,19 +4,22 @@
  * the loop side (coll_onebit.c) guarantees no one else touches meanwhile.
  * Pure: no libuv, no sockets, testable on its own.
  *
- * The passes (DESIGN.md section 2; n nodes, padded length N, chunk C):
- *   NORM      block sums of squares of b = avg(trainers) + werr over whole
- *             codec blocks [begin, end); with several trainers also stores
- *             b (avg + werr is formed once);
- *   SIGNS     packs the signs of b over [begin, end) and updates werr with
- *             the worker scale (with one trainer it reads the trainer's
- *             tensor again instead of a stored b);
- *   SRV_NORM  block sums of squares of the server's m over [begin, end) of
- *             its chunk, from every node's bits and scale plus serr;
- *   SRV_SIGNS packs the signs of m over [begin, end) and updates serr with
- *             the server scale;
+ * The passes (DESIGN.md section 2, codec.h "Lazy error feedback"; n nodes,
+ * padded length N, chunk C), each touching every element once:
+ *   WORKER    the lazy worker step over whole codec blocks [begin, end)
+ *             of the padded tensor: b = avg(trainers) + the error of the
+ *             key's worker state, read from and written back to that
+ *             state in place (RESET policy), the signs of b into our bits
+ *             and the blocks' sums of squares; the worker scale follows
+ *             from the sums once every block is done;
+ *   SERVER    the lazy server step over [begin, end) of our chunk (whole
+ *             codec blocks of the chunk): m from every node's bits and
+ *             scale plus the server state's error, written back in place,
+ *             the signs of m into the result bits and the blocks' sums;
+ *             the server scale follows from the sums;
  *   DECODE    writes scale * sign over [begin, end) (clipped to count)
- *             into every local trainer's buffer.
+ *             into every local trainer's buffer, with streaming stores
+ *             when the trainers' buffers are large (ctx.stream).
  */
 #ifndef OBD_ONEBIT_TASK_H
 #define OBD_ONEBIT_TASK_H
@@ -26,39 +29,43 @@
 
 #include "codec.h"
 
+/* Trainer tensors of at least this many bytes are decoded with streaming
+ * stores (decompress_stream): larger than a last-level cache, so they are
+ * not in it when the trainer reads them anyway. */
+#define OBD_ONEBIT_STREAM_BYTES (8u << 20)
+
 enum obd_onebit_pass {
-    OBD_ONEBIT_NORM,
-    OBD_ONEBIT_SIGNS,
-    OBD_ONEBIT_SRV_NORM,
-    OBD_ONEBIT_SRV_SIGNS,
+    OBD_ONEBIT_WORKER,
+    OBD_ONEBIT_SERVER,
     OBD_ONEBIT_DECODE
 };
 
 /* What every task of one op shares (borrowed from the op). */
 struct obd_onebit_ctx {
     const struct obd_codec_impl *impl;
-    int n;                    /* nodes */
-    int ls;                   /* local trainers */
-    size_t count;             /* elements of the trainers' tensors */
-    float *const *dst;        /* the trainers' buffers */
-    float *werr;              /* padded */
-    float *serr;              /* one chunk */
-    float *b;                 /* padded; NORM's output when ls > 1 */
-    double *wsums;            /* per block of the padded tensor */
-    double *ssums;            /* per block of the chunk */
-    uint8_t *bits;            /* our signs, padded / 8 */
-    const uint8_t *const *in; /* node k's signs of our chunk */
-    const float *scales;      /* node k's worker scale */
-    uint8_t *out;             /* every chunk's result signs, padded / 8 */
-    size_t chunk_begin;       /* our chunk's first element (r * C) */
+    int n;                       /* nodes */
+    int ls;                      /* local trainers */
+    size_t count;                /* elements of the trainers' tensors */
+    float *const *dst;           /* the trainers' buffers */
+    struct obd_codec_lazy wprev; /* the worker state a WORKER step reads */
+    float *wnext;                /* padded; where it writes (may be v) */
+    struct obd_codec_lazy sprev; /* the server state, one chunk */
+    float *snext;                /* one chunk */
+    double *wsums;               /* per block of the padded tensor */
+    double *ssums;               /* per block of the chunk */
+    uint8_t *bits;               /* our signs, padded / 8 */
+    const uint8_t *const *in;    /* node k's signs of our chunk */
+    const float *scales;         /* node k's worker scale */
+    uint8_t *out;                /* every chunk's result signs, padded / 8 */
+    size_t chunk_begin;          /* our chunk's first element (r * C) */
+    int stream;                  /* DECODE with decompress_stream */
 };
 
 struct obd_onebit_task {
     enum obd_onebit_pass pass;
-    size_t begin, end; /* elements: of the padded tensor, or (SRV_*) of
+    size_t begin, end; /* elements: of the padded tensor, or (SERVER) of
                           our chunk */
-    float scale;       /* SIGNS: worker scale; SRV_SIGNS: server scale;
-                          DECODE: the chunk's server scale */
+    float scale;       /* DECODE: the chunk's server scale */
 };
 
 /* Runs one task (on a worker thread). */

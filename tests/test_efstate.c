@@ -41,6 +41,7 @@ static struct obd_ef *sample(uint64_t count)
         ef->werr[i] = (float)i * 0.25f - 7.0f;
     for (size_t i = 0; i < ef->padded / 3; i++)
         ef->serr[i] = -(float)i;
+    obd_ef_restored(ef);
     return ef;
 }
 
@@ -71,6 +72,63 @@ START_TEST(round_trip_is_exact)
         obd_ef_free(ef);
         obd_ef_free(back);
     }
+}
+END_TEST
+
+/* A state that took a lazy step holds (b, scale), not e: its snapshot is
+ * the eager codec's error byte for byte, it restores as that error, and
+ * an abort (RESET) leaves a state whose snapshot is all zeros. */
+START_TEST(lazy_step_snapshots_the_eager_error)
+{
+    const uint64_t count = 1000003;
+    struct obd_ef *ef = sample(count), *back = NULL;
+    size_t N = ef->padded, C = N / 3;
+    const struct obd_codec_impl *impl = obd_codec_best();
+    float *x = malloc(count * sizeof(float));
+    float *e = malloc(N * sizeof(float)), *se = malloc(C * sizeof(float));
+    uint8_t *bits = malloc(N / 8), *want_bits = malloc(N / 8);
+    for (size_t i = 0; i < count; i++)
+        x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    memcpy(e, ef->werr, N * sizeof(float));
+    memcpy(se, ef->serr, C * sizeof(float));
+
+    float want, got;
+    ck_assert_int_eq(obd_codec_compress(impl, x, count, e, N, want_bits, &want),
+                     0);
+    struct obd_codec_lazy prev = obd_codec_lazy_state_prev(&ef->wl);
+    const float *src[] = {x};
+    ck_assert_int_eq(obd_codec_lazy_compress(impl, src, 1, count, &prev,
+                                             obd_codec_lazy_state_next(&ef->wl),
+                                             N, bits, &got),
+                     0);
+    obd_codec_lazy_state_commit(&ef->wl, got);
+    ck_assert_int_eq(memcmp(&got, &want, sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(bits, want_bits, N / 8), 0);
+
+    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+    ck_assert_int_eq(back->wl.mode[back->wl.cur], OBD_CODEC_LAZY_EAGER);
+    ck_assert_int_eq(memcmp(back->werr, e, N * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(back->serr, se, C * sizeof(float)), 0);
+    obd_ef_free(back);
+
+    /* A torn state aborted: both roles restart at zero. */
+    ck_assert_int_eq(obd_ef_abort(ef), 2);
+    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+    float *zero = calloc(N, sizeof(float)); /* +0.0f */
+    ck_assert_int_eq(memcmp(back->werr, zero, N * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(back->serr, zero, C * sizeof(float)), 0);
+    free(zero);
+    obd_ef_free(back);
+    obd_ef_free(ef);
+    free(x);
+    free(e);
+    free(se);
+    free(bits);
+    free(want_bits);
 }
 END_TEST
 
@@ -207,6 +265,7 @@ int main(void)
     TCase *tc = tcase_create("efstate");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, round_trip_is_exact);
+    tcase_add_test(tc, lazy_step_snapshots_the_eager_error);
     tcase_add_test(tc, damaged_files_are_rejected);
     tcase_add_test(tc, other_world_and_bound);
     tcase_add_test(tc, only_regular_files_are_read);

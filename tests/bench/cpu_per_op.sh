@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The daemons' CPU time per 1-bit op against a memcpy of the tensor, for
+# one or more obcommd builds side by side in the same run (issue 13 item 4).
+#
+#   tests/bench/cpu_per_op.sh [--runs K] [--count N] [--repeats R]
+#       [--warmup W] [--trainers T] [--probe PATH] [--out FILE]
+#       NAME=OBCOMMD [NAME=OBCOMMD...]
+#
+# For each of K runs and each build in turn: two daemons on loopback, T
+# trainers each (default 1; tests/bench/onebit_cpu), W untimed and R timed
+# 1-bit ops of
+# N floats (default 16 Mi); each trainer reads its daemon's utime + stime
+# (/proc/PID/stat) around the R ops and times a memcpy of the tensor in
+# the same run. Prints one JSON line per (run, build, node), with the load
+# average at the start of the run, to FILE (default stdout), then per build
+# the medians over runs and nodes, and whether every build's results were
+# bit-identical (the trainers hash every op's output).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+runs=5 count=$((16 << 20)) repeats=20 warmup=5 trainers=1 out=/dev/stdout
+probe=$root/build/tests/bench/onebit_cpu
+while [ $# -gt 0 ]; do
+    case $1 in
+    --runs) runs=$2; shift 2 ;;
+    --count) count=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --trainers) trainers=$2; shift 2 ;;
+    --probe) probe=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) break ;;
+    esac
+done
+[ $# -ge 1 ] || set -- "after=$root/build/daemon/obcommd"
+[ -x "$probe" ] || { echo "cpu_per_op: no $probe (meson compile onebit_cpu)" >&2; exit 2; }
+
+dir=$(mktemp -d /tmp/obcomm-cpu-XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+}
+trap 'cleanup; rm -rf "$dir"' EXIT
+
+free_ports() {
+    python3 -c 'import socket
+ss=[socket.socket() for _ in range(2)]
+[s.bind(("127.0.0.1",0)) for s in ss]
+print(" ".join(str(s.getsockname()[1]) for s in ss))'
+}
+
+results=$dir/results.jsonl
+: >"$results"
+for run in $(seq 1 "$runs"); do
+    for spec in "$@"; do
+        name=${spec%%=*} bin=${spec#*=}
+        read -r p0 p1 < <(free_ports)
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        peers=127.0.0.1:$p0,127.0.0.1:$p1
+        for i in 0 1; do
+            "$bin" --socket "$dir/n$i.sock" --rank $i --peers "$peers" \
+                2>"$dir/$name-$run-$i.log" &
+            pids+=($!)
+        done
+        for i in 0 1; do
+            for _ in $(seq 200); do [ -S "$dir/n$i.sock" ] && break; sleep 0.05; done
+        done
+        tp=()
+        for i in 0 1; do
+            for l in $(seq 0 $((trainers - 1))); do
+                "$probe" -s "$dir/n$i.sock" -p "${pids[$i]}" -n "$count" \
+                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" \
+                    >"$dir/p$i-$l.json" &
+                tp+=($!)
+            done
+        done
+        ok=1
+        for p in "${tp[@]}"; do wait "$p" || ok=0; done
+        cleanup
+        [ $ok -eq 1 ] || { echo "cpu_per_op: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; exit 1; }
+        for f in "$dir"/p*.json; do
+            sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,\"trainers\":$trainers,/" "$f" >>"$results"
+        done
+        rm -f "$dir"/p*.json
+        rm -f "$dir"/n*.sock
+    done
+done
+cat "$results" >"$out"
+python3 - "$results" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+builds = list(dict.fromkeys(r["build"] for r in rows))
+print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (medians of %d runs x 2 nodes x %d trainers; load %s)"
+      % (max(r["run"] for r in rows), rows[0]["trainers"], ", ".join(sorted({str(r["load"]) for r in rows}))))
+for b in builds:
+    rs = [r for r in rows if r["build"] == b]
+    med = lambda k: statistics.median(r[k] for r in rs)
+    print("%-10s %9.1f  %9.2f  %10.2f  %10.1f" % (b, med("daemon_cpu_ms_per_op"),
+          med("memcpy_ms"), med("ratio"), med("wall_ms_per_op")))
+hashes = {r["hash"] for r in rows}
+print("results bit-identical across builds and runs:", "yes" if len(hashes) == 1 else "NO (%d hashes)" % len(hashes))
+PY
