@@ -16,7 +16,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # --version names the version, protocol, codec and build.
 out=$("$obcommd" --version)
 grep -q '^obcommd [0-9]\+\.[0-9]\+\.[0-9]\+$' <<<"$out" || fail "version: $out"
-grep -q '^protocol 1$' <<<"$out" || fail "protocol: $out"
+grep -q '^protocol 2$' <<<"$out" || fail "protocol: $out"
 grep -q '^codec \(portable\|avx2\) (built: ' <<<"$out" || fail "codec: $out"
 grep -q '^build buildtype=' <<<"$out" || fail "build: $out"
 

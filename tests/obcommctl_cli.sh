@@ -31,7 +31,7 @@ ctl -s "$dir/none.sock" status 2>/dev/null; [ $? = 3 ] || fail "no daemon: not 3
 set -e
 v=$(ctl --version)
 grep -q "^obcommctl [0-9.]*$" <<<"$v" || fail "version: $v"
-grep -q "^protocol 1$" <<<"$v" || fail "version protocol: $v"
+grep -q "^protocol 2$" <<<"$v" || fail "version protocol: $v"
 
 base=$((20000 + ($$ + 7) % 20000))
 peers="127.0.0.1:$base,127.0.0.1:$((base + 1))"

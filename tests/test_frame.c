@@ -6,10 +6,11 @@
 
 #include "frame.h"
 #include "ring.h"
+#include "wire.h"
 
 START_TEST(frame_round_trip_and_bounds)
 {
-    struct obd_frame f = {.version = 1,
+    struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
                           .type = OBD_FRAME_DATA,
                           .job = 0xdeadbeef,
                           .epoch = 7,
