@@ -21,6 +21,9 @@ forbid job.c ctl.h peers.h daemon.c
 forbid job.h ctl.h peers.h
 forbid peers.c job.h ctl.h coll.h efstore.h
 forbid peers.h job.h ctl.h coll.h
+forbid handshake.c job.h ctl.h coll.h efstore.h
+forbid link.h job.h ctl.h coll.h
+forbid auth.c uv.h job.h peers.h
 forbid coll_ring.c ctl.h peers.h
 forbid coll_onebit.c ctl.h peers.h
 forbid efstore.c job.h ctl.h peers.h coll.h
