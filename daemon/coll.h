@@ -37,6 +37,10 @@ struct obd_algo {
     /* NULL, or 0 while the op cannot start yet; the op then stays in
      * COLLECT and obd_job_kick_all() is called when that may change. */
     int (*can_start)(struct obd_op *op);
+    /* NULL, or called as a failed op is freed when it had been agreed on
+     * somewhere (op->failed_agreed), so that it may have begun on any
+     * node, whether or not it began here. */
+    void (*failed)(struct obd_op *op);
 };
 
 /* The 1-bit allreduce and its state operations (coll_onebit.c). */

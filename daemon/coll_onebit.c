@@ -31,9 +31,13 @@
  * and a snapshot meanwhile does not save it. (The two-pass codec this
  * replaces left the state untouched when the op failed before every
  * node's scale was in; the single pass costs a failed op's key its
- * accumulated error instead.) An op that fails after this node's server
- * commit leaves its state one step further, like a node that completed
- * the op.
+ * accumulated error instead.) So that the nodes stay alike, every node
+ * does the same whenever the failed op had been agreed on anywhere (every
+ * node's view in and alike: some node may have begun its pass), also a
+ * node whose own pass had not begun yet or had already committed
+ * (onebit_failed). An op that fails before it was agreed on (a mismatch,
+ * a trainer that left, a deadline or a shutdown while collecting) leaves
+ * every state as it was.
  * Events (a task done, a frame in) only record what happened and post the
  * op; step() is the one place that makes transitions, and every error on
  * the way (a queue that fails, a send that fails, a bad scale) fails the
@@ -595,6 +599,16 @@ static int onebit_needs_node(const struct obd_op *op, int k)
 
 /* ---- start and end ---- */
 
+/* A failed op that some node may have begun: the key restarts at zero at
+ * its next op here too (see the file comment). */
+static void onebit_failed(struct obd_op *op)
+{
+    struct obd_ef *ef =
+        obd_efstore_find(op->job->d, op->job->name, op->desc.key);
+    if (ef != NULL)
+        ef->torn = 1;
+}
+
 static void onebit_free(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
@@ -768,8 +782,13 @@ static int onebit_start(struct obd_op *op)
     ob->N = ob->ef->padded;
     ob->C = ob->N / (size_t)ob->n;
     /* Segments are whole codec blocks (the server's block sums must not
-     * depend on them) of about segment_bytes of packed bits. */
-    size_t blocks = (size_t)d->cfg.segment_bytes * 8 / OBD_CODEC_BLOCK;
+     * depend on them) of about segment_bytes of the fp32 tensor, as the
+     * ring's are: every pass, frame and decode covers that much, so that a
+     * tensor of a few segment_bytes per node already pipelines (segments
+     * of segment_bytes of packed bits made a 64 MiB tensor on 2 nodes one
+     * segment per chunk: no overlap at all). */
+    size_t blocks =
+        (size_t)d->cfg.segment_bytes / (sizeof(float) * OBD_CODEC_BLOCK);
     ob->seg = (blocks ? blocks : 1) * OBD_CODEC_BLOCK;
     if (ob->seg > ob->C)
         ob->seg = ob->C;
@@ -788,6 +807,7 @@ const struct obd_algo obd_algo_onebit = {
     .waiting_on = onebit_waiting_on,
     .needs_node = onebit_needs_node,
     .can_start = onebit_can_start,
+    .failed = onebit_failed,
 };
 
 /* Every 1-bit op, before it uses a state: the job's snapshot set is

@@ -8,8 +8,10 @@
  * (below) until both states have committed; a torn state cannot be undone
  * (fp32 addition is not invertible), so it is aborted at the key's next op
  * (obd_ef_abort: both states back to ZERO, counted in ef_resets) and never
- * saved. A failure before any pass began, or after both commits, leaves
- * the state as a valid step.
+ * saved. The op's other nodes do the same (coll_onebit.c, onebit_failed):
+ * once an op was agreed on anywhere, its failure tears the key everywhere,
+ * so that the nodes stay alike. An op that fails before it was agreed on
+ * leaves the state as a valid step.
  *
  * Snapshots: one file per (job, key) in state_dir, an LZ4 frame with block
  * and content checksums holding a fixed header and both error buffers,

@@ -195,6 +195,9 @@ static void on_timer_closed(uv_handle_t *h)
     struct obd_op *op = container_of(h, struct obd_op, deadline);
     struct obd_job *job = op->job;
     struct obd_algo const *algo = obd_coll_algo(op->desc.kind);
+    if (op->status != 0 && op->failed_agreed && op->local_done &&
+        algo != NULL && algo->failed != NULL)
+        algo->failed(op);
     if (op->coll != NULL && algo != NULL)
         algo->free(op);
     for (int i = 0; i < OBD_MAX_LOCAL; i++)
@@ -400,6 +403,7 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.n_snapshots = (size_t)a->nheld;
     an.snapshots = (uint64_t *)a->held;
     an.boot = a->boot;
+    an.agreed = a->agreed != 0;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -486,8 +490,11 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
     obd_log_warn(&d->log, "job %s op %llu failed: %s", op->job->name,
                  (unsigned long long)op->seq, op->message);
 
+    if (op->agreed)
+        op->failed_agreed = 1;
     if (announce && d->cfg.nodes > 1) {
-        struct obd_announce a = {.have = 1, .status = status};
+        struct obd_announce a = {
+            .have = 1, .status = status, .agreed = op->failed_agreed};
         snprintf(a.message, sizeof(a.message), "%s", op->message);
         announce_to_all(op, &a);
     }
@@ -904,6 +911,8 @@ static void on_announce(struct obd_daemon *d, int from,
     }
     struct obd_op *op = op_get(job, m->seq);
     obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
+    if (op != NULL && a.status != 0 && m->agreed)
+        op->failed_agreed = 1; /* also when it failed here before */
     if (op == NULL || op->state == OBD_OP_DONE)
         return;
     if (a.status != 0) {

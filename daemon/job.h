@@ -72,6 +72,8 @@ struct obd_announce {
     int reported;
     /* The node failed the op without having reported. */
     int failed;
+    /* A failure: the node had agreed on the op before (see obd_op). */
+    int agreed;
 };
 
 enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
@@ -101,6 +103,9 @@ struct obd_op {
     struct obd_opdesc desc; /* what everybody agreed on */
     uint64_t fingerprint;
     int agreed; /* every node announced the same op */
+    /* Failed after agreeing, here or on the node that says so: the op may
+     * have begun on any node (algo->failed runs when it is freed). */
+    int failed_agreed;
 
     uv_timer_t deadline;
     int timer_live;
