@@ -364,7 +364,7 @@ static void gen_config(void)
     free(text);
 
     f = open_memstream(&text, &len);
-    obd_config_print_help(f, 1);
+    obd_config_print_help(f, 1, &cfg);
     fclose(f);
     put("config", "example", text, len);
     free(text);
