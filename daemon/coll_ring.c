@@ -69,8 +69,11 @@ struct obd_coll {
     int red_step;
     size_t red_seg;
     /* Segment buffers, one segment each: all of them (freed with the
-     * coll, whatever happened to the op) and a stack of the free ones. At
-     * most one per reduce-scatter segment. */
+     * coll, whatever happened to the op) and a stack of the free ones.
+     * One is taken per reduce-scatter frame and comes back when its
+     * reduction ends, so there are at most as many as reduce-scatter
+     * segments ((n-1)/n of the accumulator) and, while the pool keeps
+     * pace with the wire, a few. */
     uint8_t **bufs, **spare;
     size_t nbufs, nspare, capbufs;
     uint8_t *rx; /* handed out by recv_dest for the frame coming in */
