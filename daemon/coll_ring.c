@@ -38,10 +38,16 @@
 
 /* Phases of a ring allreduce or a broadcast, in order. */
 enum phase {
-    PH_LOAD,  /* allreduce: the local trainers' buffers go into acc */
-    PH_RING,  /* frames travel (and reduce-scatter segments are reduced) */
+    PH_RING,  /* the local load, frames, reduce-scatter reductions */
     PH_STORE, /* the result goes to the local trainers */
     PH_DONE,
+};
+
+/* The local load of one segment of one chunk. */
+enum load_state {
+    LD_WAITING, /* not begun: the loop may still load it itself */
+    LD_QUEUED,  /* a piece on the pool loads it */
+    LD_DONE,
 };
 
 struct obd_coll {
@@ -55,17 +61,27 @@ struct obd_coll {
     int zero_copy; /* acc/src are trainer memory (the op holds the buffers) */
     enum phase phase;
     uint64_t load_ns; /* uv_hrtime() when the local load began */
-    size_t pieces;    /* load, store or copy pieces not yet done */
+    int load_traced;
+    size_t pieces;  /* load, store or copy pieces not yet done */
+    int acc_queued; /* reduce-scatter reductions on the pool */
     int nsteps;
     int send_step, recv_step;
     size_t send_seg, recv_seg;
     /* Reduce-scatter segment (s, j), s < n-1, has index s * maxseg + j.
      * held[i] is its received data until its reduction starts; reduced[i]
      * is 1 once acc holds it. The reduction cursor (red_step, red_seg)
-     * trails the receive cursor: reductions start in order. */
+     * trails the receive cursor: reductions start in order, each once
+     * acc holds the local load of its segment. load[c * maxseg + j]
+     * (enum load_state) says whether segment j of chunk c is loaded (step
+     * 0 sends it, a received partial is added to it); the load cursor
+     * (load_j, load_k) walks them in the order the ring needs them
+     * (load_more), load_left counts those not done. */
     size_t maxseg;
     uint8_t **held;
     uint8_t *reduced;
+    uint8_t *load;
+    size_t load_j, load_left;
+    int load_k;
     int red_step;
     size_t red_seg;
     /* Segment buffers, one segment each: all of them (freed with the
@@ -100,8 +116,9 @@ struct piece {
     size_t begin, count; /* elements of acc (bytes for COPY) */
     uint8_t *acc;        /* acc + begin (COPY: the source + begin) */
     const uint8_t *in;   /* ACC: the received segment */
-    size_t idx;          /* ACC: the segment's index */
+    size_t idx;          /* ACC: reduced[idx]; LOAD: load[idx] */
     uint64_t begin_ns, end_ns;
+    int pooled;
     int nptr;
     void *ptr[]; /* LOAD: sources; STORE, COPY: destinations (+ begin) */
 };
@@ -152,16 +169,21 @@ static void pool_run(uv_work_t *req)
 }
 
 /* Records that a piece is done (on the loop thread): a reduce-scatter
- * segment is reduced and its buffer free again, or one fewer load, store
- * or copy piece is left. Makes no transition. */
+ * segment is reduced and its buffer free again, a segment is loaded, or
+ * one fewer load, store or copy piece is left. Makes no transition. */
 static void piece_done(struct obd_coll *c, const struct piece *p)
 {
     if (p->kind == PC_ACC) {
+        c->acc_queued -= p->pooled;
         c->reduced[p->idx] = 1;
         c->spare[c->nspare++] = (uint8_t *)p->in;
-    } else {
-        c->pieces--;
+        return;
     }
+    if (p->kind == PC_LOAD) {
+        c->load[p->idx] = LD_DONE;
+        c->load_left--;
+    }
+    c->pieces--;
 }
 
 static void pool_done(uv_work_t *req, int status)
@@ -210,6 +232,8 @@ static int piece_go(struct obd_op *op, struct piece *p, int pool)
     }
     if (p->kind != PC_ACC)
         c->pieces++;
+    c->acc_queued += p->kind == PC_ACC;
+    p->pooled = 1;
     obd_op_task_begin(op);
     return 0;
 }
@@ -220,10 +244,10 @@ static int use_pool(size_t bytes)
     return bytes >= OBD_RING_POOL_BYTES;
 }
 
-/* Runs `kind` (LOAD, STORE, DIV or COPY) over the whole of acc: on the
- * pool in pieces of one segment when it is large, else inline in one
- * piece. On failure fails the op and returns non-zero; pieces already
- * queued run to their end. */
+/* Runs `kind` (STORE, DIV or COPY) over the whole of acc: on the pool in
+ * pieces of one segment when it is large, else inline in one piece. On
+ * failure fails the op and returns non-zero; pieces already queued run to
+ * their end. */
 static int spread(struct obd_op *op, enum piece_kind kind)
 {
     struct obd_coll *c = op->coll;
@@ -234,7 +258,7 @@ static int spread(struct obd_op *op, enum piece_kind kind)
     size_t unit = pool ? c->seg : c->count;
     int nptr = 0;
     void *ptr[OBD_MAX_LOCAL];
-    if (kind == PC_LOAD || kind == PC_STORE)
+    if (kind == PC_STORE)
         for (int i = 0; i < ls; i++)
             ptr[nptr++] = op->data[i];
     if (kind == PC_COPY)
@@ -326,6 +350,7 @@ static void coll_free(struct obd_op *op)
     free(c->spare);
     free(c->held);
     free(c->reduced);
+    free(c->load);
     free(c);
     op->coll = NULL;
 }
@@ -403,14 +428,90 @@ static int passed(int step, size_t seg, int s, size_t j)
     return step > s || (step == s && seg > j);
 }
 
+/* ---- the local load ---- */
+
+/* Loads segment j of chunk `chunk` (inline, or a piece on the pool). On
+ * failure fails the op and returns non-zero. */
+static int load_seg(struct obd_op *op, int chunk, size_t j, int pool)
+{
+    struct obd_coll *c = op->coll;
+    int ls = op->job->local_size;
+    size_t dsz = obd_dtype_size(op->desc.dtype);
+    size_t b, e;
+    obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+    b += j * c->seg;
+    struct piece *p = piece_new(op, PC_LOAD, ls);
+    if (p != NULL) {
+        p->begin = b;
+        p->count = e - b < c->seg ? e - b : c->seg;
+        p->acc = c->acc + b * c->esz;
+        p->idx = seg_index(c, chunk, j);
+        for (int i = 0; i < ls; i++)
+            p->ptr[i] = (uint8_t *)op->data[i] + b * dsz;
+        c->load[p->idx] = LD_QUEUED;
+    }
+    return piece_go(op, p, pool);
+}
+
+/* Queues the local load in pieces of one segment of one chunk, in the
+ * order the ring needs them: segment 0 of the chunk step 0 sends, of the
+ * one it receives, of the one step 1 receives, ..., then segment 1, and
+ * so on. When the accumulator is large, as many pieces as the pool has
+ * threads are queued at a time (the next ones as these end), so that the
+ * reductions of arriving partials do not queue behind the whole load;
+ * otherwise the whole load runs inline now. On failure fails the op and
+ * returns non-zero. */
+static int load_more(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    int pool = use_pool(c->count * c->esz);
+    size_t threads = c->d->threads > 0 ? (size_t)c->d->threads : 1;
+    while (c->load_j < c->maxseg && (!pool || c->pieces < threads)) {
+        int chunk = obd_ring_mod(c->r - c->load_k, c->n);
+        size_t j = c->load_j;
+        size_t b, e;
+        obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+        if (++c->load_k == c->n) {
+            c->load_k = 0;
+            c->load_j++;
+        }
+        if (j * c->seg < e - b &&
+            c->load[seg_index(c, chunk, j)] == LD_WAITING &&
+            load_seg(op, chunk, j, pool))
+            return 1;
+    }
+    return 0;
+}
+
+/* 1 if segment j of chunk `chunk` is loaded. A segment that the pool has
+ * not been given yet is loaded here, inline: the ring needs it now (the
+ * caller runs, as for reductions). 0 also when that failed the op. */
+static int loaded_now(struct obd_op *op, int chunk, size_t j)
+{
+    struct obd_coll *c = op->coll;
+    size_t idx = seg_index(c, chunk, j);
+    if (c->load[idx] == LD_WAITING && load_seg(op, chunk, j, 0))
+        return 0;
+    return c->load[idx] == LD_DONE;
+}
+
 /* Starts the reductions of the reduce-scatter segments received so far,
- * in order (acc must hold the local load). On failure the op has failed
- * and this returns non-zero. */
+ * in order, each once its segment is loaded. A large one goes to the pool
+ * unless as many of this op's as the pool has threads are already there:
+ * the loop thread then reduces it itself ("caller runs"). The link reads
+ * every frame that arrives, so without this a pool that falls behind the
+ * wire (a busy machine) would have the op hold up to a whole chunk per
+ * step in fresh buffers; with it the loop slows its reading down as it
+ * did when it reduced everything, and holds a few buffers. On failure the
+ * op has failed and this returns non-zero. */
 static int reduce_received(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     while (c->red_step < c->n - 1 &&
            passed(c->recv_step, c->recv_seg, c->red_step, c->red_seg)) {
+        int chunk = obd_ring_recv_chunk(c->r, c->n, c->red_step);
+        if (!loaded_now(op, chunk, c->red_seg))
+            return op->state != OBD_OP_RUN;
         size_t off;
         size_t len = seg_range(c, c->red_step, c->red_seg, 0, &off);
         size_t idx = seg_index(c, c->red_step, c->red_seg);
@@ -425,14 +526,16 @@ static int reduce_received(struct obd_op *op)
         }
         c->red_seg++;
         settle(c, &c->red_step, &c->red_seg, 0);
-        if (piece_go(op, p, use_pool(len * c->esz)))
+        int threads = c->d->threads > 0 ? c->d->threads : 1;
+        if (piece_go(op, p, use_pool(len * c->esz) && c->acc_queued < threads))
             return 1;
     }
     return 0;
 }
 
-/* Sends what is ready: segment j of step 0 at once, of step s > 0 once it
- * has arrived at step s-1 and, in the reduce-scatter, been reduced. */
+/* Sends what is ready: segment j of step 0 once it is loaded, of step
+ * s > 0 once it has arrived at step s-1 and, in the reduce-scatter, been
+ * reduced. */
 static int ring_send(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
@@ -441,6 +544,11 @@ static int ring_send(struct obd_op *op)
     while (c->send_step < c->nsteps) {
         int s = c->send_step;
         size_t j = c->send_seg;
+        if (s == 0 && !loaded_now(op, c->r, j)) {
+            if (op->state != OBD_OP_RUN)
+                return 1;
+            break;
+        }
         if (s > 0 && s - 1 < c->n - 1 && !c->reduced[seg_index(c, s - 1, j)])
             break;
         if (s > 0 && !passed(c->recv_step, c->recv_seg, s - 1, j))
@@ -457,28 +565,25 @@ static int ring_send(struct obd_op *op)
     return 0;
 }
 
-/* The one transition function of the allreduce: load, ring, store, done.
- * Runs from start and whenever the op is posted (a piece done, a frame
- * in or out). */
+/* The one transition function of the allreduce: ring (with the load),
+ * store, done. Runs from start and whenever the op is posted (a piece
+ * done, a frame in or out). */
 static void ring_progress(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    if (c->phase == PH_LOAD) {
-        if (c->pieces > 0)
+    if (c->phase == PH_RING) {
+        if (load_more(op) || reduce_received(op) || ring_send(op))
             return;
-        c->phase = PH_RING;
-        if (!c->zero_copy)
+        if (!c->zero_copy && !c->load_traced && c->load_left == 0) {
+            c->load_traced = 1;
             obd_trace_span(c->d, "local reduce", "ring",
                            (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
                            uv_hrtime(), NULL);
-    }
-    if (c->phase == PH_RING) {
-        if (reduce_received(op) || ring_send(op))
-            return;
-        /* Every frame out and in, every reduction done (it held a
+        }
+        /* Loaded, every frame out and in, every reduction done (it held a
          * reference), and no write still reads acc. */
-        if (c->send_step < c->nsteps || c->recv_step < c->nsteps ||
-            op->refs > 0)
+        if (c->load_left > 0 || c->send_step < c->nsteps ||
+            c->recv_step < c->nsteps || op->refs > 0)
             return;
         c->phase = PH_STORE;
         if (c->zero_copy ? op->desc.redop == OBCOMM_AVG && spread(op, PC_DIV)
@@ -513,12 +618,13 @@ static int ring_start(struct obd_op *op)
         obd_ring_chunk(c->count, c->n, 0, &b, &e); /* the largest chunk */
         c->maxseg = obd_ring_nseg(e - b, c->seg);
     }
-    size_t nidx = c ? (size_t)(c->n - 1) * c->maxseg + 1 : 0;
+    size_t nidx = c ? (size_t)c->n * c->maxseg + 1 : 0;
     if (c == NULL ||
         (!c->zero_copy && (c->acc = obd_daemon_scratch_get(
                                d, c->count * esz, &c->acc_bytes)) == NULL) ||
         (c->held = calloc(nidx, sizeof(*c->held))) == NULL ||
-        (c->reduced = calloc(nidx, 1)) == NULL) {
+        (c->reduced = calloc(nidx, 1)) == NULL ||
+        (c->load = calloc(nidx, 1)) == NULL) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
                     (unsigned long long)op->seq, job->name,
@@ -532,12 +638,19 @@ static int ring_start(struct obd_op *op)
     settle(c, &c->send_step, &c->send_seg, 1);
     settle(c, &c->recv_step, &c->recv_seg, 0);
     settle(c, &c->red_step, &c->red_seg, 0);
-    /* Frames that arrive during the load wait in their buffers: their
-     * reductions start once acc holds the load (ring_progress). */
-    c->phase = PH_LOAD;
+    /* Frames that arrive before their segment is loaded wait in their
+     * buffers (reduce_received). */
     c->load_ns = uv_hrtime();
-    if (!c->zero_copy && spread(op, PC_LOAD))
-        return OBCOMM_E_NOMEM;
+    for (int k = 0; k < c->n; k++) {
+        size_t b, e;
+        obd_ring_chunk(c->count, c->n, k, &b, &e);
+        size_t nseg = obd_ring_nseg(e - b, c->seg);
+        c->load_left += c->zero_copy ? 0 : nseg;
+        if (c->zero_copy)
+            memset(c->load + seg_index(c, k, 0), LD_DONE, nseg);
+    }
+    if (c->zero_copy)
+        c->load_j = c->maxseg; /* nothing to load */
     ring_progress(op);
     return 0;
 }
@@ -583,19 +696,18 @@ static void ring_recv_done(struct obd_op *op, int from,
     }
     c->recv_seg++;
     settle(c, &c->recv_step, &c->recv_seg, 0);
-    /* Its reduction starts now (inline, or queued on the pool) unless the
-     * load is still running; sending waits for progress, which runs when
-     * the caller drops the receive's reference. A failure here has failed
-     * the op. */
-    if (c->phase == PH_RING)
-        (void)reduce_received(op);
+    /* Its reduction starts now (inline, or queued on the pool) unless its
+     * segment is still loading; sending waits for progress, which runs
+     * when the caller drops the receive's reference. A failure here has
+     * failed the op. */
+    (void)reduce_received(op);
 }
 
 static void ring_waiting_on(const struct obd_op *op, char *buf, size_t len)
 {
     const struct obd_coll *c = op->coll;
     int s = c->send_step;
-    if (c->phase == PH_LOAD)
+    if (c->phase == PH_RING && c->load_left > 0)
         snprintf(buf, len, "the local reduction on node %d's worker pool",
                  c->r);
     else if (c->phase >= PH_STORE)
