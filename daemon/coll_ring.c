@@ -62,8 +62,8 @@ struct obd_coll {
     enum phase phase;
     uint64_t load_ns; /* uv_hrtime() when the local load began */
     int load_traced;
-    size_t pieces;  /* load, store or copy pieces not yet done */
-    int acc_queued; /* reduce-scatter reductions on the pool */
+    size_t pieces;     /* load, store or copy pieces not yet done */
+    size_t acc_queued; /* reduce-scatter reductions on the pool */
     int nsteps;
     int send_step, recv_step;
     size_t send_seg, recv_seg;
@@ -174,7 +174,7 @@ static void pool_run(uv_work_t *req)
 static void piece_done(struct obd_coll *c, const struct piece *p)
 {
     if (p->kind == PC_ACC) {
-        c->acc_queued -= p->pooled;
+        c->acc_queued -= (size_t)p->pooled;
         c->reduced[p->idx] = 1;
         c->spare[c->nspare++] = (uint8_t *)p->in;
         return;
@@ -232,7 +232,7 @@ static int piece_go(struct obd_op *op, struct piece *p, int pool)
     }
     if (p->kind != PC_ACC)
         c->pieces++;
-    c->acc_queued += p->kind == PC_ACC;
+    c->acc_queued += p->kind == PC_ACC ? 1 : 0;
     p->pooled = 1;
     obd_op_task_begin(op);
     return 0;
@@ -242,6 +242,14 @@ static int piece_go(struct obd_op *op, struct piece *p, int pool)
 static int use_pool(size_t bytes)
 {
     return bytes >= OBD_RING_POOL_BYTES;
+}
+
+/* How many loads, and how many reductions, of one op may be on the pool
+ * at once: two per thread, so that a thread that ends a piece finds the
+ * next one queued instead of waiting for the loop to queue it. */
+static size_t pool_depth(const struct obd_coll *c)
+{
+    return 2 * (size_t)(c->d->threads > 0 ? c->d->threads : 1);
 }
 
 /* Runs `kind` (STORE, DIV or COPY) over the whole of acc: on the pool in
@@ -465,8 +473,7 @@ static int load_more(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     int pool = use_pool(c->count * c->esz);
-    size_t threads = c->d->threads > 0 ? (size_t)c->d->threads : 1;
-    while (c->load_j < c->maxseg && (!pool || c->pieces < threads)) {
+    while (c->load_j < c->maxseg && (!pool || c->pieces < pool_depth(c))) {
         int chunk = obd_ring_mod(c->r - c->load_k, c->n);
         size_t j = c->load_j;
         size_t b, e;
@@ -526,8 +533,8 @@ static int reduce_received(struct obd_op *op)
         }
         c->red_seg++;
         settle(c, &c->red_step, &c->red_seg, 0);
-        int threads = c->d->threads > 0 ? c->d->threads : 1;
-        if (piece_go(op, p, use_pool(len * c->esz) && c->acc_queued < threads))
+        if (piece_go(op, p,
+                     use_pool(len * c->esz) && c->acc_queued < pool_depth(c)))
             return 1;
     }
     return 0;
