@@ -9,20 +9,28 @@
  * receiving and reducing overlap.
  *
  * The arithmetic runs on the worker pool when it is large
- * (OBD_RING_POOL_BYTES, coll.h), so that the loop thread only moves
- * frames: the local load and the final store (or the division of AVG in
- * place, or the broadcast's copies) in pieces of one segment, which
- * several pool threads share, and every reduce-scatter segment as one
- * task. Smaller work runs inline, as a pool hop would cost more than the
+ * (OBD_RING_POOL_BYTES, coll.h), so that the loop thread mostly moves
+ * frames: the local load in pieces of one segment of one chunk, queued in
+ * the order the ring needs them (step 0 leaves, and the first partials
+ * are reduced, while the rest still loads); every reduce-scatter segment
+ * as one task; the final store (or AVG's division in place, or the
+ * broadcast's copies) in pieces of one segment, which the pool threads
+ * share. Smaller work runs inline, as a pool hop would cost more than the
  * arithmetic; both kinds mix freely in one op, since they go through the
  * same pieces (struct piece) and the same bookkeeping (piece_done). A
  * received reduce-scatter segment waits in a buffer of its own until its
  * reduction ends, so frames keep arriving while earlier segments are
  * still being reduced; the segment leaves again (step s+1) only once it
- * is reduced. Events (a piece done, a frame in) only record what
- * happened; ring_progress and bcast_progress make every transition. A
- * failed op is answered only once no piece touches its memory (job.h),
- * and nothing a piece touches is freed before the op.
+ * is reduced. An op keeps at most pool_depth() loads and as many
+ * reductions on the pool; past that, a reduction, or a load the ring
+ * needs now, runs on the loop ("caller runs"), which is what keeps the
+ * held buffers few when the pool falls behind the wire.
+ *
+ * Events (a piece done, a frame in) record what happened and start the
+ * reductions that became possible; ring_progress and bcast_progress make
+ * every other transition. A failed op is answered only once no piece
+ * touches its memory (job.h), and nothing a piece touches is freed
+ * before the op.
  */
 #include "coll.h"
 
