@@ -713,6 +713,11 @@ START_TEST(failure_while_reducing_on_the_pool)
             pump_some(1);
         int depth = 2 * nodes[0].threads;
         ck_assert_int_eq(nodes[0].pool_tasks, depth < 4 ? depth : 4);
+        /* What a deadline now would name. */
+        char who[320];
+        obd_job_op_waiting(obd_job_op(&nodes[0], jobs[0]->id, 0), who,
+                           sizeof(who));
+        ck_assert_str_eq(who, "the local reduction on node 0's worker pool");
         in_call++;
         obd_job_leave(jobs[0], 1, "killed");
         in_call--;
