@@ -12,6 +12,16 @@
 #include "frame.h"
 #include "job.h"
 
+/* The full-precision collectives (coll_ring.c) run their arithmetic on
+ * the worker pool when it covers at least this many bytes of accumulator
+ * (a reduce-scatter segment; the whole tensor for the local load, the
+ * final store and a broadcast's copies, which pool threads then share in
+ * pieces of one segment), and inline on the loop thread below it. A pool
+ * hop (a thread wake-up and a loop turn) costs some tens of microseconds,
+ * more than the arithmetic on a few kilobytes; 256 KiB of fp32 take
+ * longer to add than the hop costs, and free the loop for that time. */
+#define OBD_RING_POOL_BYTES ((size_t)256 << 10)
+
 struct obd_algo {
     uint32_t kind;
     const char *name;

@@ -7,6 +7,30 @@
  * chunk is cut into segments of segment_bytes: segment j of step s+1 leaves
  * as soon as segment j of step s has arrived and been reduced, so sending,
  * receiving and reducing overlap.
+ *
+ * The arithmetic runs on the worker pool when it is large
+ * (OBD_RING_POOL_BYTES, coll.h), so that the loop thread mostly moves
+ * frames: the local load in pieces of one segment of one chunk, queued in
+ * the order the ring needs them (step 0 leaves, and the first partials
+ * are reduced, while the rest still loads); every reduce-scatter segment
+ * as one task; the final store (or AVG's division in place, or the
+ * broadcast's copies) in pieces of one segment, which the pool threads
+ * share. Smaller work runs inline, as a pool hop would cost more than the
+ * arithmetic; both kinds mix freely in one op, since they go through the
+ * same pieces (struct piece) and the same bookkeeping (piece_done). A
+ * received reduce-scatter segment waits in a buffer of its own until its
+ * reduction ends, so frames keep arriving while earlier segments are
+ * still being reduced; the segment leaves again (step s+1) only once it
+ * is reduced. An op keeps at most pool_depth() loads and as many
+ * reductions on the pool; past that, a reduction, or a load the ring
+ * needs now, runs on the loop ("caller runs"), which is what keeps the
+ * held buffers few when the pool falls behind the wire.
+ *
+ * Events (a piece done, a frame in) record what happened and start the
+ * reductions that became possible; ring_progress and bcast_progress make
+ * every other transition. A failed op is answered only once no piece
+ * touches its memory (job.h), and nothing a piece touches is freed
+ * before the op.
  */
 #include "coll.h"
 
@@ -20,6 +44,20 @@
 #include "reduce.h"
 #include "ring.h"
 
+/* Phases of a ring allreduce or a broadcast, in order. */
+enum phase {
+    PH_RING,  /* the local load, frames, reduce-scatter reductions */
+    PH_STORE, /* the result goes to the local trainers */
+    PH_DONE,
+};
+
+/* The local load of one segment of one chunk. */
+enum load_state {
+    LD_WAITING, /* not begun: the loop may still load it itself */
+    LD_QUEUED,  /* a piece on the pool loads it */
+    LD_DONE,
+};
+
 struct obd_coll {
     struct obd_daemon *d;
     int n, r;
@@ -29,14 +67,238 @@ struct obd_coll {
     uint8_t *acc;
     size_t acc_bytes;
     int zero_copy; /* acc/src are trainer memory (the op holds the buffers) */
-    uint8_t *tmp;  /* one segment, for reduce-scatter steps */
+    enum phase phase;
+    uint64_t load_ns; /* uv_hrtime() when the local load began */
+    int load_traced;
+    size_t pieces;     /* load, store or copy pieces not yet done */
+    size_t acc_queued; /* reduce-scatter reductions on the pool */
     int nsteps;
     int send_step, recv_step;
     size_t send_seg, recv_seg;
+    /* Reduce-scatter segment (s, j), s < n-1, has index s * maxseg + j.
+     * held[i] is its received data until its reduction starts; reduced[i]
+     * is 1 once acc holds it. The reduction cursor (red_step, red_seg)
+     * trails the receive cursor: reductions start in order, each once
+     * acc holds the local load of its segment. load[c * maxseg + j]
+     * (enum load_state) says whether segment j of chunk c is loaded (step
+     * 0 sends it, a received partial is added to it); the load cursor
+     * (load_j, load_k) walks them in the order the ring needs them
+     * (load_more), load_left counts those not done. */
+    size_t maxseg;
+    uint8_t **held;
+    uint8_t *reduced;
+    uint8_t *load;
+    size_t load_j, load_left;
+    int load_k;
+    int red_step;
+    size_t red_seg;
+    /* Segment buffers, one segment each: all of them (freed with the
+     * coll, whatever happened to the op) and a stack of the free ones.
+     * One is taken per reduce-scatter frame and comes back when its
+     * reduction ends, so there are at most as many as reduce-scatter
+     * segments ((n-1)/n of the accumulator) and, while the pool keeps
+     * pace with the wire, a few. */
+    uint8_t **bufs, **spare;
+    size_t nbufs, nspare, capbufs;
+    uint8_t *rx; /* handed out by recv_dest for the frame coming in */
     /* broadcast */
     int pos; /* distance from the root node along the chain */
     const uint8_t *src;
 };
+
+/* ---- pieces of arithmetic, inline or on the worker pool ---- */
+
+enum piece_kind { PC_LOAD, PC_ACC, PC_STORE, PC_DIV, PC_COPY };
+
+/* A piece takes what it touches from the op when it is made, so that on
+ * a pool thread it reads nothing the loop thread owns: pointers into acc,
+ * a segment buffer and the trainers' shared memory, which all stay valid
+ * while the op holds the piece (obd_op_task_begin). */
+struct piece {
+    uv_work_t req;
+    struct obd_op *op;
+    enum piece_kind kind;
+    obcomm_dtype_t dtype;
+    obcomm_op_t redop;
+    int divisor;
+    size_t begin, count; /* elements of acc (bytes for COPY) */
+    uint8_t *acc;        /* acc + begin (COPY: the source + begin) */
+    const uint8_t *in;   /* ACC: the received segment */
+    size_t idx;          /* ACC: reduced[idx]; LOAD: load[idx] */
+    uint64_t begin_ns, end_ns;
+    int pooled;
+    int nptr;
+    void *ptr[]; /* LOAD: sources; STORE, COPY: destinations (+ begin) */
+};
+
+static struct piece *piece_new(struct obd_op *op, enum piece_kind kind,
+                               int nptr)
+{
+    struct piece *p = calloc(1, sizeof(*p) + (size_t)nptr * sizeof(void *));
+    if (p == NULL)
+        return NULL;
+    p->op = op;
+    p->kind = kind;
+    p->dtype = (obcomm_dtype_t)op->desc.dtype;
+    p->redop = (obcomm_op_t)op->desc.redop;
+    p->nptr = nptr;
+    return p;
+}
+
+static void piece_run(struct piece *p)
+{
+    p->begin_ns = uv_hrtime();
+    switch (p->kind) {
+    case PC_LOAD:
+        obd_reduce_load(p->dtype, p->redop, p->acc, (const void *const *)p->ptr,
+                        p->nptr, p->count);
+        break;
+    case PC_ACC:
+        obd_reduce_acc(p->dtype, p->redop, p->acc, p->in, p->count);
+        break;
+    case PC_STORE:
+        obd_reduce_store_many(p->dtype, p->redop, p->ptr, p->nptr, p->acc,
+                              p->count, p->divisor);
+        break;
+    case PC_DIV:
+        obd_reduce_div_in_place(p->dtype, p->acc, p->count, p->divisor);
+        break;
+    case PC_COPY:
+        for (int i = 0; i < p->nptr; i++)
+            memcpy(p->ptr[i], p->acc, p->count);
+        break;
+    }
+    p->end_ns = uv_hrtime();
+}
+
+static void pool_run(uv_work_t *req)
+{
+    piece_run(container_of(req, struct piece, req));
+}
+
+/* Records that a piece is done (on the loop thread): a reduce-scatter
+ * segment is reduced and its buffer free again, a segment is loaded, or
+ * one fewer load, store or copy piece is left. Makes no transition. */
+static void piece_done(struct obd_coll *c, const struct piece *p)
+{
+    if (p->kind == PC_ACC) {
+        c->acc_queued -= (size_t)p->pooled;
+        c->reduced[p->idx] = 1;
+        c->spare[c->nspare++] = (uint8_t *)p->in;
+        return;
+    }
+    if (p->kind == PC_LOAD) {
+        c->load[p->idx] = LD_DONE;
+        c->load_left--;
+    }
+    c->pieces--;
+}
+
+static void pool_done(uv_work_t *req, int status)
+{
+    struct piece *p = container_of(req, struct piece, req);
+    struct obd_op *op = p->op;
+    struct obd_coll *c = op->coll;
+    (void)status; /* nothing cancels these tasks */
+    piece_done(c, p);
+    if (c->d->trace.f != NULL) {
+        static const char *const names[] = {"load", "reduce", "store",
+                                            "average", "copy"};
+        char args[96];
+        snprintf(args, sizeof(args), "\"seq\":%llu,\"begin\":%zu,\"count\":%zu",
+                 (unsigned long long)op->seq, p->begin, p->count);
+        obd_trace_span(c->d, names[p->kind], "reduce", OBD_TRACE_POOL,
+                       p->begin_ns, p->end_ns, args);
+    }
+    free(p);
+    obd_op_task_end(op);
+}
+
+/* Runs piece p (taking ownership) inline, or queues it on the pool when
+ * `pool`. On failure fails the op and returns non-zero. */
+static int piece_go(struct obd_op *op, struct piece *p, int pool)
+{
+    struct obd_coll *c = op->coll;
+    int rc = p == NULL ? UV_ENOMEM : 0;
+    const char *what = p == NULL ? "allocate" : "queue";
+    if (rc == 0 && !pool) {
+        if (p->kind != PC_ACC)
+            c->pieces++;
+        piece_run(p);
+        piece_done(c, p);
+        free(p);
+        return 0;
+    }
+    if (rc == 0)
+        rc = uv_queue_work(&c->d->loop, &p->req, pool_run, pool_done);
+    if (rc) {
+        free(p);
+        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+                    "op %llu of job %s on node %d: cannot %s reduction work",
+                    (unsigned long long)op->seq, op->job->name, c->r, what);
+        return rc;
+    }
+    if (p->kind != PC_ACC)
+        c->pieces++;
+    c->acc_queued += p->kind == PC_ACC ? 1 : 0;
+    p->pooled = 1;
+    obd_op_task_begin(op);
+    return 0;
+}
+
+/* 1 when work on `bytes` bytes of accumulator goes to the pool. */
+static int use_pool(size_t bytes)
+{
+    return bytes >= OBD_RING_POOL_BYTES;
+}
+
+/* How many loads, and how many reductions, of one op may be on the pool
+ * at once: two per thread, so that a thread that ends a piece finds the
+ * next one queued instead of waiting for the loop to queue it. */
+static size_t pool_depth(const struct obd_coll *c)
+{
+    return 2 * (size_t)(c->d->threads > 0 ? c->d->threads : 1);
+}
+
+/* Runs `kind` (STORE, DIV or COPY) over the whole of acc: on the pool in
+ * pieces of one segment when it is large, else inline in one piece. On
+ * failure fails the op and returns non-zero; pieces already queued run to
+ * their end. */
+static int spread(struct obd_op *op, enum piece_kind kind)
+{
+    struct obd_coll *c = op->coll;
+    struct obd_job *job = op->job;
+    int ls = job->local_size;
+    size_t dsz = kind == PC_COPY ? 1 : obd_dtype_size(op->desc.dtype);
+    int pool = use_pool(c->count * c->esz);
+    size_t unit = pool ? c->seg : c->count;
+    int nptr = 0;
+    void *ptr[OBD_MAX_LOCAL];
+    if (kind == PC_STORE)
+        for (int i = 0; i < ls; i++)
+            ptr[nptr++] = op->data[i];
+    if (kind == PC_COPY)
+        for (int i = 0; i < ls; i++)
+            if (op->data[i] != c->src)
+                ptr[nptr++] = op->data[i];
+    if (kind == PC_COPY && nptr == 0)
+        return 0;
+    for (size_t b = 0; b < c->count; b += unit) {
+        struct piece *p = piece_new(op, kind, nptr);
+        if (p != NULL) {
+            p->begin = b;
+            p->count = c->count - b < unit ? c->count - b : unit;
+            p->divisor = c->n * ls;
+            p->acc =
+                kind == PC_COPY ? (uint8_t *)c->src + b : c->acc + b * c->esz;
+            for (int i = 0; i < nptr; i++)
+                p->ptr[i] = (uint8_t *)ptr[i] + b * dsz;
+        }
+        if (piece_go(op, p, pool))
+            return 1;
+    }
+    return 0;
+}
 
 uint64_t obd_coll_fingerprint(const struct obd_opdesc *d)
 {
@@ -85,18 +347,52 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
     c->seg = (size_t)d->cfg.segment_bytes / esz;
     if (c->seg == 0)
         c->seg = 1;
+    c->phase = PH_RING;
     op->coll = c;
     return c;
 }
 
+/* Runs when the op is freed, so no piece and no receive uses anything
+ * here any more: every segment buffer goes, whether it is free, held or
+ * was handed to a receive that never completed. */
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     if (!c->zero_copy)
         obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
-    free(c->tmp);
+    for (size_t i = 0; i < c->nbufs; i++)
+        free(c->bufs[i]);
+    free(c->bufs);
+    free(c->spare);
+    free(c->held);
+    free(c->reduced);
+    free(c->load);
     free(c);
     op->coll = NULL;
+}
+
+/* A free segment buffer, allocating one when none is; NULL without
+ * memory. */
+static uint8_t *buf_get(struct obd_coll *c)
+{
+    if (c->nspare > 0)
+        return c->spare[--c->nspare];
+    if (c->nbufs == c->capbufs) {
+        size_t cap = c->capbufs ? 2 * c->capbufs : 4;
+        uint8_t **b = realloc(c->bufs, cap * sizeof(*b));
+        if (b == NULL)
+            return NULL;
+        c->bufs = b;
+        uint8_t **s = realloc(c->spare, cap * sizeof(*s));
+        if (s == NULL)
+            return NULL;
+        c->spare = s;
+        c->capbufs = cap;
+    }
+    uint8_t *p = malloc(c->seg * c->esz);
+    if (p != NULL)
+        c->bufs[c->nbufs++] = p;
+    return p;
 }
 
 /* ---- ring allreduce ---- */
@@ -137,48 +433,184 @@ static size_t seg_range(const struct obd_coll *c, int s, size_t j, int sending,
     return elems - first < c->seg ? elems - first : c->seg;
 }
 
-static void ring_finish(struct obd_op *op)
+static size_t seg_index(const struct obd_coll *c, int s, size_t j)
 {
-    struct obd_coll *c = op->coll;
-    struct obd_job *job = op->job;
-    int ls = job->local_size;
-    if (c->zero_copy) {
-        if (op->desc.redop == OBCOMM_AVG)
-            obd_reduce_div_in_place((obcomm_dtype_t)op->desc.dtype, c->acc,
-                                    c->count, c->n * ls);
-        obd_op_finish(op);
-        return;
-    }
-    obd_reduce_store_many((obcomm_dtype_t)op->desc.dtype,
-                          (obcomm_op_t)op->desc.redop, op->data, ls, c->acc,
-                          c->count, c->n * ls);
-    obd_op_finish(op);
+    return (size_t)s * c->maxseg + j;
 }
 
-static void ring_progress(struct obd_op *op)
+/* 1 once cursor (step, seg) has passed segment (s, j). */
+static int passed(int step, size_t seg, int s, size_t j)
+{
+    return step > s || (step == s && seg > j);
+}
+
+/* ---- the local load ---- */
+
+/* Loads segment j of chunk `chunk` (inline, or a piece on the pool). On
+ * failure fails the op and returns non-zero. */
+static int load_seg(struct obd_op *op, int chunk, size_t j, int pool)
+{
+    struct obd_coll *c = op->coll;
+    int ls = op->job->local_size;
+    size_t dsz = obd_dtype_size(op->desc.dtype);
+    size_t b, e;
+    obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+    b += j * c->seg;
+    struct piece *p = piece_new(op, PC_LOAD, ls);
+    if (p != NULL) {
+        p->begin = b;
+        p->count = e - b < c->seg ? e - b : c->seg;
+        p->acc = c->acc + b * c->esz;
+        p->idx = seg_index(c, chunk, j);
+        for (int i = 0; i < ls; i++)
+            p->ptr[i] = (uint8_t *)op->data[i] + b * dsz;
+        c->load[p->idx] = LD_QUEUED;
+    }
+    return piece_go(op, p, pool);
+}
+
+/* Queues the local load in pieces of one segment of one chunk, in the
+ * order the ring needs them: segment 0 of the chunk step 0 sends, of the
+ * one it receives, of the one step 1 receives, ..., then segment 1, and
+ * so on. When the accumulator is large, as many pieces as the pool has
+ * threads are queued at a time (the next ones as these end), so that the
+ * reductions of arriving partials do not queue behind the whole load;
+ * otherwise the whole load runs inline now. On failure fails the op and
+ * returns non-zero. */
+static int load_more(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    int pool = use_pool(c->count * c->esz);
+    while (c->load_j < c->maxseg && (!pool || c->pieces < pool_depth(c))) {
+        int chunk = obd_ring_mod(c->r - c->load_k, c->n);
+        size_t j = c->load_j;
+        size_t b, e;
+        obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+        if (++c->load_k == c->n) {
+            c->load_k = 0;
+            c->load_j++;
+        }
+        if (j * c->seg < e - b &&
+            c->load[seg_index(c, chunk, j)] == LD_WAITING &&
+            load_seg(op, chunk, j, pool))
+            return 1;
+    }
+    return 0;
+}
+
+/* 1 if segment j of chunk `chunk` is loaded. A segment that the pool has
+ * not been given yet is loaded here, inline: the ring needs it now (the
+ * caller runs, as for reductions). 0 also when that failed the op. */
+static int loaded_now(struct obd_op *op, int chunk, size_t j)
+{
+    struct obd_coll *c = op->coll;
+    size_t idx = seg_index(c, chunk, j);
+    if (c->load[idx] == LD_WAITING && load_seg(op, chunk, j, 0))
+        return 0;
+    return c->load[idx] == LD_DONE;
+}
+
+/* Starts the reductions of the reduce-scatter segments received so far,
+ * in order, each once its segment is loaded. A large one goes to the pool
+ * unless as many of this op's as the pool has threads are already there:
+ * the loop thread then reduces it itself ("caller runs"). The link reads
+ * every frame that arrives, so without this a pool that falls behind the
+ * wire (a busy machine) would have the op hold up to a whole chunk per
+ * step in fresh buffers; with it the loop slows its reading down as it
+ * did when it reduced everything, and holds a few buffers. On failure the
+ * op has failed and this returns non-zero. */
+static int reduce_received(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    while (c->red_step < c->n - 1 &&
+           passed(c->recv_step, c->recv_seg, c->red_step, c->red_seg)) {
+        int chunk = obd_ring_recv_chunk(c->r, c->n, c->red_step);
+        if (!loaded_now(op, chunk, c->red_seg))
+            return op->state != OBD_OP_RUN;
+        size_t off;
+        size_t len = seg_range(c, c->red_step, c->red_seg, 0, &off);
+        size_t idx = seg_index(c, c->red_step, c->red_seg);
+        struct piece *p = piece_new(op, PC_ACC, 0);
+        if (p != NULL) {
+            p->begin = off;
+            p->count = len;
+            p->acc = c->acc + off * c->esz;
+            p->in = c->held[idx];
+            p->idx = idx;
+            c->held[idx] = NULL; /* the piece has it; it stays in bufs */
+        }
+        c->red_seg++;
+        settle(c, &c->red_step, &c->red_seg, 0);
+        if (piece_go(op, p,
+                     use_pool(len * c->esz) && c->acc_queued < pool_depth(c)))
+            return 1;
+    }
+    return 0;
+}
+
+/* Sends what is ready: segment j of step 0 once it is loaded, of step
+ * s > 0 once it has arrived at step s-1 and, in the reduce-scatter, been
+ * reduced. */
+static int ring_send(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     struct obd_daemon *d = op->job->d;
     int right = obd_ring_mod(c->r + 1, c->n);
-
     while (c->send_step < c->nsteps) {
         int s = c->send_step;
         size_t j = c->send_seg;
-        /* Segment j of step s > 0 is the one received at step s-1. */
-        if (s > 0 && !(c->recv_step > s - 1 ||
-                       (c->recv_step == s - 1 && c->recv_seg > j)))
+        if (s == 0 && !loaded_now(op, c->r, j)) {
+            if (op->state != OBD_OP_RUN)
+                return 1;
+            break;
+        }
+        if (s > 0 && s - 1 < c->n - 1 && !c->reduced[seg_index(c, s - 1, j)])
+            break;
+        if (s > 0 && !passed(c->recv_step, c->recv_seg, s - 1, j))
             break;
         size_t off;
         size_t len = seg_range(c, s, j, 1, &off);
         if (send_or_fail(op, right, (uint32_t)s, (uint32_t)j,
                          c->acc + off * c->esz, len * c->esz))
-            return;
+            return 1;
         obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_BYTES_SENT, len * c->esz);
         c->send_seg++;
         settle(c, &c->send_step, &c->send_seg, 1);
     }
-    if (c->send_step == c->nsteps && c->recv_step == c->nsteps && op->refs == 0)
-        ring_finish(op);
+    return 0;
+}
+
+/* The one transition function of the allreduce: ring (with the load),
+ * store, done. Runs from start and whenever the op is posted (a piece
+ * done, a frame in or out). */
+static void ring_progress(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    if (c->phase == PH_RING) {
+        if (load_more(op) || reduce_received(op) || ring_send(op))
+            return;
+        if (!c->zero_copy && !c->load_traced && c->load_left == 0) {
+            c->load_traced = 1;
+            obd_trace_span(c->d, "local reduce", "ring",
+                           (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
+                           uv_hrtime(), NULL);
+        }
+        /* Loaded, every frame out and in, every reduction done (it held a
+         * reference), and no write still reads acc. */
+        if (c->load_left > 0 || c->send_step < c->nsteps ||
+            c->recv_step < c->nsteps || op->refs > 0)
+            return;
+        c->phase = PH_STORE;
+        if (c->zero_copy ? op->desc.redop == OBCOMM_AVG && spread(op, PC_DIV)
+                         : spread(op, PC_STORE))
+            return;
+    }
+    if (c->phase == PH_STORE) {
+        if (c->pieces > 0)
+            return;
+        c->phase = PH_DONE;
+        obd_op_finish(op);
+    }
 }
 
 static int ring_start(struct obd_op *op)
@@ -196,10 +628,18 @@ static int ring_start(struct obd_op *op)
         c->acc = op->data[0];
         c->zero_copy = 1;
     }
+    if (c != NULL) {
+        size_t b, e;
+        obd_ring_chunk(c->count, c->n, 0, &b, &e); /* the largest chunk */
+        c->maxseg = obd_ring_nseg(e - b, c->seg);
+    }
+    size_t nidx = c ? (size_t)c->n * c->maxseg + 1 : 0;
     if (c == NULL ||
         (!c->zero_copy && (c->acc = obd_daemon_scratch_get(
                                d, c->count * esz, &c->acc_bytes)) == NULL) ||
-        (c->n > 1 && (c->tmp = malloc(c->seg * esz)) == NULL)) {
+        (c->held = calloc(nidx, sizeof(*c->held))) == NULL ||
+        (c->reduced = calloc(nidx, 1)) == NULL ||
+        (c->load = calloc(nidx, 1)) == NULL) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
                     (unsigned long long)op->seq, job->name,
@@ -209,21 +649,23 @@ static int ring_start(struct obd_op *op)
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES,
                    c->count * obd_dtype_size(dt));
 
-    if (!c->zero_copy) {
-        uint64_t t0 = uv_hrtime();
-        obd_reduce_load(dt, (obcomm_op_t)op->desc.redop, c->acc,
-                        (const void *const *)op->data, job->local_size,
-                        c->count);
-        obd_trace_span(d, "local reduce", "ring",
-                       (int)(job->id % OBD_TRACE_POOL), t0, uv_hrtime(), NULL);
-    }
-    if (c->n == 1) {
-        ring_finish(op);
-        return 0;
-    }
-    c->nsteps = 2 * (c->n - 1);
+    c->nsteps = c->n > 1 ? 2 * (c->n - 1) : 0;
     settle(c, &c->send_step, &c->send_seg, 1);
     settle(c, &c->recv_step, &c->recv_seg, 0);
+    settle(c, &c->red_step, &c->red_seg, 0);
+    /* Frames that arrive before their segment is loaded wait in their
+     * buffers (reduce_received). */
+    c->load_ns = uv_hrtime();
+    for (int k = 0; k < c->n; k++) {
+        size_t b, e;
+        obd_ring_chunk(c->count, c->n, k, &b, &e);
+        size_t nseg = obd_ring_nseg(e - b, c->seg);
+        c->load_left += c->zero_copy ? 0 : nseg;
+        if (c->zero_copy)
+            memset(c->load + seg_index(c, k, 0), LD_DONE, nseg);
+    }
+    if (c->zero_copy)
+        c->load_j = c->maxseg; /* nothing to load */
     ring_progress(op);
     return 0;
 }
@@ -247,7 +689,14 @@ static void *ring_recv_dest(struct obd_op *op, int from,
         *why = "payload length differs from the segment's";
         return NULL;
     }
-    return c->recv_step < c->n - 1 ? c->tmp : c->acc + off * c->esz;
+    if (c->recv_step >= c->n - 1)
+        return c->acc + off * c->esz; /* allgather: straight into acc */
+    /* A receive that did not complete left its buffer in rx: reuse it. */
+    if (c->rx == NULL && (c->rx = buf_get(c)) == NULL) {
+        *why = "no memory for a segment buffer";
+        return NULL;
+    }
+    return c->rx;
 }
 
 static void ring_recv_done(struct obd_op *op, int from,
@@ -257,23 +706,36 @@ static void ring_recv_done(struct obd_op *op, int from,
     (void)from;
     (void)f;
     if (c->recv_step < c->n - 1) {
-        size_t off;
-        size_t len = seg_range(c, c->recv_step, c->recv_seg, 0, &off);
-        obd_reduce_acc((obcomm_dtype_t)op->desc.dtype,
-                       (obcomm_op_t)op->desc.redop, c->acc + off * c->esz,
-                       c->tmp, len);
+        c->held[seg_index(c, c->recv_step, c->recv_seg)] = c->rx;
+        c->rx = NULL;
     }
     c->recv_seg++;
     settle(c, &c->recv_step, &c->recv_seg, 0);
-    /* Progress runs when the caller drops the receive's reference. */
+    /* Its reduction starts now (inline, or queued on the pool) unless its
+     * segment is still loading; sending waits for progress, which runs
+     * when the caller drops the receive's reference. A failure here has
+     * failed the op. */
+    (void)reduce_received(op);
 }
 
 static void ring_waiting_on(const struct obd_op *op, char *buf, size_t len)
 {
     const struct obd_coll *c = op->coll;
-    if (c->recv_step < c->nsteps)
+    int s = c->send_step;
+    if (c->phase == PH_RING && c->load_left > 0)
+        snprintf(buf, len, "the local reduction on node %d's worker pool",
+                 c->r);
+    else if (c->phase >= PH_STORE)
+        snprintf(buf, len, "the store of the result on node %d's worker pool",
+                 c->r);
+    else if (c->recv_step < c->nsteps)
         snprintf(buf, len, "data from node %d (step %d, segment %zu)",
                  obd_ring_mod(c->r - 1, c->n), c->recv_step, c->recv_seg);
+    else if (s < c->nsteps && s > 0 && s - 1 < c->n - 1 &&
+             !c->reduced[seg_index(c, s - 1, c->send_seg)])
+        snprintf(buf, len,
+                 "a reduction on node %d's worker pool (step %d, segment %zu)",
+                 c->r, s - 1, c->send_seg);
     else
         snprintf(buf, len, "node %d to take our data",
                  obd_ring_mod(c->r + 1, c->n));
@@ -288,16 +750,8 @@ static int ring_needs_node(const struct obd_op *op, int node)
 
 /* ---- broadcast along the chain root, root+1, ..., root-1 ---- */
 
-static void bcast_finish(struct obd_op *op)
-{
-    struct obd_coll *c = op->coll;
-    struct obd_job *job = op->job;
-    for (int i = 0; i < job->local_size; i++)
-        if (op->data[i] != c->src)
-            memcpy(op->data[i], c->src, c->count);
-    obd_op_finish(op);
-}
-
+/* The transition function of the broadcast: frames, then the copies to
+ * the other local trainers (on the pool when large), then done. */
 static void bcast_progress(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
@@ -306,22 +760,32 @@ static void bcast_progress(struct obd_op *op)
     int right = obd_ring_mod(c->r + 1, c->n);
     int forwards = c->pos < c->n - 1;
 
-    while (forwards && c->send_seg < nseg &&
-           (c->pos == 0 || c->recv_seg > c->send_seg)) {
-        size_t off = c->send_seg * c->seg;
-        size_t len = c->count - off < c->seg ? c->count - off : c->seg;
-        if (send_or_fail(op, right, 0, (uint32_t)c->send_seg, c->src + off,
-                         len))
+    if (c->phase == PH_RING) {
+        while (forwards && c->send_seg < nseg &&
+               (c->pos == 0 || c->recv_seg > c->send_seg)) {
+            size_t off = c->send_seg * c->seg;
+            size_t len = c->count - off < c->seg ? c->count - off : c->seg;
+            if (send_or_fail(op, right, 0, (uint32_t)c->send_seg, c->src + off,
+                             len))
+                return;
+            obd_metric_add(&d->metrics, OBD_M_BROADCAST_BYTES_SENT, len);
+            c->send_seg++;
+        }
+        int sent = !forwards || c->send_seg == nseg;
+        int received = c->pos == 0 || c->recv_seg == nseg;
+        if (!sent || !received || op->refs > 0)
             return;
-        obd_metric_add(&d->metrics, OBD_M_BROADCAST_BYTES_SENT, len);
-        c->send_seg++;
+        c->phase = PH_STORE;
+        if (spread(op, PC_COPY))
+            return;
     }
-    int sent = !forwards || c->send_seg == nseg;
-    int received = c->pos == 0 || c->recv_seg == nseg;
-    if (sent && received && op->refs == 0)
-        bcast_finish(op);
+    if (c->phase == PH_STORE) {
+        if (c->pieces > 0)
+            return;
+        c->phase = PH_DONE;
+        obd_op_finish(op);
+    }
 }
-
 static int bcast_start(struct obd_op *op)
 {
     struct obd_job *job = op->job;
@@ -400,7 +864,11 @@ static void bcast_recv_done(struct obd_op *op, int from,
 static void bcast_waiting_on(const struct obd_op *op, char *buf, size_t len)
 {
     const struct obd_coll *c = op->coll;
-    if (c->pos != 0 && c->recv_seg < obd_ring_nseg(c->count, c->seg))
+    if (c->phase >= PH_STORE)
+        snprintf(buf, len,
+                 "the copies to the local trainers on node %d's worker pool",
+                 c->r);
+    else if (c->pos != 0 && c->recv_seg < obd_ring_nseg(c->count, c->seg))
         snprintf(buf, len, "broadcast data from node %d (segment %zu)",
                  obd_ring_mod(c->r - 1, c->n), c->recv_seg);
     else

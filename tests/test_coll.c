@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "ring_ref.h"
 
 #define BIG 1000003
 
@@ -312,6 +313,69 @@ START_TEST(broadcast_from_every_root_and_barrier)
 }
 END_TEST
 
+/* The reductions on the worker pool (OBD_RING_POOL_BYTES) through real
+ * daemons: random fp32, fp16, bf16 and int32 data, SUM, AVG and MAX, every
+ * element of every rank bit for bit against ring_ref.h. With 256 KiB
+ * segments every full reduce-scatter segment is a pool task and each
+ * chunk's tail is reduced inline; with 8 KiB segments the load and the
+ * store are a hundred pool pieces each while frames keep arriving. */
+enum { POOL_COUNT = 2 * (2 * 65536 + 500) + 1 };
+
+static int trainer_pool(obcomm_t *c, void *arg)
+{
+    const int *local = arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    static const obcomm_dtype_t t4[] = {OBCOMM_FLOAT32, OBCOMM_FLOAT16,
+                                        OBCOMM_BFLOAT16, OBCOMM_INT32};
+    static const obcomm_op_t o3[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX};
+    uint8_t *buf, *want = malloc(POOL_COUNT * 4);
+    uint8_t *all = malloc((size_t)size * POOL_COUNT * 4);
+    const void *x[HX_MAX_NODES * 3];
+    if (want == NULL || all == NULL ||
+        obcomm_alloc(c, POOL_COUNT * 4, (void **)&buf))
+        return hx_fail(c, "alloc");
+    int bad = 0;
+    uint64_t seq = 0;
+    for (size_t d = 0; d < 4 && !bad; d++)
+        for (size_t o = 0; o < 3 && !bad; o++, seq++) {
+            obcomm_dtype_t t = t4[d];
+            size_t es = rr_size(t);
+            for (int k = 0; k < size; k++) {
+                x[k] = all + (size_t)k * POOL_COUNT * 4;
+                rr_fill(t, (void *)x[k], POOL_COUNT,
+                        seq * 64 + (uint64_t)k + 1);
+            }
+            rr_expect(t, o3[o], size / *local, *local, x, POOL_COUNT, want);
+            memcpy(buf, x[rank], POOL_COUNT * es);
+            if (obcomm_allreduce(c, buf, POOL_COUNT, t, o3[o])) {
+                bad = hx_fail(c, "allreduce dtype %d op %d: %s", t, o3[o],
+                              obcomm_last_error(c));
+                break;
+            }
+            for (size_t i = 0; i < POOL_COUNT && !bad; i++)
+                if (memcmp(buf + i * es, want + i * es, es))
+                    bad = hx_fail(c, "dtype %d op %d: element %zu differs", t,
+                                  o3[o], i);
+        }
+    free(want);
+    free(all);
+    return bad;
+}
+
+START_TEST(allreduce_on_the_pool_exact)
+{
+    static const char *const segs[] = {"262144", "8192"};
+    int nodes = 2 + _i % 2, per = 1 + (_i / 2) % 3;
+    const char *flags[] = {"--segment_bytes", segs[_i / 6], NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, nodes, flags), 0);
+    int failed = hx_run(&cl, per, "pool", 60000, 300, trainer_pool, &per);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_msg(failed == 0, "%d of %d trainers failed (%d nodes x %d, %s)",
+                  failed, nodes * per, nodes, per, segs[_i / 6]);
+}
+END_TEST
+
 Suite *coll_suite(void)
 {
     Suite *s = suite_create("coll");
@@ -323,6 +387,10 @@ Suite *coll_suite(void)
     tcase_add_test(tc, hundred_ops_in_a_row);
     tcase_add_loop_test(tc, broadcast_from_every_root_and_barrier, 0, 8);
     suite_add_tcase(s, tc);
+    TCase *pool = tcase_create("pool");
+    tcase_set_timeout(pool, 600);
+    tcase_add_loop_test(pool, allreduce_on_the_pool_exact, 0, 12);
+    suite_add_tcase(s, pool);
     return s;
 }
 

@@ -20,6 +20,7 @@
 #include "job.h"
 #include "obcomm.pb-c.h"
 #include "ops.h"
+#include "ring_ref.h"
 
 #define MAXN 4
 #define MAXL 3
@@ -51,6 +52,15 @@ static struct fake trainers[MAXN][MAXL];
 static struct obd_job *jobs[MAXN];
 static struct msg *queue_head, *queue_tail;
 static int in_call; /* > 0 while the test is inside a call into job.c */
+/* Set by tests that fail an op while pool tasks run: every answer must
+ * then come once its node has no task in flight (job.h). */
+static int answer_after_tasks;
+/* segment_bytes for the next start(); NULL: the default. */
+static const char *segment_bytes;
+/* Data frames each node has sent since start(). */
+static int data_sent[MAXN];
+/* Data frames to this node wait on their link (-1: none). */
+static int hold_data_to = -1;
 
 static void answer(struct obd_client *c, uint64_t seq, int status,
                    const char *message)
@@ -58,6 +68,8 @@ static void answer(struct obd_client *c, uint64_t seq, int status,
     struct fake *t = (struct fake *)c;
     /* DESIGN.md section 5: never from inside the call that caused it. */
     ck_assert_int_eq(in_call, 0);
+    if (answer_after_tasks)
+        ck_assert_int_eq(nodes[(t - &trainers[0][0]) / MAXL].pool_tasks, 0);
     t->answers++;
     t->status = status;
     t->seq = seq;
@@ -98,6 +110,7 @@ static int send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     m->from = node_of(d);
     m->to = to;
     m->is_data = 1;
+    data_sent[m->from]++;
     m->f = *f;
     m->len = f->len;
     m->buf = malloc(m->len ? m->len : 1);
@@ -123,6 +136,8 @@ static int deliver(struct msg *m)
         return 1;
     }
     void *dst = NULL, *token = NULL;
+    if (m->to == hold_data_to)
+        return 0;
     in_call++;
     enum obd_data_dest where =
         obd_job_data_begin(d, m->from, &m->f, &dst, &token);
@@ -218,6 +233,11 @@ static void start(int n, int ls)
         ck_assert_int_eq(obd_config_set(&cfg, "rank", rank, err, 256), 0);
         ck_assert_int_eq(obd_config_set(&cfg, "log_level", "error", err, 256),
                          0);
+        if (segment_bytes != NULL)
+            ck_assert_int_eq(
+                obd_config_set(&cfg, "segment_bytes", segment_bytes, err, 256),
+                0);
+        data_sent[i] = 0;
         ck_assert_int_eq(obd_config_finish(&cfg, err, sizeof(err)), 0);
         ck_assert_int_eq(obd_daemon_init(&nodes[i], &cfg), 0);
         nodes[i].hooks.answer = answer;
@@ -494,8 +514,231 @@ START_TEST(onebit_phases)
 }
 END_TEST
 
+/* ---- the ring's reductions on the worker pool ---- */
+
+/* Two full 1 MiB segments of fp32 would take 2 x 262144 elements per
+ * chunk; this count gives 2 nodes chunks of one full segment plus a tail
+ * of about 1000 elements, so one op mixes pool and inline reductions. */
+enum { POOL_COUNT = 2 * (262144 + 1000) + 1 };
+static const obcomm_dtype_t pool_dtypes[] = {OBCOMM_FLOAT32, OBCOMM_FLOAT16,
+                                             OBCOMM_BFLOAT16, OBCOMM_INT32};
+static const obcomm_op_t pool_ops[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX};
+
+/* Every dtype and op above on random data, large enough that the local
+ * load, the store and (with 1 MiB and 256 KiB segments) the
+ * reduce-scatter segments run on the pool, against ring_ref.h bit for
+ * bit. With 8 KiB segments the load and store are hundreds of pool
+ * pieces while frames arrive and segments are reduced inline; with
+ * 256 KiB segments every full segment is a pool task (several in flight,
+ * finishing in any order on libuv's 4 threads) and every chunk's tail is
+ * reduced inline. Zero-copy runs (one trainer, fp32 or int32) reduce in
+ * the trainers' memory. */
+START_TEST(allreduce_on_the_pool_exact)
+{
+    static const int shape[][2] = {{2, 1}, {2, 3}, {3, 1}, {3, 2}};
+    static const char *const segs[] = {NULL, "262144", "8192"};
+    static const char *const seg_name[] = {"1 MiB", "256 KiB", "8 KiB"};
+    int n = shape[_i % 4][0], ls = shape[_i % 4][1];
+    segment_bytes = segs[_i / 4];
+    start(n, ls);
+    segment_bytes = NULL;
+    static uint8_t buf[MAXN * MAXL][POOL_COUNT * 4];
+    static uint8_t want[POOL_COUNT * 4];
+    const void *x[MAXN * MAXL];
+    uint64_t seq = 0;
+    for (size_t d = 0; d < sizeof(pool_dtypes) / sizeof(pool_dtypes[0]); d++)
+        for (size_t o = 0; o < sizeof(pool_ops) / sizeof(pool_ops[0]); o++) {
+            obcomm_dtype_t t = pool_dtypes[d];
+            size_t es = rr_size(t);
+            for (int k = 0; k < n * ls; k++) {
+                rr_fill(t, buf[k], POOL_COUNT, seq * 64 + (uint64_t)k + 1);
+                x[k] = buf[k];
+            }
+            rr_expect(t, pool_ops[o], n, ls, x, POOL_COUNT, want);
+            struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                                   .dtype = t,
+                                   .redop = pool_ops[o],
+                                   .count = POOL_COUNT};
+            reset_answers();
+            for (int k = 0; k < n; k++)
+                for (int l = 0; l < ls; l++)
+                    submit(k, l, seq, &a, buf[k * ls + l]);
+            pump_until(all_answered);
+            /* One memcmp per rank: a check per element would write each
+             * to Check's pipe. */
+            for (int k = 0; k < n * ls; k++) {
+                ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+                if (memcmp(buf[k], want, POOL_COUNT * es) == 0)
+                    continue;
+                size_t i = 0;
+                while (memcmp(buf[k] + i * es, want + i * es, es) == 0)
+                    i++;
+                ck_abort_msg("dtype %d op %d (%d x %d, segments %s): rank %d "
+                             "element %zu differs",
+                             t, pool_ops[o], n, ls, seg_name[_i / 4], k, i);
+            }
+            seq++;
+        }
+    stop();
+}
+END_TEST
+
+/* A gate over libuv's worker pool: while closed, every pool thread waits
+ * in a task of ours, so the daemons' tasks stay queued (in flight for the
+ * op) whatever the loops do. main() sizes the pool to GATE_THREADS. */
+enum { GATE_THREADS = 4 };
+static uv_sem_t gate_open, gate_entered;
+static uv_work_t gate_work[GATE_THREADS];
+static int gate_left;
+
+static void gate_wait(uv_work_t *w)
+{
+    (void)w;
+    uv_sem_post(&gate_entered);
+    uv_sem_wait(&gate_open);
+}
+
+static void gate_done(uv_work_t *w, int status)
+{
+    (void)w;
+    (void)status;
+    gate_left--;
+}
+
+static void gate_close(uv_loop_t *loop)
+{
+    ck_assert_int_eq(uv_sem_init(&gate_open, 0), 0);
+    ck_assert_int_eq(uv_sem_init(&gate_entered, 0), 0);
+    gate_left = GATE_THREADS;
+    for (int i = 0; i < GATE_THREADS; i++)
+        ck_assert_int_eq(
+            uv_queue_work(loop, &gate_work[i], gate_wait, gate_done), 0);
+    for (int i = 0; i < GATE_THREADS; i++)
+        uv_sem_wait(&gate_entered); /* every thread is inside */
+}
+
+static void gate_release(uv_loop_t *loop)
+{
+    for (int i = 0; i < GATE_THREADS; i++)
+        uv_sem_post(&gate_open);
+    while (gate_left > 0)
+        uv_run(loop, UV_RUN_ONCE);
+    uv_sem_destroy(&gate_open);
+    uv_sem_destroy(&gate_entered);
+}
+
+static int answered_but(int node, int local)
+{
+    for (int n = 0; n < nnodes; n++)
+        for (int l = 0; l < nlocal; l++)
+            if ((n != node || l != local) && trainers[n][l].answers == 0)
+                return 0;
+    return 1;
+}
+
+static int node0_second_gone(void)
+{
+    return answered_but(0, 1);
+}
+
+static int both_sent(void)
+{
+    return data_sent[0] > 0 && data_sent[1] > 0;
+}
+
+/* Turns the loops and the transport a while. */
+static void pump_some(int turns)
+{
+    for (int i = 0; i < turns; i++) {
+        deliver_all();
+        for (int k = 0; k < nnodes; k++)
+            uv_run(&nodes[k].loop, UV_RUN_NOWAIT);
+    }
+}
+
+/* A node loses its peer while a reduce-scatter segment's reduction is on
+ * the pool (_i 0), and a trainer leaves while the local load is (_i 1):
+ * the op fails on every node, every answer comes only once its node has
+ * no task in flight, and nothing the tasks touch is freed before they end
+ * (the ASan build checks). The gate keeps the tasks queued while the
+ * loops turn and the op fails. */
+START_TEST(failure_while_reducing_on_the_pool)
+{
+    start(2, 2);
+    static float buf[2][2][POOL_COUNT];
+    for (int k = 0; k < 2; k++)
+        for (int l = 0; l < 2; l++)
+            for (int i = 0; i < POOL_COUNT; i++)
+                buf[k][l][i] = (float)(k * 2 + l + i % 5);
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = POOL_COUNT};
+    answer_after_tasks = 1;
+    if (_i == 0) {
+        /* Both loads end (each node has sent its step 0) while node 0
+         * gets no data; then node 1's step 0 reaches it behind the
+         * closed gate: its full segment is a pool task that cannot run. */
+        hold_data_to = 0;
+        for (int k = 0; k < 2; k++)
+            for (int l = 0; l < 2; l++)
+                submit(k, l, 0, &a, buf[k][l]);
+        pump_until(both_sent);
+        gate_close(&nodes[0].loop);
+        hold_data_to = -1;
+        deliver_all();
+        ck_assert_int_eq(nodes[0].pool_tasks, 1);
+        pump_some(100);
+        ck_assert_int_eq(nodes[0].pool_tasks, 1);
+        in_call++;
+        obd_job_on_peer_lost(&nodes[0], 1, "test: the link to node 1 is lost");
+        in_call--;
+        pump_some(100);
+        ck_assert_int_eq(trainers[0][0].answers + trainers[0][1].answers, 0);
+        gate_release(&nodes[0].loop);
+        pump_until(all_answered);
+        for (int l = 0; l < 2; l++) {
+            ck_assert_int_eq(trainers[0][l].status, OBCOMM_E_PEER_LOST);
+            ck_assert_int_ne(trainers[1][l].status, 0);
+        }
+    } else {
+        /* Node 0's load: a pool piece per segment of each chunk (a full
+         * 1 MiB one and a tail, twice), up to two per thread at a time,
+         * queued behind the gate. */
+        gate_close(&nodes[0].loop);
+        for (int k = 0; k < 2; k++)
+            for (int l = 0; l < 2; l++)
+                submit(k, l, 0, &a, buf[k][l]);
+        for (int i = 0; i < 100000 && nodes[0].pool_tasks == 0; i++)
+            pump_some(1);
+        int depth = 2 * nodes[0].threads;
+        ck_assert_int_eq(nodes[0].pool_tasks, depth < 4 ? depth : 4);
+        /* What a deadline now would name. */
+        char who[320];
+        obd_job_op_waiting(obd_job_op(&nodes[0], jobs[0]->id, 0), who,
+                           sizeof(who));
+        ck_assert_str_eq(who, "the local reduction on node 0's worker pool");
+        in_call++;
+        obd_job_leave(jobs[0], 1, "killed");
+        in_call--;
+        pump_some(100);
+        ck_assert_int_eq(trainers[0][0].answers, 0);
+        gate_release(&nodes[0].loop);
+        pump_until(node0_second_gone);
+        ck_assert_int_eq(trainers[0][1].answers, 0);
+        ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
+        for (int l = 0; l < 2; l++)
+            ck_assert_int_eq(trainers[1][l].status, OBCOMM_E_PEER_LOST);
+    }
+    answer_after_tasks = 0;
+    stop();
+}
+END_TEST
+
 int main(void)
 {
+    /* The gate above holds every pool thread. */
+    setenv("UV_THREADPOOL_SIZE", "4", 1);
     Suite *s = suite_create("job");
     TCase *tc = tcase_create("machine");
     tcase_set_timeout(tc, 300);
@@ -504,6 +747,8 @@ int main(void)
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
     tcase_add_test(tc, leave_fails_remote_ops);
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
+    tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);
+    tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

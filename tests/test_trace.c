@@ -67,12 +67,23 @@ START_TEST(every_phase_is_on_the_timeline)
     ck_assert_int_eq(hx_stop(&cl), 0); /* closes the files */
     ck_assert_int_eq(failed, 0);
 
-    static const char *const phases[] = {
-        "matching",        "ring allreduce",  "local reduce",
-        "1-bit allreduce", "compress",        "parameter-server send",
-        "server step",     "allgather",       "decompress",
-        "completion",      "chain broadcast", "worker pass",
-        "server pass",     "decode"};
+    static const char *const phases[] = {"matching",
+                                         "ring allreduce",
+                                         "local reduce",
+                                         "1-bit allreduce",
+                                         "compress",
+                                         "parameter-server send",
+                                         "server step",
+                                         "allgather",
+                                         "decompress",
+                                         "completion",
+                                         "chain broadcast",
+                                         "worker pass",
+                                         "server pass",
+                                         "decode",
+                                         "load",
+                                         "reduce",
+                                         "store"};
     const char *files[] = {t0, t1};
     for (int node = 0; node < 2; node++) {
         json_object *arr = json_object_from_file(files[node]);

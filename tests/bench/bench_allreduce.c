@@ -4,13 +4,14 @@
  *
  *   bench_allreduce [-s SOCKET] [-j JOB] [-z "1 4 16 64 256"] [-r REPEATS]
  *                   [-w WARMUP] [-o fp32,1bit] [-c OBCOMMCTL] [-d DEV]
- *                   [-t TIMEOUT_MS]
+ *                   [-t TIMEOUT_MS] [-L LOCAL_SIZE -l LOCAL_RANK]
  *
  * For every size (MiB of fp32, -z) and op (-o), the program runs WARMUP
- * untimed ops, then REPEATS timed ones; before each op all ranks meet in
- * obcomm_barrier, and only the collective itself is timed. Each 1-bit size
- * uses its own key (1000 + size index), so the error feedback of one size
- * never meets another's count.
+ * untimed ops, then REPEATS timed ones (-L/-l: one of LOCAL_SIZE trainers
+ * of the node, default 1 and 0; every one of them prints its own lines); before
+ * each op all ranks meet in obcomm_barrier, and only the collective itself is
+ * timed. Each 1-bit size uses its own key (1000 + size index), so the error
+ * feedback of one size never meets another's count.
  *
  * Bytes each node sends per op are measured two ways, both over the timed
  * repeats only (barriers included in the second):
@@ -103,7 +104,8 @@ static void usage(const char *argv0)
     fprintf(
         stderr,
         "usage: %s [-s SOCKET] [-j JOB] [-z \"1 4 16 64 256\"] [-r REPEATS] "
-        "[-w WARMUP] [-o fp32,1bit] [-c OBCOMMCTL] [-d DEV] [-t MS]\n",
+        "[-w WARMUP] [-o fp32,1bit] [-c OBCOMMCTL] [-d DEV] [-t MS] "
+        "[-L LOCAL_SIZE -l LOCAL_RANK]\n",
         argv0);
 }
 
@@ -175,7 +177,7 @@ int main(int argc, char **argv)
     int opt;
 
     parse_sizes(&g, "1 4 16 64 256");
-    while ((opt = getopt(argc, argv, "s:j:z:r:w:o:c:d:t:h")) != -1) {
+    while ((opt = getopt(argc, argv, "s:j:z:r:w:o:c:d:t:L:l:h")) != -1) {
         switch (opt) {
         case 's':
             o.socket_path = optarg;
@@ -207,6 +209,12 @@ int main(int argc, char **argv)
             break;
         case 't':
             o.timeout_ms = atoi(optarg);
+            break;
+        case 'L':
+            o.local_size = atoi(optarg);
+            break;
+        case 'l':
+            o.local_rank = atoi(optarg);
             break;
         default:
             usage(argv[0]);
