@@ -21,6 +21,13 @@
  * more than the arithmetic on a few kilobytes; 256 KiB of fp32 take
  * longer to add than the hop costs, and free the loop for that time. */
 #define OBD_RING_POOL_BYTES ((size_t)256 << 10)
+/* ... and only in ops whose accumulator holds at least this many
+ * segments (segment_bytes): each pool hop sits on the pipeline's critical
+ * path, so an op of few segments pays them without gaining overlap. On a
+ * 2-core machine running two daemons with 1 MiB segments, the hops cost a
+ * 4 MiB op 1.5-2 ms of its 3-4 ms (tests/bench/ring_threads.sh), while a
+ * 64 MiB op's loop thread gets back half its time. */
+#define OBD_RING_POOL_SEGMENTS 8
 
 struct obd_algo {
     uint32_t kind;

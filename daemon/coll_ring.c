@@ -246,10 +246,12 @@ static int piece_go(struct obd_op *op, struct piece *p, int pool)
     return 0;
 }
 
-/* 1 when work on `bytes` bytes of accumulator goes to the pool. */
-static int use_pool(size_t bytes)
+/* 1 when work on `bytes` bytes of the op's accumulator goes to the pool
+ * (coll.h). */
+static int use_pool(const struct obd_coll *c, size_t bytes)
 {
-    return bytes >= OBD_RING_POOL_BYTES;
+    return c->count >= OBD_RING_POOL_SEGMENTS * c->seg &&
+           bytes >= OBD_RING_POOL_BYTES;
 }
 
 /* How many loads, and how many reductions, of one op may be on the pool
@@ -270,7 +272,7 @@ static int spread(struct obd_op *op, enum piece_kind kind)
     struct obd_job *job = op->job;
     int ls = job->local_size;
     size_t dsz = kind == PC_COPY ? 1 : obd_dtype_size(op->desc.dtype);
-    int pool = use_pool(c->count * c->esz);
+    int pool = use_pool(c, c->count * c->esz);
     size_t unit = pool ? c->seg : c->count;
     int nptr = 0;
     void *ptr[OBD_MAX_LOCAL];
@@ -480,7 +482,7 @@ static int load_seg(struct obd_op *op, int chunk, size_t j, int pool)
 static int load_more(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
-    int pool = use_pool(c->count * c->esz);
+    int pool = use_pool(c, c->count * c->esz);
     while (c->load_j < c->maxseg && (!pool || c->pieces < pool_depth(c))) {
         int chunk = obd_ring_mod(c->r - c->load_k, c->n);
         size_t j = c->load_j;
@@ -542,7 +544,8 @@ static int reduce_received(struct obd_op *op)
         c->red_seg++;
         settle(c, &c->red_step, &c->red_seg, 0);
         if (piece_go(op, p,
-                     use_pool(len * c->esz) && c->acc_queued < pool_depth(c)))
+                     use_pool(c, len * c->esz) &&
+                         c->acc_queued < pool_depth(c)))
             return 1;
     }
     return 0;

@@ -313,13 +313,15 @@ START_TEST(broadcast_from_every_root_and_barrier)
 }
 END_TEST
 
-/* The reductions on the worker pool (OBD_RING_POOL_BYTES) through real
+/* The reductions on the worker pool (OBD_RING_POOL_BYTES, in ops of at
+ * least OBD_RING_POOL_SEGMENTS segments: 256 KiB segments and 2 MiB of
+ * accumulator here) through real
  * daemons: random fp32, fp16, bf16 and int32 data, SUM, AVG and MAX, every
  * element of every rank bit for bit against ring_ref.h. With 256 KiB
  * segments every full reduce-scatter segment is a pool task and each
  * chunk's tail is reduced inline; with 8 KiB segments the load and the
  * store are a hundred pool pieces each while frames keep arriving. */
-enum { POOL_COUNT = 2 * (2 * 65536 + 500) + 1 };
+enum { POOL_COUNT = 2 * (4 * 65536 + 500) + 1 };
 
 static int trainer_pool(obcomm_t *c, void *arg)
 {

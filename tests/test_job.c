@@ -524,15 +524,16 @@ static const obcomm_dtype_t pool_dtypes[] = {OBCOMM_FLOAT32, OBCOMM_FLOAT16,
                                              OBCOMM_BFLOAT16, OBCOMM_INT32};
 static const obcomm_op_t pool_ops[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX};
 
-/* Every dtype and op above on random data, large enough that the local
- * load, the store and (with 1 MiB and 256 KiB segments) the
- * reduce-scatter segments run on the pool, against ring_ref.h bit for
- * bit. With 8 KiB segments the load and store are hundreds of pool
- * pieces while frames arrive and segments are reduced inline; with
- * 256 KiB segments every full segment is a pool task (several in flight,
- * finishing in any order on libuv's 4 threads) and every chunk's tail is
- * reduced inline. Zero-copy runs (one trainer, fp32 or int32) reduce in
- * the trainers' memory. */
+/* Every dtype and op above on random data, against ring_ref.h bit for
+ * bit. With 1 MiB segments the op is 2 segments, fewer than
+ * OBD_RING_POOL_SEGMENTS: everything runs inline on the loop. With
+ * smaller segments the local load, the store and the reduce-scatter
+ * segments run on the pool. With 8 KiB segments the load and store are hundreds
+ * of pool pieces while frames arrive and segments are reduced inline; with 256
+ * KiB segments every full segment is a pool task (several in flight, finishing
+ * in any order on libuv's 4 threads) and every chunk's tail is reduced inline.
+ * Zero-copy runs (one trainer, fp32 or int32) reduce in the trainers' memory.
+ */
 START_TEST(allreduce_on_the_pool_exact)
 {
     static const int shape[][2] = {{2, 1}, {2, 3}, {3, 1}, {3, 2}};
@@ -664,7 +665,9 @@ static void pump_some(int turns)
  * loops turn and the op fails. */
 START_TEST(failure_while_reducing_on_the_pool)
 {
+    segment_bytes = "262144"; /* 8 or more segments: the pool (coll.h) */
     start(2, 2);
+    segment_bytes = NULL;
     static float buf[2][2][POOL_COUNT];
     for (int k = 0; k < 2; k++)
         for (int l = 0; l < 2; l++)
@@ -678,7 +681,7 @@ START_TEST(failure_while_reducing_on_the_pool)
     if (_i == 0) {
         /* Both loads end (each node has sent its step 0) while node 0
          * gets no data; then node 1's step 0 reaches it behind the
-         * closed gate: its full segment is a pool task that cannot run. */
+         * closed gate: its full segments are pool tasks that cannot run. */
         hold_data_to = 0;
         for (int k = 0; k < 2; k++)
             for (int l = 0; l < 2; l++)
@@ -687,9 +690,10 @@ START_TEST(failure_while_reducing_on_the_pool)
         gate_close(&nodes[0].loop);
         hold_data_to = -1;
         deliver_all();
-        ck_assert_int_eq(nodes[0].pool_tasks, 1);
+        int held = nodes[0].pool_tasks;
+        ck_assert_int_ge(held, 1);
         pump_some(100);
-        ck_assert_int_eq(nodes[0].pool_tasks, 1);
+        ck_assert_int_ge(nodes[0].pool_tasks, held); /* none can end */
         in_call++;
         obd_job_on_peer_lost(&nodes[0], 1, "test: the link to node 1 is lost");
         in_call--;
@@ -702,8 +706,8 @@ START_TEST(failure_while_reducing_on_the_pool)
             ck_assert_int_ne(trainers[1][l].status, 0);
         }
     } else {
-        /* Node 0's load: a pool piece per segment of each chunk (a full
-         * 1 MiB one and a tail, twice), up to two per thread at a time,
+        /* Node 0's load: a pool piece per segment of each chunk (four
+         * full 256 KiB ones and a tail, twice), up to two per thread at a time,
          * queued behind the gate. */
         gate_close(&nodes[0].loop);
         for (int k = 0; k < 2; k++)

@@ -58,8 +58,10 @@ START_TEST(every_phase_is_on_the_timeline)
     char t0[128], t1[128];
     snprintf(t0, sizeof(t0), "%s/node0.json", dir);
     snprintf(t1, sizeof(t1), "%s/node1.json", dir);
-    const char *f0[] = {"--trace_file", t0, NULL};
-    const char *f1[] = {"--trace_file", t1, NULL};
+    /* 256 KiB segments: the 4 MiB ops are 16 segments, enough for the
+     * ring's reductions to go to the pool (coll.h). */
+    const char *f0[] = {"--trace_file", t0, "--segment_bytes", "262144", NULL};
+    const char *f1[] = {"--trace_file", t1, "--segment_bytes", "262144", NULL};
     const char *const *each[] = {f0, f1};
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
