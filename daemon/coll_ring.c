@@ -9,7 +9,8 @@
  * receiving and reducing overlap.
  *
  * The arithmetic runs on the worker pool when it is large
- * (OBD_RING_POOL_BYTES, coll.h), so that the loop thread mostly moves
+ * (OBD_RING_POOL_BYTES, in ops of at least OBD_RING_POOL_SEGMENTS
+ * segments, coll.h), so that the loop thread mostly moves
  * frames: the local load in pieces of one segment of one chunk, queued in
  * the order the ring needs them (step 0 leaves, and the first partials
  * are reduced, while the rest still loads); every reduce-scatter segment

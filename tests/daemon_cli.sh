@@ -16,7 +16,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # --version names the version, protocol, codec and build.
 out=$("$obcommd" --version)
 grep -q '^obcommd [0-9]\+\.[0-9]\+\.[0-9]\+$' <<<"$out" || fail "version: $out"
-grep -q '^protocol 2$' <<<"$out" || fail "protocol: $out"
+proto=$(sed -n 's/^#define OBCOMM_PROTO_VERSION \([0-9]*\)$/\1/p' \
+    "$(dirname "$0")/../proto/wire.h")
+[ -n "$proto" ] || fail "no OBCOMM_PROTO_VERSION in proto/wire.h"
+grep -q "^protocol $proto\$" <<<"$out" || fail "protocol: $out (want $proto)"
 grep -q '^codec \(portable\|avx2\) (built: ' <<<"$out" || fail "codec: $out"
 grep -q '^build buildtype=' <<<"$out" || fail "build: $out"
 

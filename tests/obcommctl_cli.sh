@@ -31,7 +31,10 @@ ctl -s "$dir/none.sock" status 2>/dev/null; [ $? = 3 ] || fail "no daemon: not 3
 set -e
 v=$(ctl --version)
 grep -q "^obcommctl [0-9.]*$" <<<"$v" || fail "version: $v"
-grep -q "^protocol 2$" <<<"$v" || fail "version protocol: $v"
+proto=$(sed -n 's/^#define OBCOMM_PROTO_VERSION \([0-9]*\)$/\1/p' \
+    "$(dirname "$0")/../proto/wire.h")
+[ -n "$proto" ] || fail "no OBCOMM_PROTO_VERSION in proto/wire.h"
+grep -q "^protocol $proto\$" <<<"$v" || fail "version protocol: $v (want $proto)"
 
 base=$((20000 + ($$ + 7) % 20000))
 peers="127.0.0.1:$base,127.0.0.1:$((base + 1))"
