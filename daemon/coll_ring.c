@@ -263,6 +263,17 @@ static size_t pool_depth(const struct obd_coll *c)
     return 2 * (size_t)(c->d->threads > 0 ? c->d->threads : 1);
 }
 
+/* PH_STORE, for both collectives: the op finishes once no store,
+ * division or copy piece is left. */
+static void store_progress(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    if (c->phase != PH_STORE || c->pieces > 0)
+        return;
+    c->phase = PH_DONE;
+    obd_op_finish(op);
+}
+
 /* Runs `kind` (STORE, DIV or COPY) over the whole of acc: on the pool in
  * pieces of one segment when it is large, else inline in one piece. On
  * failure fails the op and returns non-zero; pieces already queued run to
@@ -609,12 +620,7 @@ static void ring_progress(struct obd_op *op)
                          : spread(op, PC_STORE))
             return;
     }
-    if (c->phase == PH_STORE) {
-        if (c->pieces > 0)
-            return;
-        c->phase = PH_DONE;
-        obd_op_finish(op);
-    }
+    store_progress(op);
 }
 
 static int ring_start(struct obd_op *op)
@@ -783,12 +789,7 @@ static void bcast_progress(struct obd_op *op)
         if (spread(op, PC_COPY))
             return;
     }
-    if (c->phase == PH_STORE) {
-        if (c->pieces > 0)
-            return;
-        c->phase = PH_DONE;
-        obd_op_finish(op);
-    }
+    store_progress(op);
 }
 static int bcast_start(struct obd_op *op)
 {

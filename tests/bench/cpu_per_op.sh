@@ -36,38 +36,16 @@ done
 [ $# -ge 1 ] || set -- "after=$root/build/daemon/obcommd"
 [ -x "$probe" ] || { echo "cpu_per_op: no $probe (meson compile onebit_cpu)" >&2; exit 2; }
 
-dir=$(mktemp -d /tmp/obcomm-cpu-XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-trap 'cleanup; rm -rf "$dir"' EXIT
-
-free_ports() {
-    python3 -c 'import socket
-ss=[socket.socket() for _ in range(2)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(" ".join(str(s.getsockname()[1]) for s in ss))'
-}
+. "$here/loopback_pair.sh"
+pair_init obcomm-cpu
 
 results=$dir/results.jsonl
 : >"$results"
 for run in $(seq 1 "$runs"); do
     for spec in "$@"; do
         name=${spec%%=*} bin=${spec#*=}
-        read -r p0 p1 < <(free_ports)
         load=$(cut -d' ' -f1 /proc/loadavg)
-        peers=127.0.0.1:$p0,127.0.0.1:$p1
-        for i in 0 1; do
-            "$bin" --socket "$dir/n$i.sock" --rank $i --peers "$peers" \
-                2>"$dir/$name-$run-$i.log" &
-            pids+=($!)
-        done
-        for i in 0 1; do
-            for _ in $(seq 200); do [ -S "$dir/n$i.sock" ] && break; sleep 0.05; done
-        done
+        pair_start "$bin" "$name-$run"
         tp=()
         for i in 0 1; do
             for l in $(seq 0 $((trainers - 1))); do
@@ -79,13 +57,12 @@ for run in $(seq 1 "$runs"); do
         done
         ok=1
         for p in "${tp[@]}"; do wait "$p" || ok=0; done
-        cleanup
+        pair_stop
         [ $ok -eq 1 ] || { echo "cpu_per_op: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; exit 1; }
         for f in "$dir"/p*.json; do
             sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,\"trainers\":$trainers,/" "$f" >>"$results"
         done
         rm -f "$dir"/p*.json
-        rm -f "$dir"/n*.sock
     done
 done
 cat "$results" >"$out"

@@ -34,21 +34,8 @@ done
 [ $# -ge 1 ] || set -- "after=$root/build/daemon/obcommd"
 [ -x "$bench" ] || { echo "ring_threads: no $bench" >&2; exit 2; }
 
-dir=$(mktemp -d /tmp/obcomm-ring-XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-trap 'cleanup; rm -rf "$dir"' EXIT
-
-free_ports() {
-    python3 -c 'import socket
-ss=[socket.socket() for _ in range(2)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(" ".join(str(s.getsockname()[1]) for s in ss))'
-}
+. "$here/loopback_pair.sh"
+pair_init obcomm-ring
 
 # "loop_ticks pool_ticks" of process $1.
 ticks() {
@@ -67,17 +54,8 @@ printf "%-8s %3s %4s %12s %12s %12s  load\n" build run node "loop ms/op" "pool m
 for run in $(seq 1 "$runs"); do
     for spec in "$@"; do
         name=${spec%%=*} bin=${spec#*=}
-        read -r p0 p1 < <(free_ports)
         load=$(cut -d' ' -f1 /proc/loadavg)
-        peers=127.0.0.1:$p0,127.0.0.1:$p1
-        for i in 0 1; do
-            "$bin" --socket "$dir/n$i.sock" --rank $i --peers "$peers" \
-                2>"$dir/$name-$run-$i.log" &
-            pids+=($!)
-        done
-        for i in 0 1; do
-            for _ in $(seq 200); do [ -S "$dir/n$i.sock" ] && break; sleep 0.05; done
-        done
+        pair_start "$bin" "$name-$run"
         tp=()
         for i in 0 1; do
             for l in $(seq 0 $((trainers - 1))); do
@@ -88,7 +66,7 @@ for run in $(seq 1 "$runs"); do
         done
         ok=1
         for p in "${tp[@]}"; do wait "$p" || ok=0; done
-        [ $ok -eq 1 ] || { echo "ring_threads: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; cleanup; exit 1; }
+        [ $ok -eq 1 ] || { echo "ring_threads: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; pair_stop; exit 1; }
         for i in 0 1; do
             read -r lt pt < <(ticks "${pids[$i]}")
             wall=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["median_ms"])' "$dir/b$i-0.json")
@@ -96,7 +74,7 @@ for run in $(seq 1 "$runs"); do
                 -v hz="$hz" -v ops="$ops" -v w="$wall" -v ld="$load" \
                 'BEGIN { printf "%-8s %3d %4d %12.1f %12.1f %12.1f  %s\n", n, r, i, lt * 1000 / hz / ops, pt * 1000 / hz / ops, w, ld }'
         done
-        cleanup
-        rm -f "$dir"/b*.json "$dir"/n*.sock
+        pair_stop
+        rm -f "$dir"/b*.json
     done
 done
