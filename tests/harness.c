@@ -16,11 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
-static int free_port(void)
+int hx_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+                             .sin_addr.s_addr = htonl(INADDR_ANY)};
     socklen_t len = sizeof(sa);
     if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
         getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
@@ -99,7 +99,7 @@ int hx_start_each(struct hx_cluster *c, int nodes,
         return -1;
     c->nodes = nodes;
     for (int i = 0; i < nodes; i++) {
-        c->port[i] = free_port();
+        c->port[i] = hx_free_port();
         c->each[i] = each[i];
         snprintf(c->sock[i], sizeof(c->sock[i]), "%s/node%d.sock", c->dir, i);
         size_t off = strlen(c->peers);

@@ -21,6 +21,11 @@ struct hx_cluster {
     const char *const *each[HX_MAX_NODES]; /* extra flags per node */
 };
 
+/* A TCP port that the kernel just found free on every address (bound to
+ * port 0 and closed again), or -1. Tests take their ports from here: a
+ * fixed number may be some other test's ephemeral port. */
+int hx_free_port(void);
+
 /* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with free
  * ports, each with its own socket, plus `extra` flags (may be NULL), and
  * waits until every socket answers. Returns 0 or -1 (message on stderr).

@@ -581,8 +581,9 @@ START_TEST(bad_keys_and_open_listeners_stop_the_start)
     const char *openk = make_key("open", 32, 0644, 'a');
     make_key("good", 32, 0600, 'a');
     snprintf(sock, sizeof(sock), "%s/d.sock", keydir);
-    snprintf(peers, sizeof(peers), "127.0.0.1:%d,127.0.0.1:%d", 47000 + _i,
-             47100 + _i);
+    int port = hx_free_port();
+    snprintf(peers, sizeof(peers), "127.0.0.1:%d,127.0.0.1:%d", port,
+             hx_free_port());
     const char *base[] = {"--socket", sock, "--rank", "0", "--peers", peers};
 #define ARGS(...)                                                 \
     (const char *const[]){base[0], base[1], base[2],     base[3], \
@@ -596,21 +597,19 @@ START_TEST(bad_keys_and_open_listeners_stop_the_start)
 
     /* Protected mode: every interface without a key is refused... */
     char listen[32];
-    snprintf(listen, sizeof(listen), "0.0.0.0:%d", 47000 + _i);
+    snprintf(listen, sizeof(listen), "0.0.0.0:%d", port);
     ck_assert_int_eq(run_daemon(ARGS("--listen", listen), out, sizeof(out)), 1);
     ck_assert_ptr_nonnull(strstr(out, "refusing to listen on 0.0.0.0"));
     ck_assert_ptr_nonnull(strstr(out, "allow_insecure = true"));
     /* ...unless asked for, or with a key (relative: from systemd's
      * credentials directory). */
-    ck_assert_int_eq(
-        run_daemon(ARGS("--listen", listen, "--allow_insecure", "true"), out,
-                   sizeof(out)),
-        -1);
+    int rc = run_daemon(ARGS("--listen", listen, "--allow_insecure", "true"),
+                        out, sizeof(out));
+    ck_assert_msg(rc == -1, "exited %d, not still running: %s", rc, out);
     setenv("CREDENTIALS_DIRECTORY", keydir, 1);
-    ck_assert_int_eq(
-        run_daemon(ARGS("--listen", listen, "--auth_key_file", "good"), out,
-                   sizeof(out)),
-        -1);
+    rc = run_daemon(ARGS("--listen", listen, "--auth_key_file", "good"), out,
+                    sizeof(out));
+    ck_assert_msg(rc == -1, "exited %d, not still running: %s", rc, out);
     ck_assert_ptr_nonnull(strstr(out, "cluster key set"));
     unsetenv("CREDENTIALS_DIRECTORY");
     ck_assert_int_eq(
