@@ -54,6 +54,7 @@
 
 #include <obcomm.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,19 +298,31 @@ static int send_to_servers(struct obd_op *op)
     return 0;
 }
 
+/* 0 if a scale from node `node` is one the codec can have made (a norm:
+ * finite, not negative); else fails the op on every node, naming the
+ * sender and the value, and returns -1. Decoding with it would write NaN
+ * or garbage into every trainer's tensor. */
+static int check_scale(struct obd_op *op, int node, const char *kind, float v)
+{
+    if (isfinite(v) && v >= 0)
+        return 0;
+    char what[160];
+    snprintf(what, sizeof(what), "node %d sent a %s scale that is %s (%g)",
+             node, kind, isfinite(v) ? "negative" : "not finite", (double)v);
+    fail(op, OBCOMM_E_PROTO, what);
+    return -1;
+}
+
 /* 1 once every node's scale is in and sane; fails the op on a bad one. */
 static int all_scales(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
-    for (int k = 0; k < ob->n; k++) {
+    for (int k = 0; k < ob->n; k++)
         if (!ob->have_scale[k])
             return 0;
-        if (!(ob->scales[k] >= 0 && ob->scales[k] <= 3.4028235e38f)) {
-            fail(op, OBCOMM_E_PROTO,
-                 "a node sent a scale that is negative or not finite");
+    for (int k = 0; k < ob->n; k++)
+        if (check_scale(op, k, "worker", ob->scales[k]))
             return 0;
-        }
-    }
     return 1;
 }
 
@@ -554,7 +567,8 @@ static void onebit_recv_done(struct obd_op *op, int from,
     int s = (int)f->step - 1;
     int chunk = obd_ring_mod(ob->r - s - 1, ob->n);
     mark(ob, SP_ALLGATHER, uv_hrtime());
-    if (ob->ag_recv_x == 0)
+    int scale = ob->ag_recv_x == 0;
+    if (scale)
         ob->have_sscale[chunk] = 1;
     else
         ob->res[(size_t)chunk * ob->nseg + ob->ag_recv_x - 1] = RS_IN;
@@ -562,6 +576,9 @@ static void onebit_recv_done(struct obd_op *op, int from,
         ob->ag_recv_x = 0;
         ob->ag_recv_step++;
     }
+    /* Chunk c's server scale was made by node c, whoever forwarded it. */
+    if (scale)
+        check_scale(op, chunk, "server", ob->sscales[chunk]);
 }
 
 static void onebit_waiting_on(const struct obd_op *op, char *buf, size_t len)

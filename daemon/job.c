@@ -1101,6 +1101,13 @@ enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
     struct obd_op *op = obd_job_op(d, f->job, f->seq);
     if (op == NULL)
         return OBD_DATA_DISCARD;
+    if (op->state == OBD_OP_COLLECT && !op->local_done)
+        /* The sender runs an op this node never announced: it holds an
+         * announce of ours that this op never made, so its data belongs to
+         * an earlier incarnation of the job (dropped here, the op re-created
+         * by the sender's late announce). Parking would stop this link, and
+         * every other job's frames behind it, until the op's deadline. */
+        return OBD_DATA_DISCARD;
     if (op->state == OBD_OP_COLLECT)
         /* The sender has every announce, this node not yet: the op starts
          * here soon (or fails on its deadline). Until then the link stops

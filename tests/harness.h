@@ -71,7 +71,8 @@ typedef int (*hx_trainer_fn)(obcomm_t *comm, void *arg);
 
 /* Starts one trainer process: local rank lr of per_node on node `node`,
  * joining `job` with the given op deadline, that runs fn and exits with
- * status 0 when fn returned 0, 1 when it failed or could not connect. It
+ * fn's return value when it is 0..125, else 1 (also when it could not
+ * connect). It
  * dies with the test process and inherits its descriptors (open a raw
  * client connection after spawning, or the trainer keeps it open). Returns
  * its pid, or -1 when fork failed. The caller reaps it with hx_wait. */

@@ -61,6 +61,13 @@ static const char *segment_bytes;
 static int data_sent[MAXN];
 /* Data frames to this node wait on their link (-1: none). */
 static int hold_data_to = -1;
+/* Scale frames (4 bytes) of this kind sent by node tamper_from carry
+ * tamper_value instead (tamper_from -1: none). */
+enum { T_WORKER, T_SERVER };
+static int tamper_from = -1, tamper_kind;
+static float tamper_value;
+/* Every message on the link hold_from -> hold_to waits (-1: none). */
+static int hold_from = -1, hold_to = -1;
 
 static void answer(struct obd_client *c, uint64_t seq, int status,
                    const char *message)
@@ -115,6 +122,12 @@ static int send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     m->len = f->len;
     m->buf = malloc(m->len ? m->len : 1);
     memcpy(m->buf, payload, m->len);
+    /* Worker scales go in step 0, server scales open each allgather step
+     * (segment 0); bits are never 4 bytes (a codec block is 64 Ki). */
+    if (m->from == tamper_from && f->len == sizeof(float) &&
+        (tamper_kind == T_WORKER ? f->step == 0
+                                 : f->step >= 1 && f->segment == 0))
+        memcpy(m->buf, &tamper_value, sizeof(float));
     m->done = done;
     m->arg = arg;
     enqueue(m);
@@ -126,6 +139,8 @@ static int send_data(struct obd_daemon *d, int to, struct obd_frame *f,
 static int deliver(struct msg *m)
 {
     struct obd_daemon *d = &nodes[m->to];
+    if (m->from == hold_from && m->to == hold_to)
+        return 0;
     if (!m->is_data) {
         Obcomm__PeerMsg *pm = obcomm__peer_msg__unpack(NULL, m->len, m->buf);
         ck_assert_ptr_nonnull(pm);
@@ -514,6 +529,49 @@ START_TEST(onebit_phases)
 }
 END_TEST
 
+/* A scale from a peer that no codec can have made (NaN, Inf, negative)
+ * fails the op on every node with a message that names the sender and
+ * the value, instead of being decoded into every trainer's tensor. */
+START_TEST(bad_scales_fail_everywhere)
+{
+    static const struct {
+        int kind;
+        float value;
+        const char *text;
+    } cases[] = {
+        {T_WORKER, NAN, "node 1 sent a worker scale that is not finite (nan)"},
+        {T_WORKER, -2.0f, "node 1 sent a worker scale that is negative (-2)"},
+        {T_SERVER, NAN, "node 1 sent a server scale that is not finite (nan)"},
+        {T_SERVER, INFINITY,
+         "node 1 sent a server scale that is not finite (inf)"},
+    };
+    enum { COUNT = 100003 };
+    static float buf[2][COUNT];
+    start(2, 1);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < COUNT; i++)
+            buf[k][i] = rnd();
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_AVG,
+                           .count = COUNT,
+                           .key = 3};
+    tamper_from = 1;
+    tamper_kind = cases[_i].kind;
+    tamper_value = cases[_i].value;
+    for (int k = 0; k < 2; k++)
+        submit(k, 0, 0, &a, buf[k]);
+    pump_until(all_answered);
+    tamper_from = -1;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(trainers[k][0].status, OBCOMM_E_PROTO);
+        ck_assert_msg(strstr(trainers[k][0].message, cases[_i].text) != NULL,
+                      "node %d: %s", k, trainers[k][0].message);
+    }
+    stop();
+}
+END_TEST
+
 /* ---- the ring's reductions on the worker pool ---- */
 
 /* Two full 1 MiB segments of fp32 would take 2 x 262144 elements per
@@ -688,6 +746,9 @@ START_TEST(failure_while_reducing_on_the_pool)
                 submit(k, l, 0, &a, buf[k][l]);
         pump_until(both_sent);
         gate_close(&nodes[0].loop);
+        /* Tasks that ended before the gate closed still count until their
+         * done callbacks run on the loop. */
+        pump_some(10);
         hold_data_to = -1;
         deliver_all();
         int held = nodes[0].pool_tasks;
@@ -739,6 +800,49 @@ START_TEST(failure_while_reducing_on_the_pool)
 }
 END_TEST
 
+/* Node 1's trainer announces op 0 and dies; its JobLeft is late, and so
+ * node 0 runs op 0 and sends node 1 data while node 1, which has dropped
+ * the job, meets node 0's announce and re-creates the op waiting for a
+ * trainer that will never come. That op's data must not stop the link:
+ * the failure node 0 echoes behind it ends the re-created job at once,
+ * not at its deadline (seen in the torture test: every later job on the
+ * link stalled with it). */
+START_TEST(late_announce_does_not_stall_the_link)
+{
+    start(2, 1);
+    static float x[2][POOL_COUNT];
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = POOL_COUNT};
+    submit(1, 0, 0, &a, x[1]);
+    pump_some(5); /* node 0 has node 1's announce */
+    hold_from = 1;
+    hold_to = 0;
+    in_call++;
+    obd_job_leave(jobs[1], 0, "killed");
+    in_call--;
+    jobs[1] = NULL;
+    for (int i = 0; i < 1000 && nodes[1].jobs != NULL; i++)
+        pump_some(1);
+    ck_assert_msg(nodes[1].jobs == NULL, "node 1 did not drop job j");
+    nlocal = 1;
+    submit(0, 0, 0, &a, x[0]);
+    for (int i = 0; i < 1000 && data_sent[0] == 0; i++)
+        pump_some(1);
+    ck_assert_int_gt(data_sent[0], 0); /* node 0 runs op 0 */
+    ck_assert_msg(nodes[1].jobs != NULL, "node 1 did not re-create job j");
+    hold_from = hold_to = -1; /* the JobLeft arrives */
+    for (int i = 0; i < 1000 && trainers[0][0].answers == 0; i++)
+        pump_some(1);
+    ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
+    for (int i = 0; i < 1000 && nodes[1].jobs != NULL; i++)
+        pump_some(1);
+    ck_assert_msg(nodes[1].jobs == NULL, "node 1 still has job j");
+    stop();
+}
+END_TEST
+
 int main(void)
 {
     /* The gate above holds every pool thread. */
@@ -751,8 +855,10 @@ int main(void)
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
     tcase_add_test(tc, leave_fails_remote_ops);
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
+    tcase_add_loop_test(tc, bad_scales_fail_everywhere, 0, 4);
     tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);
     tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
+    tcase_add_test(tc, late_announce_does_not_stall_the_link);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
