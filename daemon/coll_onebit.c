@@ -299,9 +299,10 @@ static int send_to_servers(struct obd_op *op)
 }
 
 /* 0 if a scale from node `node` is one the codec can have made (a norm:
- * finite, not negative); else fails the op on every node, naming the
- * sender and the value, and returns -1. Decoding with it would write NaN
- * or garbage into every trainer's tensor. */
+ * finite, not negative); else fails the op, naming the sender and the
+ * value, announces the failure to every node (those that have not
+ * finished fail too) and returns -1. Decoding with it would write NaN or
+ * garbage into this node's tensors. */
 static int check_scale(struct obd_op *op, int node, const char *kind, float v)
 {
     if (isfinite(v) && v >= 0)

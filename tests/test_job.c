@@ -530,8 +530,12 @@ START_TEST(onebit_phases)
 END_TEST
 
 /* A scale from a peer that no codec can have made (NaN, Inf, negative)
- * fails the op on every node with a message that names the sender and
- * the value, instead of being decoded into every trainer's tensor. */
+ * fails the op with a message that names the sender and the value,
+ * instead of being decoded into the tensor. A bad worker scale stops the
+ * servers, so the op fails on every node. A bad server scale reaches only
+ * the nodes after its server on the ring: node 1 may have finished with
+ * node 0's (good) results before node 0's failure reaches it; then it
+ * answers success, else the same failure. */
 START_TEST(bad_scales_fail_everywhere)
 {
     static const struct {
@@ -564,6 +568,8 @@ START_TEST(bad_scales_fail_everywhere)
     pump_until(all_answered);
     tamper_from = -1;
     for (int k = 0; k < 2; k++) {
+        if (k == 1 && cases[_i].kind == T_SERVER && trainers[k][0].status == 0)
+            continue;
         ck_assert_int_eq(trainers[k][0].status, OBCOMM_E_PROTO);
         ck_assert_msg(strstr(trainers[k][0].message, cases[_i].text) != NULL,
                       "node %d: %s", k, trainers[k][0].message);
