@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #define ADAM_MAGIC   "OBCMADAM"
-#define ADAM_VERSION 1
+#define ADAM_VERSION 2
 
 struct obcomm_adam {
     obcomm_t *c;
@@ -235,6 +235,7 @@ struct adam_hdr {
     int64_t step;
     uint64_t key;
     obcomm_adam_config_t cfg;
+    uint64_t snapshot; /* the daemons' error feedback (obcomm_save_1bit) */
 };
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -274,6 +275,11 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     char tmp[4096];
     struct adam_hdr h;
     memset(&h, 0, sizeof(h));
+    /* The daemons' error feedback first: no file names a snapshot that
+     * some node could not save. */
+    int rc = obcomm_save_1bit(a->c, &h.snapshot);
+    if (rc)
+        return rc;
     memcpy(h.magic, ADAM_MAGIC, 8);
     h.version = ADAM_VERSION;
     h.count = a->count;
@@ -287,7 +293,7 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return OBCOMM_E_IO;
-    int rc = write_all(fd, &h, sizeof(h));
+    rc = write_all(fd, &h, sizeof(h));
     if (rc == 0)
         rc = write_all(fd, a->m, a->count * sizeof(float));
     if (rc == 0)
@@ -297,15 +303,9 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     close(fd);
     if (rc == 0 && rename(tmp, path) != 0)
         rc = OBCOMM_E_IO;
-    if (rc) {
+    if (rc)
         unlink(tmp);
-        return rc;
-    }
-    /* The daemons' error feedback belongs to the same checkpoint. Without
-     * a state_dir the daemons keep it in memory only; the optimizer file
-     * is still complete for a reload into the same daemons. */
-    rc = obcomm_snapshot_1bit(a->c);
-    return rc == OBCOMM_E_INVAL ? 0 : rc;
+    return rc;
 }
 
 int obcomm_adam_load(obcomm_adam_t *a, const char *path)
@@ -315,9 +315,9 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
     if (fd < 0)
         return OBCOMM_E_IO;
     int rc = read_all(fd, &h, sizeof(h));
-    if (rc == 0 &&
-        (memcmp(h.magic, ADAM_MAGIC, 8) != 0 || h.version != ADAM_VERSION ||
-         h.count != a->count || h.key != a->key || h.step < 0))
+    if (rc == 0 && (memcmp(h.magic, ADAM_MAGIC, 8) != 0 ||
+                    h.version != ADAM_VERSION || h.count != a->count ||
+                    h.key != a->key || h.step < 0 || h.snapshot == 0))
         rc = OBCOMM_E_CORRUPT;
     /* m and v are read into place only once the header is known good;
      * a short file leaves the optimizer as it was. */
@@ -333,6 +333,10 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
     if (rc == 0 && read(fd, &extra, 1) != 0)
         rc = OBCOMM_E_CORRUPT;
     close(fd);
+    /* Every daemon back to the checkpoint's error feedback, or an error on
+     * every rank: then the optimizer stays as it was. */
+    if (rc == 0)
+        rc = obcomm_restore_1bit(a->c, h.snapshot);
     if (rc == 0) {
         memcpy(a->m, m, a->count * sizeof(float));
         memcpy(a->v, v, a->count * sizeof(float));

@@ -38,10 +38,11 @@ static int place(obcomm_t *c, Obcomm__Submit *s, const void *data, size_t bytes)
     return 0;
 }
 
-/* Submits one op and waits for its Complete. Sequence numbers count every
- * op sent, so they stay equal across the ranks of a job; an op refused
- * locally before sending does not take one. */
-static int submit(obcomm_t *c, Obcomm__Submit *s)
+/* Submits one op and waits for its Complete; *value (if not NULL) gets
+ * the Complete's value on success. Sequence numbers count every op sent,
+ * so they stay equal across the ranks of a job; an op refused locally
+ * before sending does not take one. */
+static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value)
 {
     s->seq = c->next_seq++;
     Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
@@ -68,9 +69,16 @@ static int submit(obcomm_t *c, Obcomm__Submit *s)
         rc = obc_fail(c, done->status, "%s",
                       done->message[0] ? done->message
                                        : obcomm_strerror(done->status));
+    } else if (value != NULL) {
+        *value = done->value;
     }
     obcomm__daemon_msg__free_unpacked(reply, NULL);
     return rc;
+}
+
+static int submit(obcomm_t *c, Obcomm__Submit *s)
+{
+    return submit_value(c, s, NULL);
 }
 
 int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
@@ -127,8 +135,9 @@ int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
     return submit(c, &s);
 }
 
-/* An op without a buffer: barrier, 1-bit reset and snapshot. */
-static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key)
+/* An op without a buffer: barrier and the 1-bit state ops. */
+static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
+                          uint64_t *value)
 {
     if (c == NULL)
         return OBCOMM_E_INVAL;
@@ -138,12 +147,12 @@ static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key)
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
     s.kind = kind;
     s.key = key;
-    return submit(c, &s);
+    return submit_value(c, &s, value);
 }
 
 int obcomm_barrier(obcomm_t *c)
 {
-    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0);
+    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0, NULL);
 }
 
 int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
@@ -173,10 +182,26 @@ int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
 
 int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
 {
-    return submit_no_data(c, OBCOMM_KIND_RESET_1BIT, key);
+    return submit_no_data(c, OBCOMM_KIND_RESET_1BIT, key, NULL);
+}
+
+int obcomm_save_1bit(obcomm_t *c, uint64_t *snapshot)
+{
+    uint64_t id = 0;
+    int rc = submit_no_data(c, OBCOMM_KIND_SNAPSHOT_1BIT, 0, &id);
+    if (rc == 0 && snapshot != NULL)
+        *snapshot = id;
+    return rc;
 }
 
 int obcomm_snapshot_1bit(obcomm_t *c)
 {
-    return submit_no_data(c, OBCOMM_KIND_SNAPSHOT_1BIT, 0);
+    return obcomm_save_1bit(c, NULL);
+}
+
+int obcomm_restore_1bit(obcomm_t *c, uint64_t snapshot)
+{
+    if (c != NULL && snapshot == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "snapshot id 0 names no snapshot");
+    return submit_no_data(c, OBCOMM_KIND_RESTORE_1BIT, snapshot, NULL);
 }

@@ -60,10 +60,12 @@ struct obd_algo {
     void (*failed)(struct obd_op *op);
 };
 
-/* The 1-bit allreduce and its state operations (coll_onebit.c). */
+/* The 1-bit allreduce (coll_onebit.c) and the state ops of a run
+ * (coll_efstate.c). */
 extern const struct obd_algo obd_algo_onebit;
 extern const struct obd_algo obd_algo_onebit_reset;
 extern const struct obd_algo obd_algo_onebit_snapshot;
+extern const struct obd_algo obd_algo_onebit_restore;
 
 /* An algorithm that moves no data: start does everything (barrier-like). */
 void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,

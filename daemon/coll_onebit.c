@@ -385,6 +385,7 @@ static int serve(struct obd_op *op)
     obd_codec_lazy_state_commit(&ob->ef->sl, ob->sscale);
     /* Both states have taken this op's step. */
     ob->ef->torn = 0;
+    obd_efstore_applied(ob->ef, op->seq);
     ob->sscales[ob->r] = ob->sscale;
     ob->have_sscale[ob->r] = 1;
     for (size_t j = 0; j < ob->nseg; j++)
@@ -622,7 +623,7 @@ static int onebit_needs_node(const struct obd_op *op, int k)
 static void onebit_failed(struct obd_op *op)
 {
     struct obd_ef *ef =
-        obd_efstore_find(op->job->d, op->job->name, op->desc.key);
+        obd_efstore_find(op->job->d, op->job->name, op->job->run, op->desc.key);
     if (ef != NULL)
         ef->torn = 1;
 }
@@ -658,20 +659,11 @@ static void onebit_free(struct obd_op *op)
 /* A key's state is used by one op at a time: after a failure the old op's
  * codec tasks may still run, and the next op on the key waits for them
  * (its frames wait in the sockets meanwhile). */
-static uint64_t resolve(struct obd_op *op);
-
 static int onebit_can_start(struct obd_op *op)
 {
-    struct obd_daemon *d = op->job->d;
-    char why[256];
-    struct obd_ef *ef;
-    resolve(op);
-    if (d->cfg.nodes == 1)
-        return 1;
-    if (obd_efstore_get(d, op->job->name, op->desc.key, op->desc.count, &ef,
-                        why, sizeof(why)) != 0)
-        return 1; /* start reports it */
-    return ef->users == 0;
+    struct obd_ef *ef =
+        obd_efstore_find(op->job->d, op->job->name, op->job->run, op->desc.key);
+    return ef == NULL || ef->users == 0;
 }
 
 /* With one node there is nothing to compress: the exact average. */
@@ -791,8 +783,8 @@ static int onebit_start(struct obd_op *op)
         return start_one_node(op, ob);
 
     char why[256];
-    int rc = obd_efstore_get(d, job->name, op->desc.key, ob->count, &ob->ef,
-                             why, sizeof(why));
+    int rc = obd_efstore_get(d, job->name, job->run, op->desc.key, ob->count,
+                             &ob->ef, why, sizeof(why));
     if (rc) {
         fail(op, rc, why);
         return rc;
@@ -826,149 +818,4 @@ const struct obd_algo obd_algo_onebit = {
     .needs_node = onebit_needs_node,
     .can_start = onebit_can_start,
     .failed = onebit_failed,
-};
-
-/* Every 1-bit op, before it uses a state: the job's snapshot set is
- * chosen from the announces (efstore.h); returns the id a snapshot op
- * writes. */
-static uint64_t resolve(struct obd_op *op)
-{
-    struct obd_daemon *d = op->job->d;
-    struct obd_efview v[OBD_MAX_NODES];
-    for (int n = 0; n < d->cfg.nodes; n++)
-        v[n] = (struct obd_efview){.held = op->ann[n].held,
-                                   .nheld = op->ann[n].nheld,
-                                   .boot = op->ann[n].boot};
-    return obd_efstore_resolve(d, op->job->name, op->seq, v, d->cfg.nodes);
-}
-
-/* Reset and snapshot move no data: the announce exchange already put every
- * node at the same point of the job, which is all they need. */
-static int reset_start(struct obd_op *op)
-{
-    resolve(op);
-    obd_efstore_reset(op->job->d, op->job->name, op->desc.key);
-    obd_op_finish(op);
-    return 0;
-}
-
-/* The snapshot is two-phase: every node writes set `id` (agreed, since all
- * compute it from the same announces) and reports it to every node; the
- * op succeeds once every node has reported. A node that cannot write
- * fails the op on every rank, naming itself; the set it could not write is
- * then held nowhere completely, and the previous one stays the one every
- * node restores. */
-struct snap {
-    uint64_t id;
-    int wrote;     /* this node holds set id */
-    int committed; /* every node does */
-};
-
-static int snapshot_start(struct obd_op *op)
-{
-    struct obd_daemon *d = op->job->d;
-    struct snap *sn = calloc(1, sizeof(*sn));
-    if (sn == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
-        return OBCOMM_E_NOMEM;
-    }
-    op->coll = sn;
-    sn->id = resolve(op);
-    char why[512];
-    int rc = obd_efstore_write_set(d, op->job->name, sn->id, why, sizeof(why));
-    if (rc) {
-        obd_op_fail(op, rc, 1,
-                    "op %llu of job %s: snapshot %016llx failed on node %lld: "
-                    "%s",
-                    (unsigned long long)op->seq, op->job->name,
-                    (unsigned long long)sn->id, (long long)d->cfg.rank, why);
-        return rc;
-    }
-    sn->wrote = 1;
-    obd_op_report(op); /* posts the op: progress checks the others */
-    return 0;
-}
-
-static void snapshot_progress(struct obd_op *op)
-{
-    struct snap *sn = op->coll;
-    if (!sn->wrote || sn->committed || !obd_op_all_reported(op))
-        return;
-    sn->committed = 1;
-    obd_efstore_commit_set(op->job->d, op->job->name, sn->id);
-    obd_op_finish(op);
-}
-
-/* A set that some node failed to write (it said so before reporting) can
- * be complete nowhere: it goes. After any other failure (a node lost, a
- * deadline) another node may have seen every report and committed the
- * set, so it stays; the restore at the next start takes the newest set
- * that every node holds either way. */
-static void snapshot_free(struct obd_op *op)
-{
-    struct snap *sn = op->coll;
-    int dead = 0;
-    for (int n = 0; n < op->job->d->cfg.nodes; n++)
-        dead |= op->ann[n].failed;
-    if (sn->wrote && !sn->committed && dead)
-        obd_efstore_drop_set(op->job->d, op->job->name, sn->id);
-    free(sn);
-    op->coll = NULL;
-}
-
-static void snapshot_waiting_on(const struct obd_op *op, char *buf, size_t len)
-{
-    size_t off = 0;
-    int any = 0;
-    for (int n = 0; n < op->job->d->cfg.nodes && off < len; n++)
-        if (!op->ann[n].reported) {
-            off += (size_t)snprintf(buf + off, len - off, "%snode %d",
-                                    any ? ", " : "waiting for the snapshot of ",
-                                    n);
-            any = 1;
-        }
-    if (!any && len > 0)
-        buf[0] = '\0';
-}
-
-static int reset_can_start(struct obd_op *op)
-{
-    resolve(op);
-    struct obd_ef *ef =
-        obd_efstore_find(op->job->d, op->job->name, op->desc.key);
-    return ef == NULL || ef->users == 0;
-}
-
-static int snapshot_can_start(struct obd_op *op)
-{
-    return obd_efstore_idle(op->job->d, op->job->name);
-}
-
-static void no_free(struct obd_op *op)
-{
-    (void)op;
-}
-
-const struct obd_algo obd_algo_onebit_reset = {
-    .kind = OBCOMM_KIND_RESET_1BIT,
-    .name = "1-bit reset",
-    .start = reset_start,
-    .recv_dest = obd_coll_no_data,
-    .recv_done = obd_coll_no_recv,
-    .progress = obd_coll_no_progress,
-    .free = no_free,
-    .waiting_on = obd_coll_waiting_on_nobody,
-    .can_start = reset_can_start,
-};
-
-const struct obd_algo obd_algo_onebit_snapshot = {
-    .kind = OBCOMM_KIND_SNAPSHOT_1BIT,
-    .name = "1-bit snapshot",
-    .start = snapshot_start,
-    .recv_dest = obd_coll_no_data,
-    .recv_done = obd_coll_no_recv,
-    .progress = snapshot_progress,
-    .free = snapshot_free,
-    .waiting_on = snapshot_waiting_on,
-    .can_start = snapshot_can_start,
 };

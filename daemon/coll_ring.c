@@ -967,8 +967,9 @@ const struct obd_algo *obd_coll_algo(uint32_t kind)
         if (algos[i].kind == kind)
             return &algos[i];
     const struct obd_algo *const onebit[] = {
-        &obd_algo_onebit, &obd_algo_onebit_reset, &obd_algo_onebit_snapshot};
-    for (size_t i = 0; i < 3; i++)
+        &obd_algo_onebit, &obd_algo_onebit_reset, &obd_algo_onebit_snapshot,
+        &obd_algo_onebit_restore};
+    for (size_t i = 0; i < sizeof(onebit) / sizeof(onebit[0]); i++)
         if (onebit[i]->kind == kind)
             return onebit[i];
     return NULL;

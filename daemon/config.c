@@ -102,16 +102,14 @@ static const struct row rows[] = {
             "File for a timeline of every op's phases on this node (Chrome "
             "trace events: open it in ui.perfetto.dev). Empty: none."),
     STR_ROW(state_dir, "",
-            "Directory for snapshots of 1-bit error feedback, written on "
-            "request and at shutdown, restored at start. Empty: none."),
+            "Directory for the snapshot sets of 1-bit error feedback that "
+            "checkpoints name (OneBitAdam.state_dict, obcomm_adam_save); "
+            "the newest 4 of each job are kept. Empty: the newest set of "
+            "each job is kept in memory only."),
     INT_ROW(ef_max_bytes, U_NONE, 0, INT64_C(1) << 50, "0",
             "Most bytes of 1-bit error-feedback state (all keys "
             "together); a new key past it fails. 0: a quarter of the "
             "machine's memory."),
-    INT_ROW(ef_idle_ms, U_MS, 0, INT64_C(1) << 40, "3600000",
-            "A job with no trainer on this node for this long has its "
-            "error feedback snapshotted (when state_dir is set) and freed; "
-            "its next op loads the snapshot. 0: never."),
     STR_ROW(socket_group, "",
             "Group (name or number) given the Unix socket, mode 0660: its "
             "members and the daemon's user may connect. Empty: the "

@@ -45,7 +45,6 @@ struct obd_config {
     char state_dir[4096];
     char trace_file[4096];
     int64_t ef_max_bytes;
-    int64_t ef_idle_ms;
     char socket_group[64];
     int64_t max_clients_per_uid;
     int64_t client_join_ms;

@@ -394,12 +394,13 @@ void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg)
 }
 
 void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
-                      const char *message)
+                      const char *message, uint64_t value)
 {
     Obcomm__Complete done = OBCOMM__COMPLETE__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     done.seq = seq;
     done.status = status;
+    done.value = value;
     done.message = (char *)(message ? message : "");
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_COMPLETE;
     msg.complete = &done;
@@ -531,7 +532,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     };
 
     if (c->job == NULL) {
-        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join");
+        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join", 0);
         return;
     }
     if (s->seq != c->next_seq) {
@@ -581,6 +582,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         bytes = s->count * sizeof(float);
         break;
     case OBCOMM_KIND_RESET_1BIT:
+    case OBCOMM_KIND_RESTORE_1BIT: /* key: the snapshot's id */
         desc = (struct obd_opdesc){.kind = s->kind, .key = s->key};
         break;
     case OBCOMM_KIND_BARRIER:
@@ -615,7 +617,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     int rc = obd_job_submit(c->job, c->local_rank, s->seq, &desc, buf, data,
                             status, why, sizeof(why));
     if (rc != 0)
-        obd_ctl_complete(c, s->seq, rc, why);
+        obd_ctl_complete(c, s->seq, rc, why, 0);
 }
 
 static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)

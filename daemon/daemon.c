@@ -12,6 +12,7 @@
 
 #include "ctl.h"
 #include "efstore.h"
+#include "snapset.h"
 #include "job.h"
 #include "peers.h"
 #include "stall.h"
@@ -64,9 +65,9 @@ static void on_sighup(uv_signal_t *h, int signum)
 
 /* The answer hook: job.c reaches trainers only through it. */
 static void answer_trainer(struct obd_client *c, uint64_t seq, int status,
-                           const char *message)
+                           const char *message, uint64_t value)
 {
-    obd_ctl_complete(c, seq, status, message);
+    obd_ctl_complete(c, seq, status, message, value);
 }
 
 static const struct obd_hooks default_hooks = {
@@ -111,7 +112,6 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     d->sigterm.data = d;
     d->sigint.data = d;
     d->sighup.data = d;
-    obd_efstore_init(d);
     /* A trainer that dies while we write to it must not kill us. */
     signal(SIGPIPE, SIG_IGN);
     return 0;
@@ -183,7 +183,13 @@ int obd_daemon_start(struct obd_daemon *d)
         }
         d->keyed = 1;
     }
-    int rc = obd_efstore_open(d);
+    int rc = 0;
+    if (d->cfg.state_dir[0] != '\0' &&
+        obd_snapset_check_dir(d->cfg.state_dir, (unsigned)geteuid(), why,
+                              sizeof(why)) != 0) {
+        obd_log_error(&d->log, "%s", why);
+        rc = OBCOMM_E_INVAL;
+    }
     if (rc == 0)
         rc = obd_peers_start(d);
     if (rc == 0)
@@ -250,22 +256,17 @@ void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap)
     }
 }
 
-/* The last step of a shutdown, once no op runs and the pool is empty: the
- * error feedback is consistent now, so it is saved, then every handle
- * closes. */
+/* The last step of a shutdown, once no op runs and the pool is empty:
+ * every handle closes. The error feedback is not saved: a run's state
+ * ends with the run, and a checkpoint's snapshot set was written when
+ * the trainers asked (efstore.h). */
 static void close_handles(struct obd_daemon *d)
 {
     d->closing = 2;
     uv_close((uv_handle_t *)&d->drain, NULL);
-    if (d->cfg.state_dir[0] != '\0') {
-        char why[512];
-        if (obd_efstore_save(d, why, sizeof(why)) != 0)
-            obd_log_error(&d->log, "saving error feedback: %s", why);
-    }
     obd_stall_close(d); /* ops */
     obd_ctl_close(d);
     obd_peers_close(d);
-    obd_efstore_close(d);
     if (d->watchdog_on) /* ops */
         uv_close((uv_handle_t *)&d->watchdog, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -278,7 +279,7 @@ static void close_handles(struct obd_daemon *d)
 
 /* Polls the drain: running ops may finish until the grace ends, after
  * which they fail; either way the handles close only once no pool task
- * runs any more, so the snapshot never races a task writing the state. */
+ * runs any more, so no task writes into freed memory. */
 static void on_drain(uv_timer_t *t)
 {
     struct obd_daemon *d = container_of(t, struct obd_daemon, drain);
@@ -315,7 +316,6 @@ void obd_daemon_fini(struct obd_daemon *d)
         uv_close((uv_handle_t *)&d->drain, NULL);
         obd_ctl_close(d);
         obd_peers_close(d);
-        obd_efstore_close(d);
         uv_close((uv_handle_t *)&d->sigterm, NULL);
         uv_close((uv_handle_t *)&d->sigint, NULL);
         uv_close((uv_handle_t *)&d->sighup, NULL);

@@ -49,7 +49,7 @@ struct obd_job;
 struct obd_peer;
 struct obd_link;
 struct obd_ef;
-struct obd_efjob;
+struct obd_memset;
 struct obd_shm;
 struct obd_frame;
 struct Obcomm__PeerMsg;
@@ -71,7 +71,7 @@ enum obd_data_dest {
 struct obd_hooks {
     /* job -> a trainer's connection: Complete{seq, status, message}. */
     void (*answer)(struct obd_client *c, uint64_t seq, int status,
-                   const char *message);
+                   const char *message, uint64_t value);
     /* job -> the mesh: a control message to node `to`; 0 or an error. */
     int (*send_ctrl)(struct obd_daemon *d, int to,
                      const struct Obcomm__PeerMsg *msg);
@@ -158,16 +158,10 @@ struct obd_daemon {
     uv_timer_t listen_pause;
     uv_timer_t ctl_pause;
 
-    /* Error-feedback states of the 1-bit allreduce (efstore.c), and the
-     * timer that evicts states of jobs that went idle. */
+    /* Error-feedback states of the 1-bit allreduce and, without a
+     * state_dir, the newest snapshot set of each job (efstore.c). */
     struct obd_ef *efs;
-    uv_timer_t evict;
-    /* Per job: the snapshot sets this node holds in state_dir and the one
-     * it restores from (efstore.c). */
-    struct obd_efjob *efjobs;
-    /* Random at every start: announced with 1-bit ops, so that the other
-     * nodes see that this daemon restarted (efstore.c). */
-    uint64_t boot_id;
+    struct obd_memset *memsets;
 
     int threads;
 

@@ -89,6 +89,17 @@ void obd_ef_free(struct obd_ef *ef)
     free(ef);
 }
 
+struct obd_ef *obd_ef_copy(const struct obd_ef *src)
+{
+    struct obd_ef *ef = obd_ef_new(src->job, src->key, src->count, src->nodes);
+    if (ef == NULL)
+        return NULL;
+    obd_ef_error(src, 0, ef->werr, 0, ef->padded);
+    obd_ef_error(src, 1, ef->serr, 0, ef->padded / (size_t)ef->nodes);
+    obd_ef_restored(ef);
+    return ef;
+}
+
 void obd_ef_zero(struct obd_ef *ef)
 {
     obd_codec_lazy_state_init(&ef->wl, OBD_CODEC_LAZY_RESET, ef->werr, NULL);

@@ -32,6 +32,22 @@
 
 #define OBD_EF_JOB_MAX 64
 
+/* Which step a key's error feedback holds. Nodes whose states agree hold
+ * equal versions: every 1-bit op compares them before its pass begins
+ * (job.c). A state at zero, or none at all, is {0, 0, 0}. */
+struct obd_efversion {
+    uint64_t origin;   /* the snapshot set it was restored from; 0: zero */
+    uint64_t applied;  /* 1-bit steps applied since */
+    uint64_t last_seq; /* the op of the last of them (applied > 0) */
+};
+
+static inline int obd_efversion_equal(const struct obd_efversion *a,
+                                      const struct obd_efversion *b)
+{
+    return a->origin == b->origin && a->applied == b->applied &&
+           a->last_seq == b->last_seq;
+}
+
 struct obd_ef {
     char job[OBD_EF_JOB_MAX];
     uint64_t key;
@@ -50,18 +66,19 @@ struct obd_ef {
      * obd_ef_work, freed with the state. */
     struct obd_ef_work *work;
 
-    /* Kept by efstore.c: 1-bit ops using the state (one at a time), a
-     * reset that came while one did, and when the last one ended. */
+    /* Kept by efstore.c (the registry): the run of the job the state
+     * belongs to, its version, the 1-bit ops using it (one at a time)
+     * and a reset that came while one did. */
+    uint64_t run;
+    struct obd_efversion version;
     int users;
     int doomed; /* reset while in use: freed when the last user leaves */
-    int active; /* its job has a trainer on this node */
     /* Set while a 1-bit op has begun to change the state (its worker
      * pass was queued) and has not yet committed both the worker and the
      * server state: a failure in between leaves it torn, and it is then
      * aborted (reset to ZERO, counted) at its next op and never saved
      * (efstore.c). */
     int torn;
-    uint64_t idle_since_ms;
 
     struct obd_ef *next;
 };
@@ -94,6 +111,10 @@ enum {
 struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
                           int nodes);
 void obd_ef_free(struct obd_ef *ef);
+/* A new state holding exactly the errors of src (EAGER), without work
+ * buffers, run or version; NULL when out of memory. src must not be torn
+ * or in use by a running pass. */
+struct obd_ef *obd_ef_copy(const struct obd_ef *src);
 /* Both states back to ZERO, as for a new key. */
 void obd_ef_zero(struct obd_ef *ef);
 /* Aborts both states of a torn key (obd_codec_lazy_state_abort): returns

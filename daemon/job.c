@@ -13,9 +13,12 @@
 #include "wire.h"
 
 static void job_start_next(struct obd_job *job);
+static void job_stop(struct obd_job *job, uint64_t from, int status,
+                     const char *what);
 static void job_run(struct obd_ready *r);
 static void op_run(struct obd_ready *r);
 static void op_check_ready(struct obd_op *op);
+static void op_announce(struct obd_op *op);
 
 struct obd_job *obd_job_find(struct obd_daemon *d, const char *name)
 {
@@ -70,10 +73,14 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
         return NULL;
     }
     struct obd_job *job = calloc(1, sizeof(*job));
-    if (job == NULL) {
+    uint64_t *node_run = calloc((size_t)d->cfg.nodes, sizeof(*node_run));
+    if (job == NULL || node_run == NULL) {
+        free(job);
+        free(node_run);
         snprintf(why, whylen, "out of memory");
         return NULL;
     }
+    job->node_run = node_run;
     job->d = d;
     strcpy(job->name, name);
     job->id = id;
@@ -98,7 +105,7 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     }
     struct obd_job *job = obd_job_find(d, name);
     if (job != NULL && job->joined == 0 &&
-        (job->next_seq > 0 || job->gone[0] != '\0')) {
+        (job->next_seq > 0 || job->stopped[0] != '\0')) {
         /* What is left of an earlier run of this job (ops still failing
          * out, a rank gone): the trainer starts a new run, which must not
          * meet the old one's ops. The old job goes when its ops do. */
@@ -136,8 +143,13 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     job->owned = 1;
     job->trainer[local_rank] = c;
     job->pid[local_rank] = pid;
-    if (job->joined++ == 0)
-        obd_efstore_job_active(d, name, 1);
+    if (job->joined++ == 0 && job->run_local == 0) {
+        /* A new run begins here. */
+        if (uv_random(NULL, NULL, &job->run_local, sizeof(job->run_local), 0,
+                      NULL) != 0 ||
+            job->run_local == 0)
+            job->run_local = uv_hrtime() ^ ((uint64_t)pid << 32) ^ job->id;
+    }
     *out = job;
     return 0;
 }
@@ -305,7 +317,7 @@ static void op_answer(struct obd_op *op)
             answered++;
             if (job->trainer[i] != NULL)
                 d->hooks.answer(job->trainer[i], op->seq, op->status,
-                                op->message);
+                                op->message, op->status ? 0 : op->value);
         }
     if (answered > 0)
         obd_trace_span(d, "completion", "op", (int)(job->id % OBD_TRACE_POOL),
@@ -352,6 +364,8 @@ static void op_run(struct obd_ready *r)
     if (op->state != OBD_OP_DONE)
         return;
     op_answer(op);
+    /* A later 1-bit op may wait for this one to announce (op_announce). */
+    obd_runq_post(&job->d->runq, &job->ready);
     /* Advanced while the op is still linked, so that it counts as the
      * newest op the job has seen. */
     job_advance_seq(job);
@@ -373,12 +387,15 @@ static void job_run(struct obd_ready *r)
 {
     struct obd_job *job = container_of(r, struct obd_job, ready);
     job_advance_seq(job);
+    for (struct obd_op *o = job->ops; o; o = o->next)
+        op_announce(o); /* those that waited for earlier ops */
     job_start_next(job);
     if (job->joined > 0 || job->live > 0)
         return;
     if (!job->detached)
         job_detach(job);
     obd_runq_cancel(&job->d->runq, &job->ready);
+    free(job->node_run);
     free(job);
 }
 
@@ -400,10 +417,15 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.root = a->desc.root;
     an.status = a->status;
     an.message = (char *)a->message;
-    an.n_snapshots = (size_t)a->nheld;
-    an.snapshots = (uint64_t *)a->held;
-    an.boot = a->boot;
     an.agreed = a->agreed != 0;
+    an.run = a->run;
+    Obcomm__EfVersion ef = OBCOMM__EF_VERSION__INIT;
+    if (a->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT && a->status == 0) {
+        ef.origin = a->ef.origin;
+        ef.applied = a->ef.applied;
+        ef.last_seq = a->ef.last_seq;
+        an.ef = &ef;
+    }
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -418,16 +440,21 @@ static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
     announce_to(op, a, -1);
 }
 
-void obd_op_report(struct obd_op *op)
+void obd_op_report(struct obd_op *op, int status, const char *message)
 {
     struct obd_daemon *d = op->job->d;
-    op->ann[d->cfg.rank].reported = 1;
+    struct obd_announce *mine = &op->ann[d->cfg.rank];
+    mine->reported = 1;
+    mine->report_status = status;
+    snprintf(mine->report_message, sizeof(mine->report_message), "%s",
+             message ? message : "");
     Obcomm__OpAnnounce an = OBCOMM__OP_ANNOUNCE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
     an.job = op->job->name;
     an.seq = op->seq;
     an.node_rank = (uint32_t)d->cfg.rank;
-    an.message = (char *)"";
+    an.status = status;
+    an.message = mine->report_message;
     an.phase = 1;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
@@ -451,23 +478,21 @@ static void on_report(struct obd_daemon *d, int from,
 {
     struct obd_job *job = obd_job_find(d, m->job);
     struct obd_op *op = job ? obd_job_op(d, job->id, m->seq) : NULL;
-    if (op == NULL || op->state == OBD_OP_DONE)
+    if (op == NULL || op->state == OBD_OP_DONE || op->ann[from].reported)
         return;
     op->ann[from].reported = 1;
+    op->ann[from].report_status = m->status;
+    snprintf(op->ann[from].report_message, sizeof(op->ann[from].report_message),
+             "%s",
+             m->status != 0 && m->message[0] == '\0' ? "failed" : m->message);
     obd_op_schedule(op);
-}
-
-static int onebit_kind(uint32_t kind)
-{
-    return kind == OBCOMM_KIND_ALLREDUCE_1BIT ||
-           kind == OBCOMM_KIND_RESET_1BIT || kind == OBCOMM_KIND_SNAPSHOT_1BIT;
 }
 
 void obd_job_on_peer_up(struct obd_daemon *d, int node)
 {
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next)
-            if (op->state == OBD_OP_COLLECT && op->local_done)
+            if (op->state == OBD_OP_COLLECT && op->ann[d->cfg.rank].have)
                 announce_to(op, &op->ann[d->cfg.rank], node);
 }
 
@@ -492,6 +517,11 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
 
     if (op->agreed)
         op->failed_agreed = 1;
+    char what[sizeof(op->job->stopped)];
+    snprintf(what, sizeof(what),
+             "this run cannot continue after op %llu failed (%s); restart "
+             "its trainers",
+             (unsigned long long)op->seq, op->message);
     if (announce && d->cfg.nodes > 1) {
         struct obd_announce a = {
             .have = 1, .status = status, .agreed = op->failed_agreed};
@@ -499,6 +529,7 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
         announce_to_all(op, &a);
     }
     op_done(op);
+    job_stop(op->job, op->seq + 1, status, what);
 }
 
 /* Lists the global ranks of the job that have not submitted or announced:
@@ -604,11 +635,11 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     *pp = op;
     op->linked = 1;
 
-    /* Once a rank has left, the job cannot complete a collective again:
-     * every later op fails at once instead of on its deadline. */
-    if (job->gone[0] != '\0' && seq >= job->gone_seq)
-        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
-                    (unsigned long long)seq, job->name, job->gone);
+    /* Once the run stopped (an op failed, a rank left), every later op
+     * fails at once instead of on its deadline. */
+    if (job->stopped[0] != '\0' && seq >= job->stopped_seq)
+        obd_op_fail(op, job->stopped_status, 1, "op %llu of job %s: %s",
+                    (unsigned long long)seq, job->name, job->stopped);
     else if (d->closing)
         obd_op_fail(op, OBCOMM_E_PEER_LOST, 0,
                     "op %llu of job %s: obcommd on node %d is shutting down",
@@ -728,18 +759,124 @@ static void op_check_local(struct obd_op *op)
 
     op->local_done = 1;
     op->desc = op->sub[0];
+    op_announce(op);
+}
+
+/* 1 while an op of the job before `op` is not DONE here. */
+static int earlier_open(const struct obd_op *op)
+{
+    for (const struct obd_op *o = op->job->ops; o && o->seq < op->seq;
+         o = o->next)
+        if (o->state != OBD_OP_DONE)
+            return 1;
+    return 0;
+}
+
+/* Announces this node's view of a locally agreed op. A 1-bit allreduce
+ * carries the version of its key's error feedback as its op will find
+ * it, so it waits until every earlier op of the job is done here (they
+ * may change the key); job_run announces it then. */
+static void op_announce(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    struct obd_daemon *d = job->d;
     struct obd_announce *mine = &op->ann[d->cfg.rank];
+    if (!op->local_done || mine->have || op->state != OBD_OP_COLLECT)
+        return;
+    int onebit = op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT;
+    if (onebit && earlier_open(op))
+        return;
     mine->have = 1;
-    mine->local_size = (uint32_t)ls;
+    mine->local_size = (uint32_t)job->local_size;
     mine->desc = op->desc;
-    if (onebit_kind(op->desc.kind)) {
-        mine->nheld = obd_efstore_held(d, job->name, mine->held, OBD_SNAP_HELD);
-        mine->boot = d->boot_id;
-    }
+    mine->run = job->run_local;
+    if (onebit)
+        mine->ef = obd_efstore_version(d, job->name, job->run, op->desc.key);
     op->nann++;
     if (d->cfg.nodes > 1)
         announce_to_all(op, mine);
     op_check_ready(op);
+}
+
+/* Every node's run of the job: the run is agreed at its first op, and a
+ * node in another run later fails the op on every node. Returns 1 if it
+ * did. */
+static int check_run(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    int nodes = job->d->cfg.nodes;
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (int n = 0; n < nodes; n++)
+        h = (h ^ op->ann[n].run) * UINT64_C(0x100000001b3);
+    h = h != 0 ? h : 1;
+    if (job->run == 0) {
+        job->run = h;
+        for (int n = 0; n < nodes; n++)
+            job->node_run[n] = op->ann[n].run;
+        return 0;
+    }
+    if (h == job->run)
+        return 0;
+    char who[256];
+    size_t off = 0;
+    for (int n = 0; n < nodes && off < sizeof(who); n++)
+        if (op->ann[n].run != job->node_run[n])
+            off += (size_t)snprintf(who + off, sizeof(who) - off, "%snode %d",
+                                    off ? ", " : "", n);
+    obd_op_fail(op, OBCOMM_E_MISMATCH, 0,
+                "op %llu of job %s: %s started a new run of the job (its "
+                "trainers restarted) while the other nodes go on with run "
+                "%016llx; restart every trainer of the job",
+                (unsigned long long)op->seq, job->name, who,
+                (unsigned long long)job->run);
+    return 1;
+}
+
+/* A 1-bit allreduce: every node must hold the same version of the key's
+ * error feedback before any pass begins. If they differ, every node
+ * (all see the same announces) resets the job's error feedback and the
+ * op fails on every rank naming the versions; the run stops with it.
+ * Returns 1 if it did. */
+static int check_ef(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    struct obd_daemon *d = job->d;
+    int nodes = d->cfg.nodes;
+    if (op->desc.kind != OBCOMM_KIND_ALLREDUCE_1BIT)
+        return 0;
+    int same = 1;
+    for (int n = 1; n < nodes; n++)
+        same &= obd_efversion_equal(&op->ann[n].ef, &op->ann[0].ef);
+    if (same)
+        return 0;
+    char msg[400];
+    size_t off = 0;
+    for (int n = 0; n < nodes && off < sizeof(msg); n++) {
+        const struct obd_efversion *v = &op->ann[n].ef;
+        if (v->origin != 0)
+            off += (size_t)snprintf(
+                msg + off, sizeof(msg) - off,
+                "%snode %d has snapshot %016llx + %llu steps (last op %llu)",
+                n ? ", " : "", n, (unsigned long long)v->origin,
+                (unsigned long long)v->applied,
+                (unsigned long long)v->last_seq);
+        else
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                    "%snode %d has zero + %llu steps (last "
+                                    "op %llu)",
+                                    n ? ", " : "", n,
+                                    (unsigned long long)v->applied,
+                                    (unsigned long long)v->last_seq);
+    }
+    obd_metric_add(&d->metrics, OBD_M_EF_DISAGREED, 1);
+    obd_efstore_reset_run(d, job->name, job->run, msg);
+    obd_op_fail(op, OBCOMM_E_STATE, 0,
+                "op %llu of job %s: the nodes hold different versions of the "
+                "error feedback of key %llu: %s; every node resets the job's "
+                "error feedback",
+                (unsigned long long)op->seq, job->name,
+                (unsigned long long)op->desc.key, msg);
+    return 1;
 }
 
 /* Every node's announce is in: all nodes compare the same set, so all reach
@@ -780,7 +917,8 @@ static void op_check_ready(struct obd_op *op)
         labels[n] = names[n];
     }
     /* Every node sees the same announces and fails by itself. */
-    if (fail_if_differ(op, descs, labels, nodes, 0))
+    if (fail_if_differ(op, descs, labels, nodes, 0) || check_run(op) ||
+        check_ef(op))
         return;
     op->fingerprint = obd_coll_fingerprint(&op->desc);
     op->agreed = 1;
@@ -879,11 +1017,10 @@ static void on_announce(struct obd_daemon *d, int from,
         on_report(d, from, m);
         return;
     }
-    a.nheld =
-        m->n_snapshots < OBD_SNAP_HELD ? (int)m->n_snapshots : OBD_SNAP_HELD;
-    for (int i = 0; i < a.nheld; i++)
-        a.held[i] = m->snapshots[i];
-    a.boot = m->boot;
+    a.run = m->run;
+    if (m->ef != NULL)
+        a.ef = (struct obd_efversion){m->ef->origin, m->ef->applied,
+                                      m->ef->last_seq};
     snprintf(a.message, sizeof(a.message), "%s", m->message);
     if (a.status != 0 && a.message[0] == '\0')
         snprintf(a.message, sizeof(a.message), "node %d failed the op", from);
@@ -935,14 +1072,32 @@ static void on_announce(struct obd_daemon *d, int from,
 }
 
 /* Fails every open op of job from seq `from` on. */
-static void fail_open(struct obd_job *job, uint64_t from, int announce,
-                      const char *reason)
+static void fail_open(struct obd_job *job, uint64_t from, int status,
+                      int announce, const char *reason)
 {
     for (struct obd_op *op = job->ops; op; op = op->next)
         if (op->state != OBD_OP_DONE && op->seq >= from)
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, announce,
-                        "op %llu of job %s: %s", (unsigned long long)op->seq,
-                        job->name, reason);
+            obd_op_fail(op, status, announce, "op %llu of job %s: %s",
+                        (unsigned long long)op->seq, job->name, reason);
+}
+
+/* The run stops from op `from` on: ops known from there fail now, later
+ * ones as they appear (op_get). The earliest stop wins; failing those
+ * ops stops the run again from later on, which changes nothing. */
+static void job_stop(struct obd_job *job, uint64_t from, int status,
+                     const char *what)
+{
+    if (job->stopped[0] != '\0' && job->stopped_seq <= from)
+        return;
+    if (job->stopped[0] == '\0') {
+        obd_metric_add(&job->d->metrics, OBD_M_RUNS_STOPPED, 1);
+        obd_log_warn(&job->d->log, "job %s: from op %llu on: %s", job->name,
+                     (unsigned long long)from, what);
+    }
+    snprintf(job->stopped, sizeof(job->stopped), "%s", what);
+    job->stopped_seq = from;
+    job->stopped_status = status;
+    fail_open(job, from, status, 1, what);
 }
 
 /* Another node's trainer of the job left: its ops from `from_seq` on can
@@ -953,15 +1108,11 @@ static void on_job_left(struct obd_daemon *d, int from,
     struct obd_job *job = obd_job_find(d, m->job);
     if (job == NULL)
         return;
-    if (job->gone[0] == '\0' || m->from_seq < job->gone_seq) {
-        snprintf(job->gone, sizeof(job->gone), "%s", m->message);
-        job->gone_seq = m->from_seq;
-    }
     obd_log_info(&d->log, "job %s: node %d reports: %s", job->name, from,
                  m->message);
-    /* Announced, so that a node that learnt of the op only from us (no
-     * trainer of the job there any more) drops it too. */
-    fail_open(job, m->from_seq, 1, m->message);
+    /* Failures are announced, so that a node that learnt of the op only
+     * from us (no trainer of the job there any more) drops it too. */
+    job_stop(job, m->from_seq, OBCOMM_E_PEER_LOST, m->message);
 }
 
 void obd_job_on_peer_msg(struct obd_daemon *d, int from,
@@ -1008,7 +1159,7 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
              rank, (int)d->cfg.rank, local_rank, reason);
     job->trainer[local_rank] = NULL;
     if (--job->joined == 0)
-        obd_efstore_job_active(d, job->name, 0);
+        obd_efstore_run_end(d, job->name, job->run);
     obd_log_info(&d->log, "job %s: rank %d (local %d) left: %s", job->name,
                  rank, local_rank, reason);
 
@@ -1020,10 +1171,6 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
             from = op->seq < from ? op->seq : from;
             break;
         }
-    if (job->joined > 0 && job->gone[0] == '\0') {
-        snprintf(job->gone, sizeof(job->gone), "%s", gone);
-        job->gone_seq = from;
-    }
     for (struct obd_op *op = job->ops; op; op = op->next)
         if (op->state != OBD_OP_DONE)
             obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
@@ -1031,6 +1178,8 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
                         "vanished: %s",
                         (unsigned long long)op->seq, job->name, rank,
                         (int)d->cfg.rank, local_rank, reason);
+    if (job->joined > 0)
+        job_stop(job, from, OBCOMM_E_PEER_LOST, gone);
     if (d->cfg.nodes > 1 && !d->closing)
         tell_left(job, from, gone);
     /* Failed ops that waited only for this trainer may retire now. */
@@ -1042,7 +1191,7 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
 void obd_job_fail_all(struct obd_daemon *d, const char *reason)
 {
     for (struct obd_job *job = d->jobs; job; job = job->next)
-        fail_open(job, 0, 1, reason);
+        fail_open(job, 0, OBCOMM_E_PEER_LOST, 1, reason);
 }
 
 /* Fails the open ops that still need the node: a running op that has

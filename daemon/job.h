@@ -64,12 +64,13 @@ struct obd_announce {
     uint32_t local_size;
     struct obd_opdesc desc;
     char message[256];
-    /* 1-bit ops: the snapshot ids of the job the node holds. */
-    uint64_t held[OBD_SNAP_HELD];
-    int nheld;
-    uint64_t boot; /* the node daemon's boot id */
-    /* The node finished the op's local phase (obd_op_report). */
+    uint64_t run;            /* the node's run of the job */
+    struct obd_efversion ef; /* 1-bit allreduce: the key's version */
+    /* The node finished the op's local phase (obd_op_report), with that
+     * status and message. */
     int reported;
+    int report_status;
+    char report_message[256];
     /* The node failed the op without having reported. */
     int failed;
     /* A failure: the node had agreed on the op before (see obd_op). */
@@ -107,6 +108,8 @@ struct obd_op {
      * have begun on any node (algo->failed runs when it is freed). */
     int failed_agreed;
 
+    uint64_t value; /* answered with success: a snapshot's id */
+
     uv_timer_t deadline;
     int timer_live;
     int grace; /* the deadline was extended once; see on_deadline */
@@ -140,11 +143,19 @@ struct obd_job {
     int live;           /* ops that exist, linked or not */
     int detached;       /* out of d->jobs: an earlier run being wound up */
     struct obd_ready ready;
-    /* Once a rank of the job is gone (a local trainer left while others
-     * stay, or another node said its trainers left), ops from gone_seq on
-     * fail at once with `gone` instead of waiting for their deadline. */
-    char gone[256];
-    uint64_t gone_seq;
+    /* The run: random when the first trainer joins here (run_local), and
+     * the hash of every node's run_local as first agreed on (run; 0 until
+     * an op was agreed), with each node's at that time. */
+    uint64_t run_local;
+    uint64_t run;
+    uint64_t *node_run; /* nodes entries */
+    /* Once an op of the run failed anywhere, or a rank left, the run is
+     * stopped: ops from stopped_seq on fail at once with `stopped`, on
+     * every node, until the trainers start a new run (DESIGN.md section
+     * 7; NCCL and Gloo abort the communicator likewise). */
+    char stopped[400];
+    uint64_t stopped_seq;
+    int stopped_status; /* the first failure's */
     struct obd_job *next;
 };
 
@@ -206,10 +217,11 @@ struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
                  ...) __attribute__((format(printf, 4, 5)));
 
-/* Two-phase ops: this node finished the op's local phase; every node is
- * told, and op->ann[n].reported is set for each node that reported (the
- * op is posted as each report arrives). */
-void obd_op_report(struct obd_op *op);
+/* Two-phase ops: this node finished the op's local phase with status (0:
+ * it did its part) and message; every node is told, and op->ann[n]
+ * .reported (with report_status and report_message) is set for each node
+ * that reported (the op is posted as each report arrives). */
+void obd_op_report(struct obd_op *op, int status, const char *message);
 /* 1 once every node has reported. */
 int obd_op_all_reported(const struct obd_op *op);
 

@@ -88,16 +88,21 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
     [OBD_M_EF_RESTORED] = {"ef_restored", "Error-feedback snapshots loaded",
                            "counter"},
     [OBD_M_EF_RESETS] = {"ef_resets",
-                         "Snapshots of another world not loaded (state reset)",
+                         "Error-feedback states reset to zero by a failed "
+                         "op, a disagreement or a failed restore",
                          "counter"},
     [OBD_M_EF_REJECTED] = {"ef_rejected",
                            "Snapshots rejected as damaged or unreadable",
                            "counter"},
     [OBD_M_EF_SAVED] = {"ef_saved", "Error-feedback snapshots written",
                         "counter"},
-    [OBD_M_EF_EVICTIONS] = {"ef_evictions",
-                            "Error-feedback states freed after their job "
-                            "was idle for ef_idle_ms",
+    [OBD_M_EF_DISAGREED] = {"ef_disagreed",
+                            "1-bit ops failed because the nodes held "
+                            "different versions of the error feedback",
+                            "counter"},
+    [OBD_M_RUNS_STOPPED] = {"runs_stopped",
+                            "Runs of jobs stopped by a failed op (their "
+                            "later ops fail at once)",
                             "counter"},
     [OBD_M_EF_LIMIT_REFUSALS] = {"ef_limit_refusals",
                                  "1-bit ops refused because a new key's "
@@ -141,6 +146,7 @@ static const struct {
     {OBCOMM_KIND_ALLREDUCE_1BIT, "allreduce_1bit", OBD_HK_ALLREDUCE_1BIT},
     {OBCOMM_KIND_RESET_1BIT, "reset_1bit", -1},
     {OBCOMM_KIND_SNAPSHOT_1BIT, "snapshot_1bit", -1},
+    {OBCOMM_KIND_RESTORE_1BIT, "restore_1bit", -1},
 };
 
 #define NKINDS (sizeof(kinds) / sizeof(kinds[0]))

@@ -39,7 +39,8 @@ enum obd_metric_id {
     OBD_M_EF_RESETS,
     OBD_M_EF_REJECTED,
     OBD_M_EF_SAVED,
-    OBD_M_EF_EVICTIONS,
+    OBD_M_EF_DISAGREED,
+    OBD_M_RUNS_STOPPED,
     OBD_M_EF_LIMIT_REFUSALS,
     OBD_M_COUNT
 };

@@ -11,6 +11,7 @@
 #include "codec.h"
 #include "ctl.h"
 #include "daemon.h"
+#include "efstore.h"
 #include "job.h"
 #include "ops.h"
 #include "peers.h"
@@ -34,6 +35,10 @@ struct storage {
     Obcomm__OpStatus **op;
     char (*opname)[32];
     char (*waiting)[160];
+    char (*stopped)[OBD_STATUS_STOPPED_MAX];
+    Obcomm__KeyStatus *ks;
+    Obcomm__KeyStatus **kp;
+    Obcomm__EfVersion *ev;
     Obcomm__Metric ms[OBD_M_COUNT];
     Obcomm__Metric *mp[OBD_M_COUNT];
     char prom[OBD_M_COUNT][64];
@@ -111,10 +116,37 @@ static int may_see(const struct obd_client *c, const struct obd_job *j)
     return c->uid == 0 || (j->owned && j->owner == c->uid);
 }
 
+/* The job's run, why it stopped, and its 1-bit keys with their versions. */
+static void fill_run(struct obd_daemon *d, const struct obd_job *j,
+                     Obcomm__JobStatus *m, struct storage *s, size_t nj,
+                     size_t *nk)
+{
+    m->run = j->run;
+    snprintf(s->stopped[nj], sizeof(s->stopped[nj]), "%s", j->stopped);
+    m->stopped = s->stopped[nj];
+    const struct obd_ef *efs[OBD_STATUS_KEYS_MAX];
+    int n = obd_efstore_keys(d, j->name, j->run, efs, OBD_STATUS_KEYS_MAX);
+    m->keys = &s->kp[*nk];
+    for (int i = 0; i < n && *nk < OBD_STATUS_KEYS_TOTAL; i++, (*nk)++) {
+        Obcomm__KeyStatus *k = &s->ks[*nk];
+        Obcomm__EfVersion *v = &s->ev[*nk];
+        obcomm__key_status__init(k);
+        obcomm__ef_version__init(v);
+        k->key = efs[i]->key;
+        k->count = efs[i]->count;
+        v->origin = efs[i]->version.origin;
+        v->applied = efs[i]->version.applied;
+        v->last_seq = efs[i]->version.last_seq;
+        k->version = v;
+        s->kp[*nk] = k;
+        m->n_keys++;
+    }
+}
+
 static void fill_jobs(struct obd_daemon *d, const struct obd_client *c,
                       Obcomm__StatusReply *r, struct storage *s)
 {
-    size_t nj = 0, no = 0;
+    size_t nj = 0, no = 0, nk = 0;
     for (struct obd_job *j = d->jobs; j; j = j->next) {
         /* A job that no local trainer ever joined exists here only
          * because another node announced it: nothing to show. */
@@ -130,6 +162,7 @@ static void fill_jobs(struct obd_daemon *d, const struct obd_client *c,
         m->local_size = (uint32_t)j->local_size;
         m->joined = (uint32_t)j->joined;
         m->next_seq = j->next_seq;
+        fill_run(d, j, m, s, nj, &nk);
         m->ops = &s->op[no];
         for (struct obd_op *o = j->ops; o; o = o->next) {
             if (o->state == OBD_OP_DONE)
@@ -232,8 +265,13 @@ void obd_status_handle(struct obd_client *c)
     s->op = calloc(ops, sizeof(*s->op));
     s->opname = calloc(ops, sizeof(*s->opname));
     s->waiting = calloc(ops, sizeof(*s->waiting));
+    s->stopped = calloc(jobs, sizeof(*s->stopped));
+    s->ks = calloc(OBD_STATUS_KEYS_TOTAL, sizeof(*s->ks));
+    s->kp = calloc(OBD_STATUS_KEYS_TOTAL, sizeof(*s->kp));
+    s->ev = calloc(OBD_STATUS_KEYS_TOTAL, sizeof(*s->ev));
     if (!s->ps || !s->pp || !s->addr || !s->js || !s->jp || !s->inflight ||
-        !s->os || !s->op || !s->opname || !s->waiting)
+        !s->os || !s->op || !s->opname || !s->waiting || !s->stopped ||
+        !s->ks || !s->kp || !s->ev)
         goto out;
 
     r.version = (char *)OBCOMM_VERSION;
@@ -265,5 +303,9 @@ out:
     free(s->op);
     free(s->opname);
     free(s->waiting);
+    free(s->stopped);
+    free(s->ks);
+    free(s->kp);
+    free(s->ev);
     free(s);
 }

@@ -93,18 +93,39 @@ OBCOMM_API int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
  * side. The result is the (compressed) average, identical on every rank.
  * The error feedback lives in the daemons, one state per (job, key),
  * created at zero on first use; a key keeps its count until reset. With
- * one node the result is the exact average and no state is kept. NaN or
- * Inf fails the op with OBCOMM_E_NONFINITE and leaves the state as it was
- * on this node. */
+ * one node the result is the exact average and no state is kept.
+ *
+ * The state belongs to the run of the job: from the first trainer joining
+ * a job that has none until the last one leaves. A new run starts at zero
+ * on every node; an earlier run's state comes back only through
+ * obcomm_restore_1bit. Before any pass begins, the nodes compare their
+ * versions of the key's state; if they differ, the op fails on every rank
+ * with OBCOMM_E_STATE naming them and every node resets the job's state.
+ * NaN or Inf fails the op with OBCOMM_E_NONFINITE.
+ *
+ * Any failed op stops the run: every later op of the run fails at once on
+ * every rank, naming the first failure, until the trainers start a new
+ * run (like an aborted NCCL communicator). */
 OBCOMM_API int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data,
                                      size_t count);
-/* Collective: forgets the error feedback of `key` on every node (and its
- * snapshot), so the next 1-bit allreduce on it starts at zero. */
+/* Collective: forgets the error feedback of `key` on every node, so the
+ * next 1-bit allreduce on it starts at zero. */
 OBCOMM_API int obcomm_reset_1bit(obcomm_t *c, uint64_t key);
-/* Collective: every daemon writes the job's error feedback to its
- * state_dir (OBCOMM_E_INVAL when a daemon has none). Daemons also write it
- * at a clean shutdown and restore it at start when the world matches. */
+/* Collective: every daemon saves the error feedback of the run (every
+ * key) as one snapshot set; *snapshot (if not NULL) gets its id, the same
+ * on every rank. With a state_dir the set is a directory there (the
+ * newest 4 of a job are kept); without one the daemon keeps the job's
+ * newest set in memory until it restarts. Fails on every rank, naming
+ * each node that could not save and why, unless every node saved it. */
+OBCOMM_API int obcomm_save_1bit(obcomm_t *c, uint64_t *snapshot);
+/* obcomm_save_1bit(c, NULL). */
 OBCOMM_API int obcomm_snapshot_1bit(obcomm_t *c);
+/* Collective: every node goes back to snapshot set `snapshot` of this job
+ * (the run goes on from it), or, if any node misses it or holds it
+ * damaged, no node uses it: the run's error feedback restarts at zero on
+ * every node and the op fails on every rank naming each node and why
+ * (OBCOMM_E_STATE: missing; OBCOMM_E_CORRUPT: damaged). */
+OBCOMM_API int obcomm_restore_1bit(obcomm_t *c, uint64_t snapshot);
 
 OBCOMM_API int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes,
                                 int root);
@@ -188,12 +209,15 @@ OBCOMM_API int obcomm_adam_set_mask(obcomm_adam_t *a, const uint8_t *keep);
  * current v; 0 when no mask is on). */
 OBCOMM_API size_t obcomm_adam_masked(obcomm_adam_t *a);
 
-/* Writes step, m and v to `path` (atomically) and asks every daemon to
- * snapshot the job's error feedback (obcomm_snapshot_1bit): a collective.
- * obcomm_adam_load restores step, m and v from such a file; with the
- * daemons' error feedback as it was at the save (the same daemons, or
- * daemons restarted from the snapshot), training continues bit for bit as
- * if uninterrupted. */
+/* A checkpoint of the whole optimizer, a collective: save asks every
+ * daemon to save the job's error feedback (obcomm_save_1bit), then writes
+ * step, m, v and the snapshot's id to `path` (atomically); it fails, and
+ * writes nothing, unless every node saved. load reads such a file, brings
+ * every daemon back to that snapshot (obcomm_restore_1bit) and only then
+ * restores step, m and v: training continues bit for bit as if
+ * uninterrupted, on the same daemons or restarted ones (with a
+ * state_dir), or fails on every rank saying which node lacks the
+ * snapshot or holds it damaged. */
 OBCOMM_API int obcomm_adam_save(obcomm_adam_t *a, const char *path);
 OBCOMM_API int obcomm_adam_load(obcomm_adam_t *a, const char *path);
 

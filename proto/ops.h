@@ -9,7 +9,10 @@ enum obcomm_op_kind {
     OBCOMM_KIND_BARRIER = 3,   /* no buffer: buffer_id 0, offset 0, count 0 */
     OBCOMM_KIND_ALLREDUCE_1BIT = 4, /* fp32, key names the state */
     OBCOMM_KIND_RESET_1BIT = 5,     /* no buffer; key names the state */
-    OBCOMM_KIND_SNAPSHOT_1BIT = 6,  /* no buffer; the job's states to disk */
+    OBCOMM_KIND_SNAPSHOT_1BIT = 6,  /* no buffer; the job's states saved as a
+                                       set; Complete.value its id */
+    OBCOMM_KIND_RESTORE_1BIT = 7,   /* no buffer; key = the id of the set every
+                                       node goes back to */
 };
 
 #endif

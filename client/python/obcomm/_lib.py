@@ -38,11 +38,11 @@ class AdamFileHeader(ctypes.Structure):
     _fields_ = [("magic", ctypes.c_char * 8), ("version", ctypes.c_uint32),
                 ("reserved", ctypes.c_uint32), ("count", c_uint64),
                 ("step", ctypes.c_int64), ("key", c_uint64),
-                ("cfg", AdamConfig)]
+                ("cfg", AdamConfig), ("snapshot", c_uint64)]
 
 
 ADAM_MAGIC = b"OBCMADAM"
-ADAM_VERSION = 1
+ADAM_VERSION = 2
 
 # (name, restype, argtypes)
 _FUNCTIONS = [
@@ -55,6 +55,8 @@ _FUNCTIONS = [
     ("obcomm_allreduce", c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int]),
     ("obcomm_allreduce_1bit", c_int, [c_void_p, c_uint64, c_void_p, c_size_t]),
     ("obcomm_reset_1bit", c_int, [c_void_p, c_uint64]),
+    ("obcomm_save_1bit", c_int, [c_void_p, ctypes.POINTER(c_uint64)]),
+    ("obcomm_restore_1bit", c_int, [c_void_p, c_uint64]),
     ("obcomm_snapshot_1bit", c_int, [c_void_p]),
     ("obcomm_broadcast", c_int, [c_void_p, c_void_p, c_size_t, c_int]),
     ("obcomm_barrier", c_int, [c_void_p]),

@@ -297,10 +297,24 @@ class Communicator:
         """Collective: forgets the error feedback of key on every node."""
         self._check(lib.obcomm_reset_1bit(self._handle(), int(key)))
 
+    def save_1bit(self):
+        """Collective: every daemon saves the error feedback of this run of
+        the job as one snapshot set; returns its id (the same on every
+        rank). Raises on every rank unless every node saved it."""
+        sid = ctypes.c_uint64(0)
+        self._check(lib.obcomm_save_1bit(self._handle(), ctypes.byref(sid)))
+        return sid.value
+
     def snapshot_1bit(self):
-        """Collective: every daemon writes the job's error feedback to its
-        state_dir (ObcommError E_INVAL when a daemon has none)."""
-        self._check(lib.obcomm_snapshot_1bit(self._handle()))
+        """save_1bit(), without the id."""
+        self.save_1bit()
+
+    def restore_1bit(self, snapshot):
+        """Collective: every daemon goes back to snapshot set `snapshot`,
+        or, if any node misses it or holds it damaged, every node's error
+        feedback of the run restarts at zero and every rank raises,
+        naming the nodes."""
+        self._check(lib.obcomm_restore_1bit(self._handle(), int(snapshot)))
 
     def broadcast(self, t, root=0):
         """In place: every rank ends with root's t (any dtype). Returns t."""

@@ -57,8 +57,12 @@ class OneBitAdam(torch.optim.Optimizer):
     Only lr may change between steps (schedulers work); the other
     hyperparameters are fixed at construction or by load_state_dict.
     state_dict() and load_state_dict() are collectives: every rank calls
-    them (state_dict snapshots the daemons' error feedback, so a resumed
-    run continues bit for bit).
+    them. state_dict() has every daemon save the run's error feedback as a
+    snapshot set and names it in the dict ("obcomm": {"snapshot", "job"});
+    load_state_dict() brings every daemon back to that set, so a resumed
+    run continues bit for bit, or raises on every rank naming the node
+    that lacks it or holds it damaged. Without a state_dir the daemons
+    keep only the newest set of a job, in memory, until they restart.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
@@ -247,17 +251,18 @@ class OneBitAdam(torch.optim.Optimizer):
                 h.count != g.count or len(raw) != hs + 8 * g.count):
             raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
         flat = torch.frombuffer(bytearray(raw[hs:]), dtype=torch.float32)
-        return h.step, flat[:g.count], flat[g.count:]
+        return h.step, flat[:g.count], flat[g.count:], h.snapshot
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
-        'exp_avg_sq'. A collective: it also asks every daemon to snapshot
-        the job's error feedback (obcomm_snapshot_1bit; kept in memory only
-        when the daemons have no state_dir)."""
+        'exp_avg_sq', plus "obcomm": the snapshot set of the daemons' error
+        feedback taken with it ({"snapshot": id, "job": name}). A
+        collective; raises on every rank unless every node saved."""
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
+        snapshot = 0
         try:
             for g in self._groups:
-                step, m, v = self._save_group(g, d)
+                step, m, v, snapshot = self._save_group(g, d)
                 for p, (o, n) in zip(g.params, g.spans):
                     self.state[p] = {
                         "step": torch.tensor(float(step)),
@@ -265,13 +270,24 @@ class OneBitAdam(torch.optim.Optimizer):
                         "exp_avg_sq": v[o:o + n].clone().view_as(p)}
         finally:
             shutil.rmtree(d, ignore_errors=True)
-        return super().state_dict()
+        sd = super().state_dict()
+        # The last group's snapshot holds every key of the job.
+        sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job}
+        return sd
 
     def load_state_dict(self, state_dict):
         """Restores step, momentum, variance and hyperparameters of every
-        group. With the daemons' error feedback as it was at state_dict()
-        (the same daemons, or daemons restarted from their snapshot), the
-        run continues bit for bit. Every rank calls it."""
+        group, and the daemons' error feedback of the snapshot the dict
+        names: the run continues bit for bit. Every rank calls it; it
+        raises ObcommError on every rank when a node lacks the snapshot or
+        holds it damaged (the run's error feedback then restarts at zero
+        on every node, and the run cannot continue)."""
+        info = state_dict.get("obcomm")
+        if not isinstance(info, dict) or not info.get("snapshot"):
+            raise ValueError("load_state_dict: no \"obcomm\" snapshot in the "
+                             "state dict (not saved by OneBitAdam.state_dict)")
+        snapshot = int(info["snapshot"])
+        state_dict = {k: v for k, v in state_dict.items() if k != "obcomm"}
         super().load_state_dict(state_dict)
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         try:
@@ -290,6 +306,7 @@ class OneBitAdam(torch.optim.Optimizer):
                 h.step = steps.pop()
                 h.key = g.key
                 h.cfg = self._config(group)
+                h.snapshot = snapshot
                 m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
                 v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
                 path = os.path.join(d, f"group{g.key}.adam")

@@ -1,0 +1,411 @@
+/* The 1-bit state ops of a job's run: reset, snapshot and restore of the
+ * daemons' error feedback (efstore.h holds the states, snapset.h the
+ * sets on disk). They move no data between nodes: the announce exchange
+ * put every node at the same point of the run, and the two-phase ops
+ * exchange one report per node.
+ *
+ * Snapshot: every node saves the run's states as set
+ * id = obd_snapset_id(run, seq), which every node computes alike: files
+ * in state_dir, written by a pool task; without a state_dir, copies in
+ * memory, made by a pool task. Each node reports how that went. With
+ * every report in, every node sees the same reports and reaches the same
+ * verdict (obd_snapset_verdict): all saved, the set is committed (older
+ * sets pruned on the pool) and the op answers the id; else the op fails
+ * on every rank with one message naming each node that could not save,
+ * and every node deletes its copy.
+ *
+ * Restore (key = the set's id): every node reads the set (pool task) and
+ * reports. All read it whole: every node installs it and the run goes on
+ * from it. Any node missing it, or holding it damaged or unreadable: no
+ * node uses it; every node resets the run's error feedback to zero, and
+ * the op fails on every rank naming each node and why.
+ *
+ * File I/O never runs on the loop thread. An op whose reports never all
+ * come (a lost node, the deadline) fails like any other op and stops the
+ * run; a set it wrote stays (some node may have seen every report and
+ * committed it) until later commits prune it. */
+#include "coll.h"
+
+#include <obcomm.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "efstore.h"
+#include "ops.h"
+#include "snapset.h"
+
+enum efop_phase {
+    EP_LOCAL,    /* the pool task saves or reads this node's part */
+    EP_REPORTED, /* reported; waiting for every node's report */
+    EP_DONE,     /* the verdict is in */
+};
+
+struct efop {
+    struct obd_daemon *d;
+    uv_work_t req;
+    enum efop_phase phase;
+    uint32_t kind;
+    char job[OBD_EF_JOB_MAX];
+    uint64_t run;
+    uint64_t id;
+    const char *state_dir; /* d->cfg's; "" without one */
+    struct obd_ef_world world;
+    uint64_t max_bytes;
+    /* A snapshot: the states saved (each begun), and without a state_dir
+     * their copies. A restore: the states read. */
+    struct obd_ef **efs;
+    int nefs;
+    const struct obd_ef *from_memory; /* a restore without a state_dir */
+    struct obd_ef *list;
+    int rc; /* of the pool task: 0 or an OBCOMM_E_* code, with why */
+    char why[512];
+    int saved;     /* this node's part of a snapshot is saved */
+    int committed; /* the verdict was success */
+};
+
+static struct obd_ef_world world_of(const struct obd_daemon *d)
+{
+    struct obd_ef_world w = {.nodes = (uint32_t)d->cfg.nodes,
+                             .rank = (uint32_t)d->cfg.rank,
+                             .fingerprint = d->cfg.fingerprint};
+    return w;
+}
+
+static void free_list(struct obd_ef *ef)
+{
+    while (ef != NULL) {
+        struct obd_ef *next = ef->next;
+        obd_ef_free(ef);
+        ef = next;
+    }
+}
+
+/* ---- on the pool ---- */
+
+/* Copies of states, linked; 0 or OBCOMM_E_NOMEM. */
+static int copy_all(struct efop *e, const struct obd_ef *const *src, int n,
+                    const struct obd_ef *chain)
+{
+    for (int i = 0; src != NULL ? i < n : chain != NULL; i++) {
+        const struct obd_ef *from = src != NULL ? src[i] : chain;
+        struct obd_ef *c = obd_ef_copy(from);
+        if (c == NULL) {
+            free_list(e->list);
+            e->list = NULL;
+            snprintf(e->why, sizeof(e->why), "out of memory for a copy");
+            return OBCOMM_E_NOMEM;
+        }
+        c->next = e->list;
+        e->list = c;
+        if (src == NULL)
+            chain = chain->next;
+    }
+    return 0;
+}
+
+static void run_local(uv_work_t *req)
+{
+    struct efop *e = container_of(req, struct efop, req);
+    if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && e->state_dir[0] != '\0') {
+        int rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
+                                   &e->world, e->why, sizeof(e->why));
+        e->rc = rc == 0 ? 0 : OBCOMM_E_IO;
+    } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT) {
+        e->rc =
+            copy_all(e, (const struct obd_ef *const *)e->efs, e->nefs, NULL);
+    } else if (e->state_dir[0] != '\0') {
+        int rc =
+            obd_snapset_read(e->state_dir, e->job, e->id, &e->world,
+                             e->max_bytes, &e->list, e->why, sizeof(e->why));
+        e->rc = rc == 0                  ? 0
+                : rc == OBD_SNAP_MISSING ? OBCOMM_E_STATE
+                : rc == OBD_SNAP_DAMAGED ? OBCOMM_E_CORRUPT
+                                         : OBCOMM_E_IO;
+    } else {
+        e->rc = copy_all(e, NULL, 0, e->from_memory);
+    }
+}
+
+/* Pool work that outlives its op: committing or deleting a set. Counted
+ * in d->pool_tasks, so a shutdown waits for it. */
+struct chore {
+    struct obd_daemon *d;
+    uv_work_t req;
+    int commit; /* else delete */
+    char job[OBD_EF_JOB_MAX];
+    uint64_t id;
+};
+
+static void run_chore(uv_work_t *req)
+{
+    struct chore *c = container_of(req, struct chore, req);
+    if (c->commit)
+        obd_snapset_commit(c->d->cfg.state_dir, c->job, c->id, OBD_SNAP_KEEP);
+    else
+        obd_snapset_delete(c->d->cfg.state_dir, c->job, c->id);
+}
+
+static void chore_done(uv_work_t *req, int status)
+{
+    struct chore *c = container_of(req, struct chore, req);
+    (void)status;
+    c->d->pool_tasks--;
+    free(c);
+}
+
+static void chore(struct obd_daemon *d, int commit, const char *job,
+                  uint64_t id)
+{
+    struct chore *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return; /* a set left behind is pruned by a later commit */
+    c->d = d;
+    c->commit = commit;
+    snprintf(c->job, sizeof(c->job), "%s", job);
+    c->id = id;
+    if (uv_queue_work(&d->loop, &c->req, run_chore, chore_done) != 0) {
+        free(c);
+        return;
+    }
+    d->pool_tasks++;
+}
+
+/* ---- on the loop ---- */
+
+static void release_saved(struct efop *e)
+{
+    if (e->efs != NULL)
+        obd_efstore_release(e->d, e->efs, e->nefs);
+    e->efs = NULL;
+    e->nefs = 0;
+}
+
+static void local_done(uv_work_t *req, int status)
+{
+    struct efop *e = container_of(req, struct efop, req);
+    struct obd_op *op = e->req.data;
+    if (status != 0 && e->rc == 0) {
+        e->rc = OBCOMM_E_IO;
+        snprintf(e->why, sizeof(e->why), "the pool task was cancelled");
+    }
+    release_saved(e); /* the states may change again */
+    e->saved = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && e->rc == 0;
+    if (op->state == OBD_OP_RUN) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "%s", e->why);
+        e->phase = EP_REPORTED;
+        obd_op_report(op, e->rc, e->rc ? msg : "");
+    }
+    obd_op_task_end(op);
+}
+
+static int efop_queue(struct obd_op *op, struct efop *e)
+{
+    e->req.data = op;
+    int rc = uv_queue_work(&e->d->loop, &e->req, run_local, local_done);
+    if (rc != 0) {
+        release_saved(e);
+        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+                    "op %llu of job %s on node %d: cannot queue file work",
+                    (unsigned long long)op->seq, op->job->name,
+                    (int)e->d->cfg.rank);
+        return OBCOMM_E_NOMEM;
+    }
+    obd_op_task_begin(op);
+    return 0;
+}
+
+static struct efop *efop_new(struct obd_op *op)
+{
+    struct obd_daemon *d = op->job->d;
+    struct efop *e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
+        return NULL;
+    }
+    op->coll = e;
+    e->d = d;
+    e->kind = op->desc.kind;
+    snprintf(e->job, sizeof(e->job), "%s", op->job->name);
+    e->run = op->job->run;
+    e->state_dir = d->cfg.state_dir;
+    e->world = world_of(d);
+    e->max_bytes = (uint64_t)d->cfg.max_buffer_bytes * 2;
+    return e;
+}
+
+static int snapshot_start(struct obd_op *op)
+{
+    struct efop *e = efop_new(op);
+    if (e == NULL)
+        return OBCOMM_E_NOMEM;
+    e->id = obd_snapset_id(e->run, op->seq);
+    int rc = obd_efstore_collect(e->d, e->job, e->run, &e->efs, &e->nefs,
+                                 e->why, sizeof(e->why));
+    if (rc != 0) {
+        /* Nothing to save: reported like a failed write. */
+        e->rc = rc;
+        e->phase = EP_REPORTED;
+        obd_op_report(op, rc, e->why);
+        return 0;
+    }
+    return efop_queue(op, e);
+}
+
+static int restore_start(struct obd_op *op)
+{
+    struct efop *e = efop_new(op);
+    if (e == NULL)
+        return OBCOMM_E_NOMEM;
+    e->id = op->desc.key;
+    if (e->state_dir[0] == '\0') {
+        int found;
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
+        if (!found) {
+            e->rc = OBCOMM_E_STATE;
+            snprintf(e->why, sizeof(e->why),
+                     "missing (no state_dir: obcommd keeps only the newest "
+                     "set of a job, in memory, until it restarts)");
+            e->phase = EP_REPORTED;
+            obd_op_report(op, e->rc, e->why);
+            return 0;
+        }
+    }
+    return efop_queue(op, e);
+}
+
+/* Every node has reported: the same verdict everywhere. */
+static void efop_progress(struct obd_op *op)
+{
+    struct efop *e = op->coll;
+    int nodes = e->d->cfg.nodes;
+    if (e->phase != EP_REPORTED || !obd_op_all_reported(op))
+        return;
+    e->phase = EP_DONE;
+    struct obd_snapreport r[OBD_MAX_NODES];
+    for (int n = 0; n < nodes; n++)
+        r[n] = (struct obd_snapreport){op->ann[n].report_status,
+                                       op->ann[n].report_message};
+    char msg[1024];
+    int status = obd_snapset_verdict(r, nodes, msg, sizeof(msg));
+    int snap = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT;
+    if (status == 0) {
+        if (snap && e->state_dir[0] != '\0') {
+            chore(e->d, 1, e->job, e->id);
+        } else if (snap) {
+            obd_efstore_memset_put(e->d, e->job, e->id, e->list);
+            e->list = NULL;
+        } else {
+            obd_efstore_install(e->d, e->job, e->run, e->list, e->id, op->seq);
+            e->list = NULL;
+        }
+        e->committed = 1;
+        op->value = e->id;
+        obd_log_info(&e->d->log, "job %s: snapshot %016" PRIx64 " %s", e->job,
+                     e->id, snap ? "saved on every node" : "restored");
+        obd_op_finish(op);
+        return;
+    }
+    if (snap && e->saved && e->state_dir[0] != '\0')
+        chore(e->d, 0, e->job, e->id); /* no node commits it */
+    if (!snap)
+        obd_efstore_reset_run(e->d, e->job, e->run,
+                              "a snapshot could not be restored");
+    obd_op_fail(op, status, 0,
+                "op %llu of job %s: snapshot %016llx could not be %s: %s%s",
+                (unsigned long long)op->seq, e->job, (unsigned long long)e->id,
+                snap ? "saved" : "restored", msg,
+                snap ? "" : "; every node's error feedback restarts at zero");
+}
+
+static void efop_free(struct obd_op *op)
+{
+    struct efop *e = op->coll;
+    release_saved(e);
+    free_list(e->list);
+    free(e);
+    op->coll = NULL;
+}
+
+static void efop_waiting_on(const struct obd_op *op, char *buf, size_t len)
+{
+    const struct efop *e = op->coll;
+    size_t off = 0;
+    if (e->phase == EP_LOCAL) {
+        snprintf(buf, len, "this node's snapshot %s",
+                 e->state_dir[0] ? "file work" : "copy");
+        return;
+    }
+    for (int n = 0; n < e->d->cfg.nodes && off < len; n++)
+        if (!op->ann[n].reported)
+            off += (size_t)snprintf(buf + off, len - off, "%snode %d",
+                                    off ? ", " : "the report of ", n);
+    if (off == 0 && len > 0)
+        buf[0] = '\0';
+}
+
+/* No 1-bit op of the run uses its states (the failed op's tasks may). */
+static int efop_can_start(struct obd_op *op)
+{
+    return obd_efstore_idle(op->job->d, op->job->name, op->job->run);
+}
+
+const struct obd_algo obd_algo_onebit_snapshot = {
+    .kind = OBCOMM_KIND_SNAPSHOT_1BIT,
+    .name = "1-bit snapshot",
+    .start = snapshot_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = efop_progress,
+    .free = efop_free,
+    .waiting_on = efop_waiting_on,
+    .can_start = efop_can_start,
+};
+
+const struct obd_algo obd_algo_onebit_restore = {
+    .kind = OBCOMM_KIND_RESTORE_1BIT,
+    .name = "1-bit restore",
+    .start = restore_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = efop_progress,
+    .free = efop_free,
+    .waiting_on = efop_waiting_on,
+    .can_start = efop_can_start,
+};
+
+/* ---- reset ---- */
+
+static int reset_start(struct obd_op *op)
+{
+    obd_efstore_reset(op->job->d, op->job->name, op->job->run, op->desc.key);
+    obd_op_finish(op);
+    return 0;
+}
+
+static int reset_can_start(struct obd_op *op)
+{
+    struct obd_ef *ef =
+        obd_efstore_find(op->job->d, op->job->name, op->job->run, op->desc.key);
+    return ef == NULL || ef->users == 0;
+}
+
+static void no_free(struct obd_op *op)
+{
+    (void)op;
+}
+
+const struct obd_algo obd_algo_onebit_reset = {
+    .kind = OBCOMM_KIND_RESET_1BIT,
+    .name = "1-bit reset",
+    .start = reset_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = obd_coll_no_progress,
+    .free = no_free,
+    .waiting_on = obd_coll_waiting_on_nobody,
+    .can_start = reset_can_start,
+};

@@ -1,0 +1,297 @@
+#include "snapset.h"
+
+#include <obcomm.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PATH_ROOM 4400
+
+/* state_dir/set-<job in hex>-<id>[.tmp]: the name is safe whatever the
+ * job's name holds. */
+static void set_path(const char *state_dir, const char *job, uint64_t id,
+                     int tmp, char *buf, size_t len)
+{
+    char hex[2 * OBD_EF_JOB_MAX + 1];
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)job;
+         *p && n + 2 < sizeof(hex); p++, n += 2)
+        snprintf(hex + n, 3, "%02x", *p);
+    hex[n] = '\0';
+    snprintf(buf, len, "%s/set-%s-%016" PRIx64 "%s", state_dir, hex, id,
+             tmp ? ".tmp" : "");
+}
+
+/* The prefix of every set name of `job`: "set-<hex>-". */
+static void set_prefix(const char *job, char *buf, size_t len)
+{
+    char path[PATH_ROOM];
+    set_path("", job, 0, 0, path, sizeof(path));
+    snprintf(buf, len, "%.*s", (int)(strlen(path) - 1 - 16), path + 1);
+}
+
+/* Removes a directory of plain files. */
+static void remove_dir(const char *dir)
+{
+    DIR *dh = opendir(dir);
+    if (dh != NULL) {
+        struct dirent *e;
+        while ((e = readdir(dh)) != NULL)
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+                (void)unlinkat(dirfd(dh), e->d_name, 0);
+        closedir(dh);
+    }
+    (void)rmdir(dir);
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) != 0 ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
+                      struct obd_ef *const *efs, int n,
+                      const struct obd_ef_world *w, char *why, size_t whylen)
+{
+    char tmp[PATH_ROOM], final[PATH_ROOM], path[PATH_ROOM + 64];
+    set_path(state_dir, job, id, 1, tmp, sizeof(tmp));
+    set_path(state_dir, job, id, 0, final, sizeof(final));
+    remove_dir(tmp);
+    remove_dir(final); /* a set of this id that did not complete */
+    if (mkdir(tmp, 0700) != 0) {
+        int rc = -errno;
+        snprintf(why, whylen, "%s: %s", tmp, strerror(errno));
+        return rc;
+    }
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        obd_ef_path(tmp, job, efs[i]->key, path, sizeof(path));
+        rc = obd_ef_write(path, efs[i], w, why, whylen);
+    }
+    if (rc == 0 && (rc = fsync_dir(tmp)) != 0)
+        snprintf(why, whylen, "fsync %s: %s", tmp, strerror(-rc));
+    if (rc == 0 && rename(tmp, final) != 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", final, strerror(errno));
+    }
+    if (rc == 0 && (rc = fsync_dir(state_dir)) != 0)
+        snprintf(why, whylen, "fsync %s: %s", state_dir, strerror(-rc));
+    if (rc != 0) {
+        remove_dir(tmp);
+        remove_dir(final);
+    }
+    return rc;
+}
+
+static void free_list(struct obd_ef *ef)
+{
+    while (ef != NULL) {
+        struct obd_ef *next = ef->next;
+        obd_ef_free(ef);
+        ef = next;
+    }
+}
+
+int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
+                     const struct obd_ef_world *w, uint64_t max_bytes,
+                     struct obd_ef **out, char *why, size_t whylen)
+{
+    char dir[PATH_ROOM], path[PATH_ROOM + 300];
+    set_path(state_dir, job, id, 0, dir, sizeof(dir));
+    DIR *dh = opendir(dir);
+    if (dh == NULL) {
+        int e = errno;
+        snprintf(why, whylen, "missing (%s: %s)", dir, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? OBD_SNAP_MISSING : OBD_SNAP_IOERR;
+    }
+    struct obd_ef *list = NULL;
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(dh)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode)) {
+            snprintf(why, whylen, "damaged: %s is not a regular file", path);
+            rc = OBD_SNAP_DAMAGED;
+            break;
+        }
+        struct obd_ef *ef = NULL;
+        char one[512];
+        int r = obd_ef_read(path, w, max_bytes, &ef, one, sizeof(one));
+        if (r == OBD_EF_OK && strcmp(ef->job, job) != 0) {
+            snprintf(one, sizeof(one), "%s: a state of another job", path);
+            obd_ef_free(ef);
+            r = OBD_EF_CORRUPT;
+        }
+        if (r == OBD_EF_OK) {
+            ef->next = list;
+            list = ef;
+        } else if (r == OBD_EF_IOERR) {
+            snprintf(why, whylen, "unreadable: %s", one);
+            rc = OBD_SNAP_IOERR;
+        } else {
+            snprintf(why, whylen, "damaged: %s", one);
+            rc = OBD_SNAP_DAMAGED;
+        }
+    }
+    closedir(dh);
+    if (rc != 0) {
+        free_list(list);
+        return rc;
+    }
+    *out = list;
+    return 0;
+}
+
+void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id)
+{
+    char path[PATH_ROOM];
+    set_path(state_dir, job, id, 1, path, sizeof(path));
+    remove_dir(path);
+    set_path(state_dir, job, id, 0, path, sizeof(path));
+    remove_dir(path);
+}
+
+struct held {
+    char name[300];
+    struct timespec when;
+};
+
+static int newer_first(const void *a, const void *b)
+{
+    const struct held *x = a, *y = b;
+    if (x->when.tv_sec != y->when.tv_sec)
+        return x->when.tv_sec < y->when.tv_sec ? 1 : -1;
+    if (x->when.tv_nsec != y->when.tv_nsec)
+        return x->when.tv_nsec < y->when.tv_nsec ? 1 : -1;
+    return strcmp(x->name, y->name);
+}
+
+void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
+                        int keep)
+{
+    char path[PATH_ROOM], prefix[PATH_ROOM];
+    set_path(state_dir, job, id, 0, path, sizeof(path));
+    (void)utimensat(AT_FDCWD, path, NULL, 0); /* now: the newest */
+    set_prefix(job, prefix, sizeof(prefix));
+    DIR *dh = opendir(state_dir);
+    if (dh == NULL)
+        return;
+    struct held *sets = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dh)) != NULL) {
+        size_t len = strlen(e->d_name);
+        struct stat st;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+            len != strlen(prefix) + 16 || len >= sizeof(sets[0].name) ||
+            fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISDIR(st.st_mode))
+            continue;
+        if (n == cap) {
+            size_t c = cap ? 2 * cap : 16;
+            struct held *m = realloc(sets, c * sizeof(*sets));
+            if (m == NULL)
+                break;
+            sets = m;
+            cap = c;
+        }
+        snprintf(sets[n].name, sizeof(sets[n].name), "%s", e->d_name);
+        sets[n].when = st.st_mtim;
+        n++;
+    }
+    closedir(dh);
+    if (n > 0)
+        qsort(sets, n, sizeof(*sets), newer_first);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        snprintf(path, sizeof(path), "%s/%s", state_dir, sets[i].name);
+        remove_dir(path);
+    }
+    free(sets);
+}
+
+int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
+                          size_t whylen)
+{
+    if (mkdir(sd, 0700) != 0 && errno != EEXIST) {
+        snprintf(why, whylen, "state_dir %s: %s", sd, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(sd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(why, whylen, "state_dir %s is not a directory", sd);
+        return -1;
+    }
+    /* Like ssh with its keys: state that another user may write could
+     * plant error feedback, or links that the daemon writes through. */
+    if (st.st_uid != uid || (st.st_mode & 022) != 0) {
+        snprintf(why, whylen,
+                 "state_dir %s belongs to uid %u with mode %04o: refused; "
+                 "it must belong to the daemon's uid %u and be writable by "
+                 "nobody else (chown %u %s; chmod go-w %s)",
+                 sd, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), uid,
+                 uid, sd, sd);
+        return -1;
+    }
+    DIR *dh = opendir(sd);
+    if (dh == NULL)
+        return 0;
+    struct dirent *e;
+    char path[PATH_ROOM + 300];
+    while ((e = readdir(dh)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "set-", 4) == 0 && len > 4 &&
+            strcmp(e->d_name + len - 4, ".tmp") == 0) {
+            snprintf(path, sizeof(path), "%s/%s", sd, e->d_name);
+            remove_dir(path); /* a set whose writing was interrupted */
+        }
+    }
+    closedir(dh);
+    return 0;
+}
+
+int obd_snapset_verdict(const struct obd_snapreport *r, int nodes, char *msg,
+                        size_t len)
+{
+    int status = 0;
+    size_t off = 0;
+    if (len > 0)
+        msg[0] = '\0';
+    for (int n = 0; n < nodes; n++) {
+        if (r[n].status == 0)
+            continue;
+        if (status == 0)
+            status = r[n].status;
+        if (off < len)
+            off += (size_t)snprintf(
+                msg + off, len - off, "%snode %d: %s", off ? "; " : "", n,
+                r[n].message && r[n].message[0] ? r[n].message : "failed");
+    }
+    return status;
+}
+
+uint64_t obd_snapset_id(uint64_t run, uint64_t seq)
+{
+    /* splitmix64 of both: ids of different runs or ops do not collide in
+     * practice, and the same pair gives the same id on every node. */
+    uint64_t z = run ^ (seq + UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    z ^= z >> 31;
+    return z != 0 ? z : 1;
+}

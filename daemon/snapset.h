@@ -1,0 +1,85 @@
+/* Snapshot sets of the 1-bit error feedback in state_dir: every state of
+ * one run of a job on this node, saved under an id that every node agrees
+ * on (the snapshot op's, coll_efstate.c), so that a checkpoint can name
+ * it and every node can go back to it together.
+ *
+ * On disk: state_dir/set-<job in hex>-<id in 16 hex digits>/ holds one
+ * efstate.h file per key. A set is written into <dir>.tmp and renamed: a
+ * node holds the set once the rename is done (and the directory is
+ * fsync'd). A set is usable only whole: one file damaged, of another
+ * world or of another job makes the whole set unusable (read fails), and
+ * the op that asked fails on every node (obd_snapset_verdict).
+ *
+ * Pure file I/O and arithmetic, no libuv: the daemon runs every call
+ * that touches the disk on its worker pool, never on the loop thread.
+ * state_dir must belong to the daemon's user and be writable by nobody
+ * else (obd_snapset_check_dir). */
+#ifndef OBD_SNAPSET_H
+#define OBD_SNAPSET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "efstate.h"
+
+/* Sets of a job a node keeps on disk: the newest ones by commit. */
+#define OBD_SNAP_KEEP 4
+
+/* Results of obd_snapset_read besides 0. */
+enum {
+    OBD_SNAP_MISSING = 1, /* this node holds no set of that id */
+    OBD_SNAP_DAMAGED = 2, /* a file damaged, truncated, or of another world
+                             or job */
+    OBD_SNAP_IOERR = 3,   /* the set could not be read (why says what) */
+};
+
+/* Writes states efs[0..n) (all of one job, none torn, none changed by
+ * anyone meanwhile) as set `id` of `job`: the temporary directory, every
+ * file fsync'd, rename, the state_dir fsync'd. Returns 0 or a negative
+ * errno with why. */
+int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
+                      struct obd_ef *const *efs, int n,
+                      const struct obd_ef_world *w, char *why, size_t whylen);
+
+/* Reads every state of set `id` of `job`; each length is bounded by
+ * max_bytes before allocation. 0: *out is a list (linked by next) of new
+ * states (caller frees each with obd_ef_free), possibly empty; otherwise
+ * one of the results above with why, and *out untouched. */
+int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
+                     const struct obd_ef_world *w, uint64_t max_bytes,
+                     struct obd_ef **out, char *why, size_t whylen);
+
+/* Deletes set `id` of `job` (and its temporary directory), if any. */
+void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id);
+
+/* Set `id` of `job` was committed on every node: marks it the newest
+ * (its directory's time) and deletes all but the newest `keep` sets of
+ * the job. */
+void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
+                        int keep);
+
+/* At start: state_dir is created 0700 when missing; refused (-1, why)
+ * unless it is a directory of uid `uid` that nobody else may write;
+ * unfinished sets (.tmp) are removed. */
+int obd_snapset_check_dir(const char *state_dir, unsigned uid, char *why,
+                          size_t whylen);
+
+/* One node's report of the local phase of a set op (a write or a read):
+ * status 0, or an OBCOMM_E_* code with message. */
+struct obd_snapreport {
+    int status;
+    const char *message;
+};
+
+/* The verdict of a set op from every node's report, the same on every
+ * node since all of them see the same reports: 0 when every node
+ * succeeded; else the first failing node's status, and msg names every
+ * node that failed and why ("node 1: missing (...); node 2: ..."). */
+int obd_snapset_verdict(const struct obd_snapreport *r, int nodes, char *msg,
+                        size_t len);
+
+/* The id of a snapshot taken by op `seq` of the run `run`: both agreed on
+ * by every node, so every node computes the same id; never 0. */
+uint64_t obd_snapset_id(uint64_t run, uint64_t seq);
+
+#endif
