@@ -273,6 +273,132 @@ def world_size_mismatch(args):
     return None
 
 
+# -- the 1-bit state's lifecycle (test_onebit_state.py) -----------------------
+
+
+def _error(e):
+    return {"code": e.code, "message": e.message}
+
+
+def ckpt_train(args):
+    """OneBitAdam on Net as in `train` (same seeds, data, lr schedule),
+    with checkpoints at chosen steps. args: freeze; until (train up to
+    this global step, exclusive); save {step: path} (after `step` steps:
+    state_dict() and a checkpoint file per rank, path.RANK); load (a path
+    written by save: resume from it); stop_after_load (return right after
+    the load, whatever it did); timeout_ms.
+
+    Returns rank, first (the step the run started at), digests (after
+    each step from first on), saved {step: {"keys", "obcomm"}} (the top
+    keys of each state dict and its "obcomm" entry, None when absent),
+    load_error and save_error ({"code", "message"} of an ObcommError, or
+    None). A failed state_dict() ends the run there."""
+    torch.manual_seed(args.get("seed", 0) + int(os.environ["RANK"]))
+    model = Net()  # different on every rank: the optimizer broadcasts
+    comm = obcomm.Communicator(timeout_ms=args.get("timeout_ms", 20000))
+    opt = obcomm.torch.OneBitAdam(model.parameters(), lr=1e-3,
+                                  freeze_step=args["freeze"], comm=comm)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    out = {"rank": comm.rank, "first": 0, "digests": [], "saved": {},
+           "load_error": None, "save_error": None}
+    first = 0
+    try:
+        if args.get("load"):
+            ck = torch.load(args["load"] + f".{comm.rank}")
+            model.load_state_dict(ck["model"])
+            try:
+                opt.load_state_dict(ck["opt"])
+            except obcomm.ObcommError as e:
+                out["load_error"] = _error(e)
+                return out
+            sched.load_state_dict(ck["sched"])
+            first = ck["step"]
+            if args.get("stop_after_load"):
+                return out
+        out["first"] = first
+        saves = args.get("save", {})
+        for step in range(first, args["until"]):
+            opt.zero_grad()
+            grads_of(model, comm.rank, step).backward()
+            opt.step()
+            sched.step()
+            out["digests"].append(digest(model))
+            if step + 1 in saves:
+                try:
+                    sd = opt.state_dict()
+                except obcomm.ObcommError as e:
+                    out["save_error"] = _error(e)
+                    return out
+                info = sd.get("obcomm")
+                out["saved"][step + 1] = {
+                    "keys": sorted(sd.keys()),
+                    "obcomm": dict(info) if isinstance(info, dict) else info}
+                torch.save({"model": model.state_dict(), "opt": sd,
+                            "sched": sched.state_dict(), "step": step + 1},
+                           saves[step + 1] + f".{comm.rank}")
+        return out
+    finally:
+        opt.close()
+        comm.close()
+
+
+def failed_op(args):
+    """Ops 0 .. bad-1 are good allreduces (checked); op `bad` is an
+    allreduce whose count differs on the last rank; then an allreduce, a
+    1-bit allreduce (key 7) and a barrier. Returns the ObcommError
+    ({"code", "message"}) or None of the bad op ("first") and of each
+    later op ("later": [(name, error or None)])."""
+    out = {}
+    with obcomm.Communicator(timeout_ms=args["timeout_ms"]) as comm:
+        out["rank"] = comm.rank
+        for _ in range(args["bad"]):
+            t = torch.full((16,), float(comm.rank + 1))
+            comm.allreduce(t)
+            assert torch.equal(t, torch.full((16,), float(
+                comm.size * (comm.size + 1) // 2))), t
+        n = 17 if comm.rank == comm.size - 1 else 16
+        try:
+            comm.allreduce(torch.ones(n))
+            out["first"] = None
+        except obcomm.ObcommError as e:
+            out["first"] = _error(e)
+        node = comm.rank // comm.local_size
+        later = [
+            ("allreduce", lambda: comm.allreduce(torch.ones(16))),
+            ("allreduce_1bit", lambda: comm.allreduce_1bit(
+                7, onebit_input(node, comm.local_rank, comm.local_size))),
+            ("barrier", comm.barrier),
+        ]
+        out["later"] = []
+        for name, op in later:
+            try:
+                op()
+                out["later"].append((name, None))
+            except obcomm.ObcommError as e:
+                out["later"].append((name, _error(e)))
+    return out
+
+
+def healthy_ops(args):
+    """A fresh run's ops: an allreduce (returned) and two 1-bit allreduces
+    on key 7 with onebit_input (returned: they show whether the error
+    feedback started at zero), then a barrier."""
+    out = {}
+    with obcomm.Communicator(timeout_ms=args["timeout_ms"]) as comm:
+        out["rank"] = comm.rank
+        t = torch.full((16,), float(comm.rank + 1))
+        comm.allreduce(t)
+        out["allreduce"] = t.clone()
+        node = comm.rank // comm.local_size
+        out["1bit"] = []
+        for _ in range(2):
+            x = onebit_input(node, comm.local_rank, comm.local_size)
+            comm.allreduce_1bit(7, x)
+            out["1bit"].append(x.clone())
+        comm.barrier()
+    return out
+
+
 def main():
     func, argf, outf = sys.argv[1:4]
     with open(argf, "rb") as f:
