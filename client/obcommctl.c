@@ -302,6 +302,58 @@ static uint64_t age_of(const Obcomm__StatusReply *r, uint64_t unix_ms)
 
 /* ---- status ---- */
 
+/* A job's run, why it stopped, and its 1-bit keys with their versions,
+ * added to e. */
+static void add_run_json(json_object *e, const Obcomm__JobStatus *j)
+{
+    char hex[24];
+    snprintf(hex, sizeof(hex), "%016" PRIx64, j->run);
+    jadd(e, "run", jstr(hex));
+    jadd(e, "stopped", j->stopped[0] ? jstr(j->stopped) : NULL);
+    json_object *keys = json_object_new_array();
+    for (size_t k = 0; k < j->n_keys; k++) {
+        const Obcomm__KeyStatus *ks = j->keys[k];
+        json_object *x = json_object_new_object();
+        jadd(x, "key", json_object_new_uint64(ks->key));
+        jadd(x, "count", json_object_new_uint64(ks->count));
+        uint64_t origin = ks->version ? ks->version->origin : 0;
+        snprintf(hex, sizeof(hex), "%016" PRIx64, origin);
+        jadd(x, "origin", jstr(hex));
+        jadd(x, "applied",
+             json_object_new_uint64(ks->version ? ks->version->applied : 0));
+        jadd(x, "last_seq",
+             json_object_new_uint64(ks->version ? ks->version->last_seq : 0));
+        json_object_array_add(keys, x);
+    }
+    jadd(e, "keys", keys);
+}
+
+static void print_runs(const Obcomm__StatusReply *r)
+{
+    char buf[1024];
+    for (size_t i = 0; i < r->n_jobs; i++) {
+        const Obcomm__JobStatus *j = r->jobs[i];
+        printf("job      %s: run %016" PRIx64 ", %" PRIu32 "/%" PRIu32
+               " joined, next op %" PRIu64 "\n",
+               clean(j->name, buf, sizeof(buf)), j->run, j->joined,
+               j->local_size, j->next_seq);
+        if (j->stopped[0])
+            printf("         stopped: %s\n", clean(j->stopped, buf, sizeof(buf)));
+        for (size_t k = 0; k < j->n_keys; k++) {
+            const Obcomm__KeyStatus *ks = j->keys[k];
+            const Obcomm__EfVersion *v = ks->version;
+            char from[40] = "zero";
+            if (v && v->origin)
+                snprintf(from, sizeof(from), "snapshot %016" PRIx64,
+                         v->origin);
+            printf("         key %" PRIu64 ": %" PRIu64 " elements, %s + %" PRIu64
+                   " steps (last op %" PRIu64 ")\n",
+                   ks->key, ks->count, from, v ? v->applied : 0,
+                   v ? v->last_seq : 0);
+        }
+    }
+}
+
 static int print_status(const Obcomm__StatusReply *r, enum format f)
 {
     size_t in_flight = 0;
@@ -357,6 +409,18 @@ static int print_status(const Obcomm__StatusReply *r, enum format f)
         jadd(ob, "wire_bytes", jnum(wire));
         jadd(ob, "compression_ratio", ratio > 0 ? jnum(ratio) : NULL);
         jadd(o, "onebit", ob);
+        json_object *jobs = json_object_new_array();
+        for (size_t i = 0; i < r->n_jobs; i++) {
+            const Obcomm__JobStatus *j = r->jobs[i];
+            json_object *e = json_object_new_object();
+            jadd(e, "name", jstr(j->name));
+            jadd(e, "local_size", json_object_new_int64(j->local_size));
+            jadd(e, "joined", json_object_new_int64(j->joined));
+            jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
+            add_run_json(e, j);
+            json_object_array_add(jobs, e);
+        }
+        jadd(o, "jobs", jobs);
         return jprint(o);
     }
 
@@ -383,6 +447,7 @@ static int print_status(const Obcomm__StatusReply *r, enum format f)
     if (ratio > 0)
         printf("1-bit    %.0f fp32 bytes in %.0f wire bytes (%.1fx)\n", logical,
                wire, ratio);
+    print_runs(r);
     return 0;
 }
 
@@ -477,6 +542,7 @@ static int print_ops(const Obcomm__StatusReply *r, enum format f)
             jadd(e, "local_size", json_object_new_int64(j->local_size));
             jadd(e, "joined", json_object_new_int64(j->joined));
             jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
+            add_run_json(e, j);
             json_object *ops = json_object_new_array();
             for (size_t k = 0; k < j->n_ops; k++) {
                 const Obcomm__OpStatus *p = j->ops[k];

@@ -191,8 +191,12 @@ static void local_done(uv_work_t *req, int status)
         e->rc = OBCOMM_E_IO;
         snprintf(e->why, sizeof(e->why), "the pool task was cancelled");
     }
-    release_saved(e); /* the states may change again */
     e->saved = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && e->rc == 0;
+    if (e->saved)
+        obd_metric_add(&e->d->metrics, OBD_M_EF_SAVED, (uint64_t)e->nefs);
+    if (e->rc == OBCOMM_E_CORRUPT || e->rc == OBCOMM_E_IO)
+        obd_metric_add(&e->d->metrics, OBD_M_EF_REJECTED, 1);
+    release_saved(e); /* the states may change again */
     if (op->state == OBD_OP_RUN) {
         char msg[600];
         snprintf(msg, sizeof(msg), "%s", e->why);

@@ -14,7 +14,7 @@
 
 static void job_start_next(struct obd_job *job);
 static void job_stop(struct obd_job *job, uint64_t from, int status,
-                     const char *what);
+                     const char *what, int failure);
 static void job_run(struct obd_ready *r);
 static void op_run(struct obd_ready *r);
 static void op_check_ready(struct obd_op *op);
@@ -529,7 +529,7 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
         announce_to_all(op, &a);
     }
     op_done(op);
-    job_stop(op->job, op->seq + 1, status, what);
+    job_stop(op->job, op->seq + 1, status, what, 1);
 }
 
 /* Lists the global ranks of the job that have not submitted or announced:
@@ -1083,13 +1083,14 @@ static void fail_open(struct obd_job *job, uint64_t from, int status,
 
 /* The run stops from op `from` on: ops known from there fail now, later
  * ones as they appear (op_get). The earliest stop wins; failing those
- * ops stops the run again from later on, which changes nothing. */
+ * ops stops the run again from later on, which changes nothing. A
+ * failure (not a trainer leaving) is counted and logged. */
 static void job_stop(struct obd_job *job, uint64_t from, int status,
-                     const char *what)
+                     const char *what, int failure)
 {
     if (job->stopped[0] != '\0' && job->stopped_seq <= from)
         return;
-    if (job->stopped[0] == '\0') {
+    if (job->stopped[0] == '\0' && failure) {
         obd_metric_add(&job->d->metrics, OBD_M_RUNS_STOPPED, 1);
         obd_log_warn(&job->d->log, "job %s: from op %llu on: %s", job->name,
                      (unsigned long long)from, what);
@@ -1112,7 +1113,7 @@ static void on_job_left(struct obd_daemon *d, int from,
                  m->message);
     /* Failures are announced, so that a node that learnt of the op only
      * from us (no trainer of the job there any more) drops it too. */
-    job_stop(job, m->from_seq, OBCOMM_E_PEER_LOST, m->message);
+    job_stop(job, m->from_seq, OBCOMM_E_PEER_LOST, m->message, 0);
 }
 
 void obd_job_on_peer_msg(struct obd_daemon *d, int from,
@@ -1179,7 +1180,7 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
                         (unsigned long long)op->seq, job->name, rank,
                         (int)d->cfg.rank, local_rank, reason);
     if (job->joined > 0)
-        job_stop(job, from, OBCOMM_E_PEER_LOST, gone);
+        job_stop(job, from, OBCOMM_E_PEER_LOST, gone, 0);
     if (d->cfg.nodes > 1 && !d->closing)
         tell_left(job, from, gone);
     /* Failed ops that waited only for this trainer may retire now. */

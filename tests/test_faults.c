@@ -1,7 +1,8 @@
 /* Failure paths through real daemons: mismatched ops, deadlines, trainers
  * that vanish, garbage on the TCP port and the Unix socket. Every failure
  * must reach every rank with the documented code and a message naming who
- * differs or who is missing, and the daemons must serve the next op. */
+ * differs or who is missing; the failure stops the run (the next op fails
+ * at once naming it) and the daemons serve the job's next run. */
 #include <check.h>
 
 #include "ck_run.h"
@@ -35,6 +36,19 @@ static int check_next_op(obcomm_t *c, float *x)
     return 0;
 }
 
+/* After op `seq` failed with `code`: the run is stopped, so the next op
+ * fails at once with the same code, naming op `seq`. */
+static int check_stopped(obcomm_t *c, float *x, int code, int seq)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "cannot continue after op %d failed", seq);
+    int rc = obcomm_allreduce(c, x, 5, OBCOMM_FLOAT32, OBCOMM_SUM);
+    if (rc != code || !strstr(obcomm_last_error(c), want))
+        return hx_fail(c, "next op: got %d (%s), want %d naming '%s'", rc,
+                       obcomm_last_error(c), code, want);
+    return 0;
+}
+
 static int expect(obcomm_t *c, int rc, int want, const char *const *needles)
 {
     if (rc != want)
@@ -61,8 +75,10 @@ static int trainer_count_mismatch(obcomm_t *c, void *arg)
                              NULL};
     if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
         return 1;
-    return check_next_op(c, x);
+    return check_stopped(c, x, OBCOMM_E_MISMATCH, 0);
 }
+
+static int trainer_plain(obcomm_t *c, void *arg);
 
 START_TEST(count_mismatch_fails_everywhere)
 {
@@ -72,6 +88,9 @@ START_TEST(count_mismatch_fails_everywhere)
     ck_assert_int_eq(hx_start(&cl, shape[_i][0], NULL), 0);
     int failed = hx_run(&cl, shape[_i][1], "mismatch", 20000, 60,
                         trainer_count_mismatch, NULL);
+    /* The job's next run works. */
+    failed += hx_run(&cl, shape[_i][1], "mismatch", 20000, 60, trainer_plain,
+                     NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }
@@ -90,7 +109,7 @@ static int trainer_dtype_mismatch(obcomm_t *c, void *arg)
     const char *needles[] = {"dtype differs", "ranks 4-5 (node 2) has 4", NULL};
     if (expect(c, rc, OBCOMM_E_MISMATCH, needles))
         return 1;
-    return check_next_op(c, x);
+    return check_stopped(c, x, OBCOMM_E_MISMATCH, 0);
 }
 
 START_TEST(dtype_mismatch_names_the_node)
@@ -99,6 +118,7 @@ START_TEST(dtype_mismatch_names_the_node)
     ck_assert_int_eq(hx_start(&cl, 3, NULL), 0);
     int failed =
         hx_run(&cl, 2, "dtype", 20000, 60, trainer_dtype_mismatch, NULL);
+    failed += hx_run(&cl, 2, "dtype", 20000, 60, trainer_plain, NULL);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }

@@ -226,6 +226,11 @@ static int all_answered(void)
     return 1;
 }
 
+static int all_answered_0(void)
+{
+    return trainers[0][0].answers > 0;
+}
+
 static void reset_answers(void)
 {
     memset(trainers, 0, sizeof(trainers));
@@ -346,6 +351,95 @@ START_TEST(mismatch_names_both)
         ck_assert_ptr_nonnull(strstr(trainers[n][0].message,
                                      "count differs: rank 0 (node 0) "
                                      "has 10, rank 1 (node 1) has 11"));
+    }
+    stop();
+}
+END_TEST
+
+static float rnd(void);
+
+/* A failed op stops the run on every node: the next op fails at once with
+ * the first failure's code, naming it, until a new run. */
+START_TEST(failed_op_stops_the_run)
+{
+    start(2, 1);
+    float x[16] = {0};
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = 10};
+    struct obd_opdesc b = a;
+    b.count = 11;
+    submit(0, 0, 0, &a, x);
+    submit(1, 0, 0, &b, x);
+    pump_until(all_answered);
+    reset_answers();
+    struct obd_opdesc bar = {.kind = OBCOMM_KIND_BARRIER};
+    submit(0, 0, 1, &a, x);
+    submit(1, 0, 1, &a, x);
+    pump_until(all_answered);
+    for (int n = 0; n < 2; n++) {
+        ck_assert_int_eq(trainers[n][0].status, OBCOMM_E_MISMATCH);
+        ck_assert_msg(strstr(trainers[n][0].message,
+                             "op 1 of job j: this run cannot continue after "
+                             "op 0 failed (op 0 of job j: ranks issued "
+                             "different ops: count differs") != NULL,
+                      "node %d: %s", n, trainers[n][0].message);
+        ck_assert_int_eq(nodes[n].metrics.v[OBD_M_RUNS_STOPPED], 1);
+    }
+    /* Only one node's trainer goes on: it fails at once all the same. */
+    reset_answers();
+    submit(0, 0, 2, &bar, NULL);
+    pump_until(all_answered_0);
+    ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_MISMATCH);
+    stop();
+}
+END_TEST
+
+/* Nodes that hold different versions of a key's error feedback fail the
+ * 1-bit op on every rank before any pass, naming both versions, and both
+ * reset the run's state (the same on both). */
+START_TEST(versions_differ_fail_everywhere)
+{
+    start(2, 1);
+    enum { COUNT = 1000 };
+    static float buf[2][COUNT];
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_AVG,
+                           .count = COUNT,
+                           .key = 7};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < COUNT; i++)
+            buf[k][i] = rnd();
+    for (int k = 0; k < 2; k++)
+        submit(k, 0, 0, &a, buf[k]);
+    pump_until(all_answered);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(trainers[k][0].status, 0);
+        struct obd_efversion v =
+            obd_efstore_version(&nodes[k], "j", jobs[k]->run, 7);
+        ck_assert_uint_eq(v.origin, 0);
+        ck_assert_uint_eq(v.applied, 1);
+        ck_assert_uint_eq(v.last_seq, 0);
+    }
+    ck_assert_uint_eq(jobs[0]->run, jobs[1]->run);
+    /* Node 1 counts one more step than node 0. */
+    obd_efstore_find(&nodes[1], "j", jobs[1]->run, 7)->version.applied++;
+    reset_answers();
+    for (int k = 0; k < 2; k++)
+        submit(k, 0, 1, &a, buf[k]);
+    pump_until(all_answered);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(trainers[k][0].status, OBCOMM_E_STATE);
+        ck_assert_msg(strstr(trainers[k][0].message,
+                             "different versions of the error feedback of "
+                             "key 7: node 0 has zero + 1 steps (last op 0), "
+                             "node 1 has zero + 2 steps (last op 0)") != NULL,
+                      "node %d: %s", k, trainers[k][0].message);
+        ck_assert_int_eq(nodes[k].metrics.v[OBD_M_EF_DISAGREED], 1);
+        ck_assert_int_eq(nodes[k].metrics.v[OBD_M_EF_RESETS], 1);
+        ck_assert_ptr_null(obd_efstore_find(&nodes[k], "j", jobs[k]->run, 7));
     }
     stop();
 }
@@ -859,6 +953,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, answers_are_deferred);
     tcase_add_test(tc, mismatch_names_both);
+    tcase_add_test(tc, failed_op_stops_the_run);
+    tcase_add_test(tc, versions_differ_fail_everywhere);
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
     tcase_add_test(tc, leave_fails_remote_ops);
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
