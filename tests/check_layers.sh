@@ -26,9 +26,11 @@ forbid link.h job.h ctl.h coll.h
 forbid auth.c uv.h job.h peers.h
 forbid coll_ring.c ctl.h peers.h
 forbid coll_onebit.c ctl.h peers.h
-forbid efstore.c job.h ctl.h peers.h coll.h
+forbid efstore.c job.h ctl.h peers.h coll.h snapset.h
+forbid coll_efstate.c ctl.h peers.h
+forbid snapset.c uv.h job.h efstore.h daemon.h
 forbid onebit_task.c uv.h job.h
-for pure in onebit_task codec reduce frame ring runq; do
+for pure in onebit_task codec reduce frame ring runq snapset; do
     [ -f "$dir/$pure.h" ] || continue
     case $pure in runq) continue ;; esac
     if grep -q '^#include <uv.h>' "$dir/$pure.h"; then

@@ -13,6 +13,7 @@
 #include <obcomm.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -57,6 +58,9 @@ static int in_call; /* > 0 while the test is inside a call into job.c */
 static int answer_after_tasks;
 /* segment_bytes for the next start(); NULL: the default. */
 static const char *segment_bytes;
+/* A directory whose node<i> subdirectories become the state_dirs of the
+ * next start(); NULL: none. */
+static const char *state_base;
 /* Data frames each node has sent since start(). */
 static int data_sent[MAXN];
 /* Data frames to this node wait on their link (-1: none). */
@@ -254,6 +258,12 @@ static void start(int n, int ls)
         ck_assert_int_eq(obd_config_set(&cfg, "rank", rank, err, 256), 0);
         ck_assert_int_eq(obd_config_set(&cfg, "log_level", "error", err, 256),
                          0);
+        if (state_base != NULL) {
+            char sd[128];
+            snprintf(sd, sizeof(sd), "%s/node%d", state_base, i);
+            ck_assert_int_eq(
+                obd_config_set(&cfg, "state_dir", sd, err, 256), 0);
+        }
         if (segment_bytes != NULL)
             ck_assert_int_eq(
                 obd_config_set(&cfg, "segment_bytes", segment_bytes, err, 256),
@@ -816,6 +826,104 @@ static void pump_some(int turns)
     }
 }
 
+static int k_answered(void)
+{
+    return trainers[0][1].answers > 0 && trainers[1][1].answers > 0;
+}
+
+static int j_answered(void)
+{
+    return trainers[0][0].answers > 0 && trainers[1][0].answers > 0;
+}
+
+/* A snapshot's file work runs on the pool, never on the loop: while the
+ * pool is held, the snapshot waits and another job's ops complete; once
+ * the pool runs, the snapshot completes with the set on both nodes. */
+START_TEST(snapshot_write_on_the_pool_does_not_stall_other_jobs)
+{
+    char base[] = "/tmp/obcomm-job-snap-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    for (int n = 0; n < 2; n++) {
+        char sd[64];
+        snprintf(sd, sizeof(sd), "%s/node%d", base, n);
+        ck_assert_int_eq(mkdir(sd, 0700), 0);
+    }
+    state_base = base;
+    start(2, 1);
+    state_base = NULL;
+    enum { COUNT = 5000 };
+    static float one[2][COUNT];
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_AVG,
+                           .count = COUNT,
+                           .key = 3};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < COUNT; i++)
+            one[k][i] = rnd();
+        submit(k, 0, 0, &a, one[k]);
+    }
+    pump_until(all_answered);
+    ck_assert_int_eq(trainers[0][0].status, 0);
+
+    /* Job k, one trainer per node (the fake trainers [n][1]). */
+    struct obd_job *kj[2];
+    for (int n = 0; n < 2; n++) {
+        char why[256];
+        ck_assert_int_eq(obd_job_join(&nodes[n],
+                                      (struct obd_client *)&trainers[n][1],
+                                      200, 0, "k", 0, 1, 20000, &kj[n], why,
+                                      sizeof(why)),
+                         0);
+    }
+    reset_answers();
+    gate_close(&nodes[0].loop);
+    struct obd_opdesc snap = {.kind = OBCOMM_KIND_SNAPSHOT_1BIT};
+    for (int n = 0; n < 2; n++)
+        submit(n, 0, 1, &snap, NULL);
+    pump_some(200);
+    ck_assert_int_eq(trainers[0][0].answers + trainers[1][0].answers, 0);
+
+    static float x[2][16];
+    struct obd_opdesc sum = {.kind = OBCOMM_KIND_ALLREDUCE,
+                             .dtype = OBCOMM_FLOAT32,
+                             .redop = OBCOMM_SUM,
+                             .count = 16};
+    for (int n = 0; n < 2; n++) {
+        char why[256];
+        for (int i = 0; i < 16; i++)
+            x[n][i] = (float)(n + 1);
+        in_call++;
+        ck_assert_int_eq(obd_job_submit(kj[n], 0, 0, &sum, NULL, x[n], 0, why,
+                                        sizeof(why)),
+                         0);
+        in_call--;
+    }
+    pump_until(k_answered);
+    for (int n = 0; n < 2; n++) {
+        ck_assert_int_eq(trainers[n][1].status, 0);
+        for (int i = 0; i < 16; i++)
+            ck_assert(x[n][i] == 3.0f);
+    }
+    /* The other job went through; the snapshot still waits for the pool. */
+    ck_assert_int_eq(trainers[0][0].answers + trainers[1][0].answers, 0);
+    gate_release(&nodes[0].loop);
+    pump_until(j_answered);
+    char cmd[256];
+    for (int n = 0; n < 2; n++) {
+        ck_assert_int_eq(trainers[n][0].status, 0);
+        ck_assert_int_eq(nodes[n].metrics.v[OBD_M_EF_SAVED], 1);
+        snprintf(cmd, sizeof(cmd), "test -d %s/node%d/set-6a-*", base, n);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    for (int n = 0; n < 2; n++)
+        obd_job_leave(kj[n], 0, "test over");
+    stop();
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A node loses its peer while a reduce-scatter segment's reduction is on
  * the pool (_i 0), and a trainer leaves while the local load is (_i 1):
  * the op fails on every node, every answer comes only once its node has
@@ -955,6 +1063,7 @@ int main(void)
     tcase_add_test(tc, mismatch_names_both);
     tcase_add_test(tc, failed_op_stops_the_run);
     tcase_add_test(tc, versions_differ_fail_everywhere);
+    tcase_add_test(tc, snapshot_write_on_the_pool_does_not_stall_other_jobs);
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
     tcase_add_test(tc, leave_fails_remote_ops);
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
