@@ -8,6 +8,7 @@ packages=(
     libuv1-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev check
     libsodium-dev
     zlib1g-dev clang-format iproute2 procps
+    iptables  # iptables-legacy: fault injection of tests/chaos/
     libjson-c-dev python3
     prometheus man-db groff-base  # promtool and man -l for the tests
     # The Python package and its tests (Debian's /usr/bin/python3 with
