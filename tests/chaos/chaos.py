@@ -20,7 +20,7 @@ the node, the loss rate and the durations):
   snapshot     a run snapshots (obcomm_adam_save -> obcomm_snapshot_1bit),
                a second run resumes it explicitly (obcomm_adam_load) and
                must continue bit for bit (positive control), snapshots
-               again; a byte of one ef-*.lz4 file in node 1's newest set is
+               again; a byte of one ef-*.lz4 file in each of node 1's sets is
                flipped; a third run's explicit resume must fail on every
                rank
   snapshot-restart  the same, but every daemon is stopped (SIGTERM) before
@@ -513,15 +513,17 @@ class Driver:
 
     # -- the snapshot scenarios ---------------------------------------------------------
 
-    def newest_set(self, node, job):
+    def sets_of(self, node, job):
+        """Every snapshot set directory of job on node (ids are hashes,
+        not ordered: the checkpoint names the one it restores)."""
         hexjob = job.encode().hex()
         sets = []
         for d in glob.glob(os.path.join(self.cl.state_dir(node),
                                         f"set-{hexjob}-*")):
             tail = os.path.basename(d)[len(f"set-{hexjob}-"):]
             if os.path.isdir(d) and all(c in "0123456789abcdef" for c in tail):
-                sets.append((int(tail, 16), d))
-        return max(sets)[1] if sets else None
+                sets.append(d)
+        return sorted(sets)
 
     def snap_run(self, rdir, job, extra, seconds):
         procs = self.launch(rdir, job, extra)
@@ -565,15 +567,14 @@ class Driver:
             bad = {i: rc for i, rc in stops.items() if rc != 0}
             res["notes"].append(f"daemons stopped (SIGTERM) before the damage:"
                                 f" exit {stops}")
-        # Damage node's newest set.
-        target = self.newest_set(node, job)
+        # Damage every set of the job on node (the one the checkpoint names
+        # among them): one byte in the middle of its largest file.
         damaged = None
-        if target:
+        for target in self.sets_of(node, job):
             files = sorted(glob.glob(os.path.join(target, "ef-*.lz4")),
                            key=os.path.getsize, reverse=True)
             if files:
-                damaged = files[0]
-                with open(damaged, "r+b") as f:
+                with open(files[0], "r+b") as f:
                     size = os.fstat(f.fileno()).st_size
                     off = size // 2
                     f.seek(off)
@@ -582,8 +583,12 @@ class Driver:
                     f.write(bytes([byte[0] ^ 0x5a]))
                     f.flush()
                     os.fsync(f.fileno())
-                res["damaged"] = (f"{os.path.relpath(damaged, self.work)} "
-                                  f"byte {off} of {size}")
+                damaged = files[0]
+                res.setdefault("damaged_files", []).append(
+                    f"{os.path.relpath(files[0], self.work)} byte {off} of "
+                    f"{size}")
+        if damaged is not None:
+            res["damaged"] = "; ".join(res["damaged_files"])
         if damaged is None:
             res["checks"]["damaged restore fails"] = {
                 "ok": False, "problems": [
