@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
 #define ADAM_VERSION 2
@@ -236,6 +239,11 @@ struct adam_hdr {
     uint64_t key;
     obcomm_adam_config_t cfg;
     uint64_t snapshot; /* the daemons' error feedback (obcomm_save_1bit) */
+    /* Without a state_dir: the bytes of node part_node's part of the
+     * snapshot, which follow v (obcomm_export_1bit); 0: none. */
+    uint64_t part_bytes;
+    uint32_t part_node;
+    uint32_t reserved2;
 };
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -280,6 +288,15 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     int rc = obcomm_save_1bit(a->c, &h.snapshot);
     if (rc)
         return rc;
+    /* A daemon without a state_dir keeps the set in memory only: the file
+     * carries this node's part, so that a load after a restart works. */
+    void *part = NULL;
+    size_t part_bytes = 0;
+    if (!obcomm_1bit_durable(a->c) &&
+        (rc = obcomm_export_1bit(a->c, h.snapshot, &part, &part_bytes)) != 0)
+        return rc;
+    h.part_bytes = part_bytes;
+    h.part_node = (uint32_t)a->c->node_rank;
     memcpy(h.magic, ADAM_MAGIC, 8);
     h.version = ADAM_VERSION;
     h.count = a->count;
@@ -287,17 +304,23 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
     h.key = a->key;
     h.cfg = a->cfg;
 
-    /* Every rank may save to the same path (the content is identical):
-     * each writes its own temporary file and renames it into place. */
+    /* Ranks may save to the same path (each writes its own temporary
+     * file and renames it into place); with a part, the file holds the
+     * saving rank's node's part. */
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (fd < 0) {
+        free(part);
         return OBCOMM_E_IO;
+    }
     rc = write_all(fd, &h, sizeof(h));
     if (rc == 0)
         rc = write_all(fd, a->m, a->count * sizeof(float));
     if (rc == 0)
         rc = write_all(fd, a->v, a->count * sizeof(float));
+    if (rc == 0 && part_bytes > 0)
+        rc = write_all(fd, part, part_bytes);
+    free(part);
     if (rc == 0 && fsync(fd) != 0)
         rc = OBCOMM_E_IO;
     close(fd);
@@ -329,14 +352,26 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
         rc = read_all(fd, m, a->count * sizeof(float));
     if (rc == 0)
         rc = read_all(fd, v, a->count * sizeof(float));
-    char extra;
-    if (rc == 0 && read(fd, &extra, 1) != 0)
+    /* The part, bounded by the file's length before allocation. */
+    struct stat st;
+    void *part = NULL;
+    uint64_t want = sizeof(h) + 2 * (uint64_t)a->count * sizeof(float);
+    if (rc == 0 && (fstat(fd, &st) != 0 || st.st_size < 0 ||
+                    (uint64_t)st.st_size != want + h.part_bytes))
         rc = OBCOMM_E_CORRUPT;
+    if (rc == 0 && h.part_bytes > 0 && (part = malloc(h.part_bytes)) == NULL)
+        rc = OBCOMM_E_NOMEM;
+    if (rc == 0 && part != NULL)
+        rc = read_all(fd, part, h.part_bytes);
     close(fd);
-    /* Every daemon back to the checkpoint's error feedback, or an error on
-     * every rank: then the optimizer stays as it was. */
+    /* Every daemon back to the checkpoint's error feedback (this node from
+     * the file's part when it is this node's), or an error on every rank:
+     * then the optimizer stays as it was. */
+    int mine = part != NULL && h.part_node == (uint32_t)a->c->node_rank;
     if (rc == 0)
-        rc = obcomm_restore_1bit(a->c, h.snapshot);
+        rc = obcomm_restore_1bit_part(a->c, h.snapshot, mine ? part : NULL,
+                                      mine ? h.part_bytes : 0);
+    free(part);
     if (rc == 0) {
         memcpy(a->m, m, a->count * sizeof(float));
         memcpy(a->v, v, a->count * sizeof(float));

@@ -36,6 +36,10 @@ struct obcomm {
     int node_rank, nodes;
     int local_rank, local_size;
     int timeout_ms; /* effective per-op deadline, from the join reply */
+    int durable;    /* the daemon keeps 1-bit snapshot sets in a state_dir */
+    /* The last obcomm_save_1bit: its id and this node's part's bytes. */
+    uint64_t part_id;
+    uint64_t part_bytes;
     uint64_t next_seq;
     uint64_t next_buffer_id;
     struct obc_buffer *bufs;

@@ -2,6 +2,8 @@
  * offset, answered by one Complete carrying the same sequence number. The
  * daemon does the work on the shared pages. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "client.h"
 #include "ops.h"
@@ -42,7 +44,8 @@ static int place(obcomm_t *c, Obcomm__Submit *s, const void *data, size_t bytes)
  * the Complete's value on success. Sequence numbers count every op sent,
  * so they stay equal across the ranks of a job; an op refused locally
  * before sending does not take one. */
-static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value)
+static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value,
+                        uint64_t *bytes)
 {
     s->seq = c->next_seq++;
     Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
@@ -69,8 +72,11 @@ static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value)
         rc = obc_fail(c, done->status, "%s",
                       done->message[0] ? done->message
                                        : obcomm_strerror(done->status));
-    } else if (value != NULL) {
-        *value = done->value;
+    } else {
+        if (value != NULL)
+            *value = done->value;
+        if (bytes != NULL)
+            *bytes = done->bytes;
     }
     obcomm__daemon_msg__free_unpacked(reply, NULL);
     return rc;
@@ -78,7 +84,7 @@ static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value)
 
 static int submit(obcomm_t *c, Obcomm__Submit *s)
 {
-    return submit_value(c, s, NULL);
+    return submit_value(c, s, NULL, NULL);
 }
 
 int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
@@ -147,7 +153,7 @@ static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
     s.kind = kind;
     s.key = key;
-    return submit_value(c, &s, value);
+    return submit_value(c, &s, value, NULL);
 }
 
 int obcomm_barrier(obcomm_t *c)
@@ -187,11 +193,67 @@ int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
 
 int obcomm_save_1bit(obcomm_t *c, uint64_t *snapshot)
 {
-    uint64_t id = 0;
-    int rc = submit_no_data(c, OBCOMM_KIND_SNAPSHOT_1BIT, 0, &id);
-    if (rc == 0 && snapshot != NULL)
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_SNAPSHOT_1BIT;
+    uint64_t id = 0, bytes = 0;
+    rc = submit_value(c, &s, &id, &bytes);
+    if (rc)
+        return rc;
+    c->part_id = id;
+    c->part_bytes = bytes;
+    if (snapshot != NULL)
         *snapshot = id;
-    return rc;
+    return 0;
+}
+
+int obcomm_1bit_durable(const obcomm_t *c)
+{
+    return c != NULL && c->durable;
+}
+
+int obcomm_export_1bit(obcomm_t *c, uint64_t snapshot, void **part,
+                       size_t *bytes)
+{
+    if (c == NULL || part == NULL || bytes == NULL)
+        return OBCOMM_E_INVAL;
+    if (snapshot == 0 || snapshot != c->part_id)
+        return obc_fail(c, OBCOMM_E_INVAL,
+                        "snapshot %016llx is not the one this handle saved "
+                        "last (%016llx): export right after obcomm_save_1bit",
+                        (unsigned long long)snapshot,
+                        (unsigned long long)c->part_id);
+    if (c->part_bytes > SIZE_MAX)
+        return obc_fail(c, OBCOMM_E_NOMEM, "a part of %llu bytes",
+                        (unsigned long long)c->part_bytes);
+    size_t n = (size_t)c->part_bytes;
+    void *shm = NULL, *copy = malloc(n);
+    int rc = copy ? obcomm_alloc(c, n, &shm) : OBCOMM_E_NOMEM;
+    if (rc == 0) {
+        Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+        s.kind = OBCOMM_KIND_EXPORT_1BIT;
+        s.key = snapshot;
+        s.count = n;
+        rc = place(c, &s, shm, n);
+        if (rc == 0)
+            rc = submit(c, &s);
+        if (rc == 0)
+            memcpy(copy, shm, n);
+        obcomm_free(c, shm);
+    }
+    if (rc) {
+        free(copy);
+        return rc == OBCOMM_E_NOMEM && copy == NULL
+                   ? obc_fail(c, rc, "no memory for a part of %zu bytes", n)
+                   : rc;
+    }
+    *part = copy;
+    *bytes = n;
+    return 0;
 }
 
 int obcomm_snapshot_1bit(obcomm_t *c)
@@ -201,7 +263,32 @@ int obcomm_snapshot_1bit(obcomm_t *c)
 
 int obcomm_restore_1bit(obcomm_t *c, uint64_t snapshot)
 {
-    if (c != NULL && snapshot == 0)
+    return obcomm_restore_1bit_part(c, snapshot, NULL, 0);
+}
+
+int obcomm_restore_1bit_part(obcomm_t *c, uint64_t snapshot, const void *part,
+                             size_t bytes)
+{
+    if (c == NULL)
+        return OBCOMM_E_INVAL;
+    if (snapshot == 0)
         return obc_fail(c, OBCOMM_E_INVAL, "snapshot id 0 names no snapshot");
-    return submit_no_data(c, OBCOMM_KIND_RESTORE_1BIT, snapshot, NULL);
+    if (part == NULL || bytes == 0)
+        return submit_no_data(c, OBCOMM_KIND_RESTORE_1BIT, snapshot, NULL);
+    int rc = obc_check_live(c);
+    if (rc < 0)
+        return rc;
+    void *shm;
+    if ((rc = obcomm_alloc(c, bytes, &shm)) != 0)
+        return rc;
+    memcpy(shm, part, bytes);
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_RESTORE_1BIT;
+    s.key = snapshot;
+    s.count = bytes;
+    rc = place(c, &s, shm, bytes);
+    if (rc == 0)
+        rc = submit(c, &s);
+    obcomm_free(c, shm);
+    return rc;
 }

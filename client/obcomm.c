@@ -115,6 +115,7 @@ static int apply_join_reply(obcomm_t *c, const Obcomm__JoinReply *r,
                         "%u, timeout %u ms)",
                         r->node_rank, r->nodes, r->timeout_ms);
     c->node_rank = (int)r->node_rank;
+    c->durable = r->state_dir;
     c->nodes = (int)r->nodes;
     /* The daemon is meant to send its effective deadline; if it leaves the
      * field 0, the requested one (or the join default) still bounds every

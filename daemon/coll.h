@@ -66,6 +66,7 @@ extern const struct obd_algo obd_algo_onebit;
 extern const struct obd_algo obd_algo_onebit_reset;
 extern const struct obd_algo obd_algo_onebit_snapshot;
 extern const struct obd_algo obd_algo_onebit_restore;
+extern const struct obd_algo obd_algo_onebit_export;
 
 /* An algorithm that moves no data: start does everything (barrier-like). */
 void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,

@@ -20,6 +20,12 @@
  * node uses it; every node resets the run's error feedback to zero, and
  * the op fails on every rank naming each node and why.
  *
+ * Export (key = a set's id): every node writes its part of the set (from
+ * state_dir or memory) as bytes (snapset.h) into every local trainer's
+ * buffer, so that a checkpoint can carry it when the daemons keep no
+ * state_dir; a restore that brings a node's part takes the states from it
+ * instead of from the node's own set. Both report like the others.
+ *
  * File I/O never runs on the loop thread. An op whose reports never all
  * come (a lost node, the deadline) fails like any other op and stops the
  * run; a set it wrote stays (some node may have seen every report and
@@ -60,6 +66,12 @@ struct efop {
     int nefs;
     const struct obd_ef *from_memory; /* a restore without a state_dir */
     struct obd_ef *list;
+    /* A node's part as bytes: a restore's source, an export's
+     * destination (every local trainer's buffer, dst[0..ndst)). */
+    const void *part;
+    size_t part_bytes;
+    void *const *dst;
+    int ndst;
     int rc; /* of the pool task: 0 or an OBCOMM_E_* code, with why */
     char why[512];
     int saved;     /* this node's part of a snapshot is saved */
@@ -106,24 +118,73 @@ static int copy_all(struct efop *e, const struct obd_ef *const *src, int n,
     return 0;
 }
 
+static int read_code(int rc)
+{
+    return rc == 0                  ? 0
+           : rc == OBD_SNAP_MISSING ? OBCOMM_E_STATE
+           : rc == OBD_SNAP_DAMAGED ? OBCOMM_E_CORRUPT
+                                    : OBCOMM_E_IO;
+}
+
+/* Packs the states of `list` as this node's part into every buffer. */
+static int export_part(struct efop *e, const struct obd_ef *list)
+{
+    int n = 0;
+    for (const struct obd_ef *ef = list; ef; ef = ef->next)
+        n++;
+    const struct obd_ef **efs = calloc((size_t)n + 1, sizeof(*efs));
+    if (efs == NULL) {
+        snprintf(e->why, sizeof(e->why), "out of memory");
+        return OBCOMM_E_NOMEM;
+    }
+    n = 0;
+    for (const struct obd_ef *ef = list; ef; ef = ef->next)
+        efs[n++] = ef;
+    size_t need = obd_snapset_part_bytes(efs, n);
+    int rc = 0;
+    if (need != e->part_bytes) {
+        snprintf(e->why, sizeof(e->why),
+                 "the part of snapshot %016llx has %zu bytes, the buffer %zu",
+                 (unsigned long long)e->id, need, e->part_bytes);
+        rc = OBCOMM_E_INVAL;
+    } else {
+        obd_snapset_pack(efs, n, e->job, e->id, &e->world, e->dst[0], need);
+        for (int i = 1; i < e->ndst; i++)
+            memcpy(e->dst[i], e->dst[0], need);
+    }
+    free(efs);
+    return rc;
+}
+
 static void run_local(uv_work_t *req)
 {
     struct efop *e = container_of(req, struct efop, req);
-    if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && e->state_dir[0] != '\0') {
+    int disk = e->state_dir[0] != '\0';
+    if (e->kind == OBCOMM_KIND_EXPORT_1BIT) {
+        const struct obd_ef *src = e->from_memory;
+        if (disk) {
+            e->rc = read_code(obd_snapset_read(
+                e->state_dir, e->job, e->id, &e->world, e->max_bytes, &e->list,
+                e->why, sizeof(e->why)));
+            src = e->list;
+        }
+        if (e->rc == 0)
+            e->rc = export_part(e, src);
+    } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && disk) {
         int rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
                                    &e->world, e->why, sizeof(e->why));
         e->rc = rc == 0 ? 0 : OBCOMM_E_IO;
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT) {
         e->rc =
             copy_all(e, (const struct obd_ef *const *)e->efs, e->nefs, NULL);
-    } else if (e->state_dir[0] != '\0') {
-        int rc =
-            obd_snapset_read(e->state_dir, e->job, e->id, &e->world,
-                             e->max_bytes, &e->list, e->why, sizeof(e->why));
-        e->rc = rc == 0                  ? 0
-                : rc == OBD_SNAP_MISSING ? OBCOMM_E_STATE
-                : rc == OBD_SNAP_DAMAGED ? OBCOMM_E_CORRUPT
-                                         : OBCOMM_E_IO;
+    } else if (e->part != NULL) {
+        e->rc = read_code(obd_snapset_unpack(e->part, e->part_bytes, e->job,
+                                             e->id, &e->world, &e->list, e->why,
+                                             sizeof(e->why)));
+    } else if (disk) {
+        e->rc = read_code(obd_snapset_read(e->state_dir, e->job, e->id,
+                                           &e->world, e->max_bytes, &e->list,
+                                           e->why, sizeof(e->why)));
     } else {
         e->rc = copy_all(e, NULL, 0, e->from_memory);
     }
@@ -249,6 +310,9 @@ static int snapshot_start(struct obd_op *op)
     e->id = obd_snapset_id(e->run, op->seq);
     int rc = obd_efstore_collect(e->d, e->job, e->run, &e->efs, &e->nefs,
                                  e->why, sizeof(e->why));
+    if (rc == 0)
+        op->bytes = obd_snapset_part_bytes((const struct obd_ef *const *)e->efs,
+                                           e->nefs);
     if (rc != 0) {
         /* Nothing to save: reported like a failed write. */
         e->rc = rc;
@@ -259,13 +323,44 @@ static int snapshot_start(struct obd_op *op)
     return efop_queue(op, e);
 }
 
+static int export_start(struct obd_op *op)
+{
+    struct efop *e = efop_new(op);
+    if (e == NULL)
+        return OBCOMM_E_NOMEM;
+    e->id = op->desc.key;
+    e->part_bytes = op->desc.count;
+    e->dst = op->data;
+    e->ndst = op->job->local_size;
+    if (e->state_dir[0] == '\0') {
+        int found;
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
+        if (!found) {
+            e->rc = OBCOMM_E_STATE;
+            snprintf(e->why, sizeof(e->why),
+                     "missing (obcommd keeps only the newest set of a job, "
+                     "in memory, until it restarts)");
+            e->phase = EP_REPORTED;
+            obd_op_report(op, e->rc, e->why);
+            return 0;
+        }
+    }
+    return efop_queue(op, e);
+}
+
 static int restore_start(struct obd_op *op)
 {
     struct efop *e = efop_new(op);
     if (e == NULL)
         return OBCOMM_E_NOMEM;
     e->id = op->desc.key;
-    if (e->state_dir[0] == '\0') {
+    /* The node's part, if a local trainer brought one. */
+    for (int i = 0; i < op->job->local_size && e->part == NULL; i++)
+        if (op->sub[i].count > 0 && op->data[i] != NULL) {
+            e->part = op->data[i];
+            e->part_bytes = op->sub[i].count;
+        }
+    if (e->part == NULL && e->state_dir[0] == '\0') {
         int found;
         e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
         if (!found) {
@@ -296,6 +391,17 @@ static void efop_progress(struct obd_op *op)
     char msg[1024];
     int status = obd_snapset_verdict(r, nodes, msg, sizeof(msg));
     int snap = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT;
+    if (e->kind == OBCOMM_KIND_EXPORT_1BIT) {
+        if (status == 0)
+            obd_op_finish(op);
+        else
+            obd_op_fail(op, status, 0,
+                        "op %llu of job %s: snapshot %016llx could not be "
+                        "exported: %s",
+                        (unsigned long long)op->seq, e->job,
+                        (unsigned long long)e->id, msg);
+        return;
+    }
     if (status == 0) {
         if (snap && e->state_dir[0] != '\0') {
             chore(e->d, 1, e->job, e->id);
@@ -361,6 +467,18 @@ const struct obd_algo obd_algo_onebit_snapshot = {
     .kind = OBCOMM_KIND_SNAPSHOT_1BIT,
     .name = "1-bit snapshot",
     .start = snapshot_start,
+    .recv_dest = obd_coll_no_data,
+    .recv_done = obd_coll_no_recv,
+    .progress = efop_progress,
+    .free = efop_free,
+    .waiting_on = efop_waiting_on,
+    .can_start = efop_can_start,
+};
+
+const struct obd_algo obd_algo_onebit_export = {
+    .kind = OBCOMM_KIND_EXPORT_1BIT,
+    .name = "1-bit export",
+    .start = export_start,
     .recv_dest = obd_coll_no_data,
     .recv_done = obd_coll_no_recv,
     .progress = efop_progress,

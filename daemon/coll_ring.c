@@ -968,7 +968,7 @@ const struct obd_algo *obd_coll_algo(uint32_t kind)
             return &algos[i];
     const struct obd_algo *const onebit[] = {
         &obd_algo_onebit, &obd_algo_onebit_reset, &obd_algo_onebit_snapshot,
-        &obd_algo_onebit_restore};
+        &obd_algo_onebit_restore, &obd_algo_onebit_export};
     for (size_t i = 0; i < sizeof(onebit) / sizeof(onebit[0]); i++)
         if (onebit[i]->kind == kind)
             return onebit[i];

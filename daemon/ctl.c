@@ -394,13 +394,14 @@ void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg)
 }
 
 void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
-                      const char *message, uint64_t value)
+                      const char *message, uint64_t value, uint64_t bytes)
 {
     Obcomm__Complete done = OBCOMM__COMPLETE__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     done.seq = seq;
     done.status = status;
     done.value = value;
+    done.bytes = bytes;
     done.message = (char *)(message ? message : "");
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_COMPLETE;
     msg.complete = &done;
@@ -417,6 +418,7 @@ static void reply_join(struct obd_client *c, int status, const char *message)
     r.node_rank = (uint32_t)d->cfg.rank;
     r.nodes = (uint32_t)d->cfg.nodes;
     r.timeout_ms = c->job ? (uint32_t)c->job->timeout_ms : 0;
+    r.state_dir = d->cfg.state_dir[0] != '\0';
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_JOIN;
     msg.join = &r;
     obd_ctl_send(c, &msg.base);
@@ -532,7 +534,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     };
 
     if (c->job == NULL) {
-        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join", 0);
+        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join", 0, 0);
         return;
     }
     if (s->seq != c->next_seq) {
@@ -582,8 +584,21 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         bytes = s->count * sizeof(float);
         break;
     case OBCOMM_KIND_RESET_1BIT:
-    case OBCOMM_KIND_RESTORE_1BIT: /* key: the snapshot's id */
         desc = (struct obd_opdesc){.kind = s->kind, .key = s->key};
+        break;
+    case OBCOMM_KIND_RESTORE_1BIT: /* key: the snapshot's id */
+    case OBCOMM_KIND_EXPORT_1BIT:
+        /* count: the bytes of this node's part in the buffer (a restore
+         * without one has 0). */
+        desc = (struct obd_opdesc){
+            .kind = s->kind, .key = s->key, .count = s->count};
+        bytes = s->count;
+        if (s->key == 0 ||
+            (s->kind == OBCOMM_KIND_EXPORT_1BIT && s->count == 0)) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why), "snapshot %llu with %llu bytes",
+                     (unsigned long long)s->key, (unsigned long long)s->count);
+        }
         break;
     case OBCOMM_KIND_BARRIER:
     case OBCOMM_KIND_SNAPSHOT_1BIT:
@@ -617,7 +632,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     int rc = obd_job_submit(c->job, c->local_rank, s->seq, &desc, buf, data,
                             status, why, sizeof(why));
     if (rc != 0)
-        obd_ctl_complete(c, s->seq, rc, why, 0);
+        obd_ctl_complete(c, s->seq, rc, why, 0, 0);
 }
 
 static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)

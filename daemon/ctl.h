@@ -66,7 +66,7 @@ void obd_ctl_send(struct obd_client *c, const ProtobufCMessage *msg);
 /* Sends Complete{seq, status, message} (obd_hooks.answer). A client being
  * dropped gets nothing. */
 void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
-                      const char *message, uint64_t value);
+                      const char *message, uint64_t value, uint64_t bytes);
 
 /* Marks the client dead and stops reading it; leaving its job, releasing
  * its buffers and closing the socket happen from the ready queue on a

@@ -65,9 +65,9 @@ static void on_sighup(uv_signal_t *h, int signum)
 
 /* The answer hook: job.c reaches trainers only through it. */
 static void answer_trainer(struct obd_client *c, uint64_t seq, int status,
-                           const char *message, uint64_t value)
+                           const char *message, uint64_t value, uint64_t bytes)
 {
-    obd_ctl_complete(c, seq, status, message, value);
+    obd_ctl_complete(c, seq, status, message, value, bytes);
 }
 
 static const struct obd_hooks default_hooks = {

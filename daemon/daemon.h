@@ -71,7 +71,7 @@ enum obd_data_dest {
 struct obd_hooks {
     /* job -> a trainer's connection: Complete{seq, status, message}. */
     void (*answer)(struct obd_client *c, uint64_t seq, int status,
-                   const char *message, uint64_t value);
+                   const char *message, uint64_t value, uint64_t bytes);
     /* job -> the mesh: a control message to node `to`; 0 or an error. */
     int (*send_ctrl)(struct obd_daemon *d, int to,
                      const struct Obcomm__PeerMsg *msg);

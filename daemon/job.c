@@ -317,7 +317,8 @@ static void op_answer(struct obd_op *op)
             answered++;
             if (job->trainer[i] != NULL)
                 d->hooks.answer(job->trainer[i], op->seq, op->status,
-                                op->message, op->status ? 0 : op->value);
+                                op->message, op->status ? 0 : op->value,
+                                op->status ? 0 : op->bytes);
         }
     if (answered > 0)
         obd_trace_span(d, "completion", "op", (int)(job->id % OBD_TRACE_POOL),
@@ -693,7 +694,14 @@ static int describe_mismatch(const struct obd_opdesc *const *descs,
     size_t off = 0;
     int differ = 0;
     buf[0] = '\0';
+    /* A restore's count is the bytes of the part each trainer brings (its
+     * node's, or none): it may differ. */
+    int restore = 1;
+    for (int i = 0; i < n; i++)
+        restore &= descs[i]->kind == OBCOMM_KIND_RESTORE_1BIT;
     for (size_t f = 0; f < sizeof(fields) / sizeof(fields[0]); f++) {
+        if (restore && fields[f].get == f_count)
+            continue;
         uint64_t first = fields[f].get(descs[0]);
         int same = 1;
         for (int i = 1; i < n; i++)

@@ -108,7 +108,8 @@ struct obd_op {
      * have begun on any node (algo->failed runs when it is freed). */
     int failed_agreed;
 
-    uint64_t value; /* answered with success: a snapshot's id */
+    uint64_t value; /* answered with success: a snapshot's id, */
+    uint64_t bytes; /* ... and the bytes of this node's part */
 
     uv_timer_t deadline;
     int timer_live;

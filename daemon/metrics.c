@@ -147,6 +147,7 @@ static const struct {
     {OBCOMM_KIND_RESET_1BIT, "reset_1bit", -1},
     {OBCOMM_KIND_SNAPSHOT_1BIT, "snapshot_1bit", -1},
     {OBCOMM_KIND_RESTORE_1BIT, "restore_1bit", -1},
+    {OBCOMM_KIND_EXPORT_1BIT, "export_1bit", -1},
 };
 
 #define NKINDS (sizeof(kinds) / sizeof(kinds[0]))

@@ -3,6 +3,7 @@
 #include <obcomm.h>
 
 #include <dirent.h>
+#include <sodium.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -294,4 +295,153 @@ uint64_t obd_snapset_id(uint64_t run, uint64_t seq)
     z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
     z ^= z >> 31;
     return z != 0 ? z : 1;
+}
+
+/* ---- a node's part in memory ---- */
+
+#define PART_MAGIC   "OBCMPRT"
+#define PART_VERSION 1
+
+struct part_hdr {
+    char magic[8];
+    uint32_t version;
+    uint32_t nodes;
+    uint32_t rank;
+    uint32_t nstates;
+    uint64_t fingerprint;
+    uint64_t id;
+    char job[OBD_EF_JOB_MAX];
+    uint8_t digest[32]; /* BLAKE2b-256 of every byte after the header */
+};
+
+struct part_state {
+    uint64_t key;
+    uint64_t count;
+    uint64_t padded;
+};
+
+static size_t state_bytes(size_t padded, uint32_t nodes)
+{
+    return sizeof(struct part_state) +
+           (padded + padded / nodes) * sizeof(float);
+}
+
+size_t obd_snapset_part_bytes(const struct obd_ef *const *efs, int n)
+{
+    size_t bytes = sizeof(struct part_hdr);
+    for (int i = 0; i < n; i++)
+        bytes += state_bytes(efs[i]->padded, (uint32_t)efs[i]->nodes);
+    return bytes;
+}
+
+void obd_snapset_pack(const struct obd_ef *const *efs, int n, const char *job,
+                      uint64_t id, const struct obd_ef_world *w, void *part,
+                      size_t bytes)
+{
+    struct part_hdr h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, PART_MAGIC, sizeof(PART_MAGIC));
+    h.version = PART_VERSION;
+    h.nodes = w->nodes;
+    h.rank = w->rank;
+    h.nstates = (uint32_t)n;
+    h.fingerprint = w->fingerprint;
+    h.id = id;
+    snprintf(h.job, sizeof(h.job), "%s", job);
+    char *p = (char *)part + sizeof(h);
+    for (int i = 0; i < n; i++) {
+        const struct obd_ef *ef = efs[i];
+        struct part_state st = {ef->key, ef->count, ef->padded};
+        memcpy(p, &st, sizeof(st));
+        p += sizeof(st);
+        obd_ef_error(ef, 0, (float *)(void *)p, 0, ef->padded);
+        p += ef->padded * sizeof(float);
+        size_t chunk = ef->padded / (size_t)ef->nodes;
+        obd_ef_error(ef, 1, (float *)(void *)p, 0, chunk);
+        p += chunk * sizeof(float);
+    }
+    crypto_generichash(h.digest, sizeof(h.digest),
+                       (const unsigned char *)part + sizeof(h),
+                       bytes - sizeof(h), NULL, 0);
+    memcpy(part, &h, sizeof(h));
+}
+
+int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
+                       uint64_t id, const struct obd_ef_world *w,
+                       struct obd_ef **out, char *why, size_t whylen)
+{
+    struct part_hdr h;
+    uint8_t digest[32];
+    if (bytes < sizeof(h)) {
+        snprintf(why, whylen, "damaged: a part of %zu bytes", bytes);
+        return OBD_SNAP_DAMAGED;
+    }
+    memcpy(&h, part, sizeof(h));
+    crypto_generichash(digest, sizeof(digest),
+                       (const unsigned char *)part + sizeof(h),
+                       bytes - sizeof(h), NULL, 0);
+    if (memcmp(h.magic, PART_MAGIC, sizeof(PART_MAGIC)) != 0 ||
+        h.version != PART_VERSION) {
+        snprintf(why, whylen, "damaged: not a part of a snapshot");
+        return OBD_SNAP_DAMAGED;
+    }
+    if (sodium_memcmp(digest, h.digest, sizeof(digest)) != 0) {
+        snprintf(why, whylen, "damaged: the part's digest does not match");
+        return OBD_SNAP_DAMAGED;
+    }
+    if (h.nodes != w->nodes || h.fingerprint != w->fingerprint ||
+        h.rank != w->rank) {
+        snprintf(why, whylen,
+                 "damaged: a part of node %u of a %u-node world, this is "
+                 "node %u of %u%s",
+                 (unsigned)h.rank, (unsigned)h.nodes, (unsigned)w->rank,
+                 (unsigned)w->nodes,
+                 h.fingerprint != w->fingerprint ? " (another world)" : "");
+        return OBD_SNAP_DAMAGED;
+    }
+    h.job[sizeof(h.job) - 1] = '\0';
+    if (h.id != id || strcmp(h.job, job) != 0) {
+        snprintf(why, whylen,
+                 "damaged: the part is of snapshot %016" PRIx64
+                 " of another job or id, not %016" PRIx64,
+                 h.id, id);
+        return OBD_SNAP_DAMAGED;
+    }
+    const char *p = (const char *)part + sizeof(h);
+    size_t left = bytes - sizeof(h);
+    struct obd_ef *list = NULL;
+    for (uint32_t i = 0; i < h.nstates; i++) {
+        struct part_state st;
+        if (left < sizeof(st))
+            goto short_part;
+        memcpy(&st, p, sizeof(st));
+        if (st.padded > left / sizeof(float) || st.padded == 0 ||
+            st.padded != obd_codec_padded_len(st.count, (int)h.nodes) ||
+            state_bytes(st.padded, h.nodes) > left)
+            goto short_part;
+        struct obd_ef *ef = obd_ef_new(job, st.key, st.count, (int)h.nodes);
+        if (ef == NULL) {
+            free_list(list);
+            snprintf(why, whylen, "out of memory for a part's state");
+            return OBD_SNAP_IOERR;
+        }
+        p += sizeof(st);
+        memcpy(ef->werr, p, st.padded * sizeof(float));
+        p += st.padded * sizeof(float);
+        size_t chunk = st.padded / h.nodes;
+        memcpy(ef->serr, p, chunk * sizeof(float));
+        p += chunk * sizeof(float);
+        left -= state_bytes(st.padded, h.nodes);
+        obd_ef_restored(ef);
+        ef->next = list;
+        list = ef;
+    }
+    if (left != 0)
+        goto short_part;
+    *out = list;
+    return 0;
+short_part:
+    free_list(list);
+    snprintf(why, whylen, "damaged: the part's states do not fit its length");
+    return OBD_SNAP_DAMAGED;
 }

@@ -64,6 +64,26 @@ void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
 int obd_snapset_check_dir(const char *state_dir, unsigned uid, char *why,
                           size_t whylen);
 
+/* A node's part of a set as bytes, for a checkpoint to carry when the
+ * daemons keep no state_dir (obcomm_export_1bit): a header (world, node,
+ * job, the set's id, the number of states, a BLAKE2b-256 digest of all
+ * that follows) and per state its key, count and padded length, then its
+ * worker and server errors as raw floats in the machine's byte order.
+ * The bytes `efs[0..n)` take as a part. */
+size_t obd_snapset_part_bytes(const struct obd_ef *const *efs, int n);
+/* Writes efs[0..n) (of `job`, as set `id` of node w->rank) into part,
+ * which has exactly obd_snapset_part_bytes bytes. */
+void obd_snapset_pack(const struct obd_ef *const *efs, int n, const char *job,
+                      uint64_t id, const struct obd_ef_world *w, void *part,
+                      size_t bytes);
+/* Reads a part: 0 and *out a list (linked by next) of new states, when
+ * it is intact, of this world and node, of `job` and of set `id`, every
+ * length bounded by bytes before allocation; else OBD_SNAP_DAMAGED with
+ * why (which names what differs), *out untouched. */
+int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
+                       uint64_t id, const struct obd_ef_world *w,
+                       struct obd_ef **out, char *why, size_t whylen);
+
 /* One node's report of the local phase of a set op (a write or a read):
  * status 0, or an OBCOMM_E_* code with message. */
 struct obd_snapreport {

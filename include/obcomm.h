@@ -120,12 +120,29 @@ OBCOMM_API int obcomm_reset_1bit(obcomm_t *c, uint64_t key);
 OBCOMM_API int obcomm_save_1bit(obcomm_t *c, uint64_t *snapshot);
 /* obcomm_save_1bit(c, NULL). */
 OBCOMM_API int obcomm_snapshot_1bit(obcomm_t *c);
+/* 1 if this node's daemon keeps snapshot sets in a state_dir (they then
+ * survive its restarts), else 0. */
+OBCOMM_API int obcomm_1bit_durable(const obcomm_t *c);
+/* Collective, right after obcomm_save_1bit(c, &snapshot): every rank gets
+ * its node's part of the snapshot as bytes (*part, malloc'd: caller frees
+ * with free; *bytes its size), for a checkpoint to carry when the daemons
+ * keep no state_dir. The part is checked when it comes back: its node, its
+ * world, its job and snapshot, and a digest. */
+OBCOMM_API int obcomm_export_1bit(obcomm_t *c, uint64_t snapshot, void **part,
+                                  size_t *bytes);
 /* Collective: every node goes back to snapshot set `snapshot` of this job
  * (the run goes on from it), or, if any node misses it or holds it
  * damaged, no node uses it: the run's error feedback restarts at zero on
  * every node and the op fails on every rank naming each node and why
  * (OBCOMM_E_STATE: missing; OBCOMM_E_CORRUPT: damaged). */
 OBCOMM_API int obcomm_restore_1bit(obcomm_t *c, uint64_t snapshot);
+/* The same, the node taking its states from `part` (bytes from
+ * obcomm_export_1bit on this node; borrowed) instead of from its own set:
+ * a checkpoint that carried the parts restores on daemons that restarted
+ * without a state_dir. A part of another node, world, job or snapshot, or
+ * a damaged one, fails like a damaged set. part NULL: obcomm_restore_1bit. */
+OBCOMM_API int obcomm_restore_1bit_part(obcomm_t *c, uint64_t snapshot,
+                                        const void *part, size_t bytes);
 
 OBCOMM_API int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes,
                                 int root);

@@ -11,8 +11,13 @@ enum obcomm_op_kind {
     OBCOMM_KIND_RESET_1BIT = 5,     /* no buffer; key names the state */
     OBCOMM_KIND_SNAPSHOT_1BIT = 6,  /* no buffer; the job's states saved as a
                                        set; Complete.value its id */
-    OBCOMM_KIND_RESTORE_1BIT = 7,   /* no buffer; key = the id of the set every
-                                       node goes back to */
+    OBCOMM_KIND_RESTORE_1BIT = 7,   /* key = the id of the set every node
+                                       goes back to; count = bytes of this
+                                       node's part in the buffer (0: none,
+                                       the daemon's own set) */
+    OBCOMM_KIND_EXPORT_1BIT = 8,    /* key = a set's id; count = bytes: every
+                                       local trainer's buffer gets the node's
+                                       part of the set */
 };
 
 #endif

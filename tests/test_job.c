@@ -74,9 +74,10 @@ static float tamper_value;
 static int hold_from = -1, hold_to = -1;
 
 static void answer(struct obd_client *c, uint64_t seq, int status,
-                   const char *message, uint64_t value)
+                   const char *message, uint64_t value, uint64_t bytes)
 {
     (void)value;
+    (void)bytes;
     struct fake *t = (struct fake *)c;
     /* DESIGN.md section 5: never from inside the call that caused it. */
     ck_assert_int_eq(in_call, 0);
@@ -261,8 +262,8 @@ static void start(int n, int ls)
         if (state_base != NULL) {
             char sd[128];
             snprintf(sd, sizeof(sd), "%s/node%d", state_base, i);
-            ck_assert_int_eq(
-                obd_config_set(&cfg, "state_dir", sd, err, 256), 0);
+            ck_assert_int_eq(obd_config_set(&cfg, "state_dir", sd, err, 256),
+                             0);
         }
         if (segment_bytes != NULL)
             ck_assert_int_eq(
@@ -870,11 +871,10 @@ START_TEST(snapshot_write_on_the_pool_does_not_stall_other_jobs)
     struct obd_job *kj[2];
     for (int n = 0; n < 2; n++) {
         char why[256];
-        ck_assert_int_eq(obd_job_join(&nodes[n],
-                                      (struct obd_client *)&trainers[n][1],
-                                      200, 0, "k", 0, 1, 20000, &kj[n], why,
-                                      sizeof(why)),
-                         0);
+        ck_assert_int_eq(
+            obd_job_join(&nodes[n], (struct obd_client *)&trainers[n][1], 200,
+                         0, "k", 0, 1, 20000, &kj[n], why, sizeof(why)),
+            0);
     }
     reset_answers();
     gate_close(&nodes[0].loop);
@@ -894,9 +894,9 @@ START_TEST(snapshot_write_on_the_pool_does_not_stall_other_jobs)
         for (int i = 0; i < 16; i++)
             x[n][i] = (float)(n + 1);
         in_call++;
-        ck_assert_int_eq(obd_job_submit(kj[n], 0, 0, &sum, NULL, x[n], 0, why,
-                                        sizeof(why)),
-                         0);
+        ck_assert_int_eq(
+            obd_job_submit(kj[n], 0, 0, &sum, NULL, x[n], 0, why, sizeof(why)),
+            0);
         in_call--;
     }
     pump_until(k_answered);

@@ -8,6 +8,7 @@
 
 #include <obcomm.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +56,8 @@ static void make_dir(void)
     snprintf(dir, sizeof(dir), "/tmp/obcomm-snapset-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char why[512];
-    ck_assert_int_eq(obd_snapset_check_dir(dir, (unsigned)geteuid(), why,
-                                           sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
 }
 
 static void remove_dir(void)
@@ -99,24 +99,22 @@ START_TEST(set_round_trip_exact)
     struct obd_ef *efs[3] = {state("j", 1, 1000), state("j", 2, 77),
                              state("j", 3, 4097)};
     char why[512];
-    ck_assert_int_eq(obd_snapset_write(dir, "j", 42, efs, 3, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", 42, efs, 3, &world, why, sizeof(why)), 0);
     struct obd_ef *list = NULL;
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 42, &world, 1 << 30, &list,
-                                      why, sizeof(why)),
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 42, &world, 1 << 30, &list, why,
+                                      sizeof(why)),
                      0);
     ck_assert_int_eq(count_list(list), 3);
     for (struct obd_ef *ef = list; ef; ef = ef->next)
         same_errors(ef, efs[ef->key - 1]);
     free_list(list);
     /* An empty set is a set too: a run with no 1-bit key yet. */
-    ck_assert_int_eq(obd_snapset_write(dir, "j", 43, efs, 0, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", 43, efs, 0, &world, why, sizeof(why)), 0);
     list = NULL;
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 43, &world, 1 << 30, &list,
-                                      why, sizeof(why)),
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 43, &world, 1 << 30, &list, why,
+                                      sizeof(why)),
                      0);
     ck_assert_ptr_null(list);
     for (int i = 0; i < 3; i++)
@@ -133,9 +131,8 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     struct obd_ef *efs[2] = {state("j", 1, 5000), state("j", 2, 5000)};
     char why[512], path[512];
     struct obd_ef *list = (struct obd_ef *)0x1;
-    ck_assert_int_eq(obd_snapset_write(dir, "j", 7, efs, 2, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", 7, efs, 2, &world, why, sizeof(why)), 0);
     file_of(7, 2, path, sizeof(path));
     FILE *f = fopen(path, "r+b");
     ck_assert_ptr_nonnull(f);
@@ -146,38 +143,36 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     fseek(f, size / 2, SEEK_SET);
     fputc(c ^ 0x10, f);
     fclose(f);
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 7, &world, 1 << 30, &list, why,
-                                      sizeof(why)),
-                     OBD_SNAP_DAMAGED);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "j", 7, &world, 1 << 30, &list, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
     ck_assert_ptr_eq(list, (struct obd_ef *)0x1);
     ck_assert_ptr_nonnull(strstr(why, "damaged"));
 
-    ck_assert_int_eq(obd_snapset_write(dir, "j", 8, efs, 2, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", 8, efs, 2, &world, why, sizeof(why)), 0);
     file_of(8, 1, path, sizeof(path));
     ck_assert_int_eq(truncate(path, 40), 0);
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 8, &world, 1 << 30, &list, why,
-                                      sizeof(why)),
-                     OBD_SNAP_DAMAGED);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "j", 8, &world, 1 << 30, &list, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
 
-    ck_assert_int_eq(obd_snapset_write(dir, "j", 9, efs, 2, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", 9, efs, 2, &world, why, sizeof(why)), 0);
     struct obd_ef_world other = world;
     other.rank = 0;
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 9, &other, 1 << 30, &list,
-                                      why, sizeof(why)),
-                     OBD_SNAP_DAMAGED);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "j", 9, &other, 1 << 30, &list, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
 
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 10, &world, 1 << 30, &list,
-                                      why, sizeof(why)),
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 10, &world, 1 << 30, &list, why,
+                                      sizeof(why)),
                      OBD_SNAP_MISSING);
     ck_assert_ptr_nonnull(strstr(why, "missing"));
     /* Another job's set of the same id is not this job's. */
-    ck_assert_int_eq(obd_snapset_read(dir, "k", 9, &world, 1 << 30, &list,
-                                      why, sizeof(why)),
-                     OBD_SNAP_MISSING);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "k", 9, &world, 1 << 30, &list, why, sizeof(why)),
+        OBD_SNAP_MISSING);
     ck_assert_ptr_eq(list, (struct obd_ef *)0x1);
     for (int i = 0; i < 2; i++)
         obd_ef_free(efs[i]);
@@ -193,16 +188,15 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     struct obd_ef *efs[1] = {state("j", 1, 100)};
     char why[512], path[512];
     for (uint64_t id = 1; id <= 6; id++) {
-        ck_assert_int_eq(obd_snapset_write(dir, "j", id, efs, 1, &world, why,
-                                           sizeof(why)),
-                         0);
+        ck_assert_int_eq(
+            obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
+            0);
         obd_snapset_commit(dir, "j", id, 3);
         usleep(20000); /* distinct directory times */
     }
     struct obd_ef *kefs[1] = {state("k", 1, 100)};
-    ck_assert_int_eq(obd_snapset_write(dir, "k", 1, kefs, 1, &world, why,
-                                       sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "k", 1, kefs, 1, &world, why, sizeof(why)), 0);
     obd_ef_free(kefs[0]);
     obd_snapset_commit(dir, "k", 1, 3);
     struct obd_ef *list;
@@ -214,23 +208,69 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
         free_list(list);
     }
     list = NULL;
-    ck_assert_int_eq(obd_snapset_read(dir, "k", 1, &world, 1 << 30, &list, why,
-                                      sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "k", 1, &world, 1 << 30, &list, why, sizeof(why)),
+        0);
     free_list(list);
     snprintf(path, sizeof(path), "%s/set-6a-0000000000000009.tmp", dir);
     ck_assert_int_eq(mkdir(path, 0700), 0);
-    ck_assert_int_eq(obd_snapset_check_dir(dir, (unsigned)geteuid(), why,
-                                           sizeof(why)),
-                     0);
+    ck_assert_int_eq(
+        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
     ck_assert_int_eq(access(path, F_OK), -1);
     obd_snapset_delete(dir, "j", 6);
     list = NULL;
-    ck_assert_int_eq(obd_snapset_read(dir, "j", 6, &world, 1 << 30, &list, why,
-                                      sizeof(why)),
-                     OBD_SNAP_MISSING);
+    ck_assert_int_eq(
+        obd_snapset_read(dir, "j", 6, &world, 1 << 30, &list, why, sizeof(why)),
+        OBD_SNAP_MISSING);
     obd_ef_free(efs[0]);
     remove_dir();
+}
+END_TEST
+
+/* A node's part as bytes: exact round trip; a flipped byte, another node,
+ * another set or job, or a cut part is refused and returns no state. */
+START_TEST(part_round_trip_and_refusals)
+{
+    struct obd_ef *efs[2] = {state("j", 1, 3000), state("j", 2, 17)};
+    const struct obd_ef *const *c = (const struct obd_ef *const *)efs;
+    size_t n = obd_snapset_part_bytes(c, 2);
+    uint8_t *part = malloc(n);
+    obd_snapset_pack(c, 2, "j", 77, &world, part, n);
+    struct obd_ef *list = NULL;
+    char why[512];
+    ck_assert_int_eq(
+        obd_snapset_unpack(part, n, "j", 77, &world, &list, why, sizeof(why)),
+        0);
+    ck_assert_int_eq(count_list(list), 2);
+    for (struct obd_ef *ef = list; ef; ef = ef->next)
+        same_errors(ef, efs[ef->key - 1]);
+    free_list(list);
+
+    struct obd_ef *none = (struct obd_ef *)0x1;
+    struct obd_ef_world node0 = world;
+    node0.rank = 0;
+    ck_assert_int_eq(
+        obd_snapset_unpack(part, n, "j", 77, &node0, &none, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
+    ck_assert_ptr_nonnull(strstr(why, "a part of node 1"));
+    ck_assert_int_eq(
+        obd_snapset_unpack(part, n, "j", 78, &world, &none, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
+    ck_assert_int_eq(
+        obd_snapset_unpack(part, n, "k", 77, &world, &none, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
+    ck_assert_int_eq(obd_snapset_unpack(part, n - 4, "j", 77, &world, &none,
+                                        why, sizeof(why)),
+                     OBD_SNAP_DAMAGED);
+    part[n / 2] ^= 1;
+    ck_assert_int_eq(
+        obd_snapset_unpack(part, n, "j", 77, &world, &none, why, sizeof(why)),
+        OBD_SNAP_DAMAGED);
+    ck_assert_ptr_nonnull(strstr(why, "digest"));
+    ck_assert_ptr_eq(none, (struct obd_ef *)0x1);
+    free(part);
+    for (int i = 0; i < 2; i++)
+        obd_ef_free(efs[i]);
 }
 END_TEST
 
@@ -292,6 +332,7 @@ static Suite *snapset_suite(void)
     tcase_add_test(tc, set_round_trip_exact);
     tcase_add_test(tc, a_damaged_file_spoils_the_whole_set);
     tcase_add_test(tc, commit_prunes_and_start_removes_unfinished);
+    tcase_add_test(tc, part_round_trip_and_refusals);
     tcase_add_test(tc, verdict_names_every_failing_node);
     tcase_add_test(tc, ids_agree_and_differ);
     tcase_add_test(tc, versions_compare_every_field);

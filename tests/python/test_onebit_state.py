@@ -6,8 +6,9 @@
 - a checkpoint pins it: OneBitAdam.state_dict() names a snapshot
   (sd["obcomm"]) and load_state_dict() restores exactly that step on every
   node, so a resumed run equals the uninterrupted one bit for bit (same or
-  restarted daemons, with or without state_dir), or every rank gets an
-  ObcommError naming the node and why;
+  restarted daemons, with or without state_dir: without one, each rank's
+  checkpoint carries its node's part), or every rank gets an ObcommError
+  naming the node and why;
 - a snapshot that cannot be written, or that is damaged or missing on one
   node, fails on every rank;
 - a failed op stops the run on every rank until a new run starts.
@@ -74,12 +75,14 @@ def make_2x2(make_cluster, tmp_path, state_dir, timeout_ms=20000):
 
 
 def train(cl, job, until, save=None, load=None, stop_after_load=False,
-          timeout_ms=20000):
+          timeout_ms=20000, load_rank=None):
     args = {"freeze": FREEZE, "until": until, "save": save or {},
             "timeout_ms": timeout_ms}
     if load:
         args["load"] = load
         args["stop_after_load"] = stop_after_load
+        if load_rank is not None:
+            args["load_rank"] = load_rank
     res = cl.run(job, "ckpt_train", TRAINERS, args=args, timeout=120)
     assert sorted(r["rank"] for r in res) == list(range(NODES * TRAINERS))
     return res
@@ -258,21 +261,40 @@ def test_resume_same_daemons_in_memory(make_cluster, tmp_path, whole):
     assert_same_as_whole(res, whole, SAVE, STEPS, "loaded step 10")
 
 
-def test_resume_in_memory_after_restart_fails_everywhere(make_cluster,
-                                                          tmp_path):
+def test_resume_in_memory_after_restart_rides_in_the_checkpoint(
+        make_cluster, tmp_path, whole):
     """Daemons without state_dir, both restarted (SIGTERM) between
-    state_dict() and load_state_dict(): the snapshot is gone, so
-    load_state_dict raises ObcommError on every rank (same code), the
-    message saying it is missing and naming a node."""
+    state_dict() and load_state_dict(): the daemons' sets are gone, but
+    each rank's checkpoint carries its node's part (sd["obcomm"]["part"]),
+    so the resumed run equals the uninterrupted one bit for bit."""
+    cl = make_2x2(make_cluster, tmp_path, state_dir=False)
+    ck = str(tmp_path / "ck")
+    res = train(cl, "ride", PAST, save={SAVE: ck})
+    assert_same_as_whole(res, whole, 0, PAST, "run 1 (saved at 10)")
+    for r in res:
+        o = r["saved"][SAVE]["obcomm"]
+        assert o["node"] == r["rank"] // TRAINERS and o["part_bytes"] > 0, o
+    restart(cl)
+    res = train(cl, "ride", STEPS, load=ck)
+    assert_same_as_whole(res, whole, SAVE, STEPS,
+                         "daemons restarted without state_dir, loaded "
+                         "step 10 from the checkpoints' parts")
+
+
+def test_rank0_checkpoint_after_restart_fails_everywhere(make_cluster,
+                                                         tmp_path):
+    """The same, but every rank loads rank 0's checkpoint (as when only
+    rank 0 saves): it carries node 0's part only, so node 1 has nothing to
+    restore from; load_state_dict raises ObcommError on every rank (same
+    code), saying the snapshot is missing on node 1."""
     cl = make_2x2(make_cluster, tmp_path, state_dir=False,
                   timeout_ms=FAIL_MS)
     ck = str(tmp_path / "ck")
     train(cl, "gone", SAVE, save={SAVE: ck})
     restart(cl)
-    res = train(cl, "gone", STEPS, load=ck, stop_after_load=True,
+    res = train(cl, "gone", STEPS, load=ck, load_rank=0, stop_after_load=True,
                 timeout_ms=FAIL_MS)
-    assert_failed_everywhere(res, "load_error", ["missing"],
-                             any_of=["node 0", "node 1"])
+    assert_failed_everywhere(res, "load_error", ["node 1: missing"])
 
 
 # -- 3. a damaged or missing set on one node ----------------------------------

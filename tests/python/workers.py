@@ -285,7 +285,8 @@ def ckpt_train(args):
     with checkpoints at chosen steps. args: freeze; until (train up to
     this global step, exclusive); save {step: path} (after `step` steps:
     state_dict() and a checkpoint file per rank, path.RANK); load (a path
-    written by save: resume from it); stop_after_load (return right after
+    written by save: resume from it; load_rank: load that rank's file
+    instead of this rank's); stop_after_load (return right after
     the load, whatever it did); timeout_ms.
 
     Returns rank, first (the step the run started at), digests (after
@@ -304,7 +305,8 @@ def ckpt_train(args):
     first = 0
     try:
         if args.get("load"):
-            ck = torch.load(args["load"] + f".{comm.rank}")
+            ck = torch.load(args["load"] +
+                            f".{args.get('load_rank', comm.rank)}")
             model.load_state_dict(ck["model"])
             try:
                 opt.load_state_dict(ck["opt"])
@@ -330,9 +332,11 @@ def ckpt_train(args):
                     out["save_error"] = _error(e)
                     return out
                 info = sd.get("obcomm")
+                if isinstance(info, dict):  # the part's size, not its bytes
+                    info = {k: v for k, v in info.items() if k != "part"}
+                    info["part_bytes"] = len(sd["obcomm"].get("part") or b"")
                 out["saved"][step + 1] = {
-                    "keys": sorted(sd.keys()),
-                    "obcomm": dict(info) if isinstance(info, dict) else info}
+                    "keys": sorted(sd.keys()), "obcomm": info}
                 torch.save({"model": model.state_dict(), "opt": sd,
                             "sched": sched.state_dict(), "step": step + 1},
                            saves[step + 1] + f".{comm.rank}")

@@ -38,7 +38,9 @@ class AdamFileHeader(ctypes.Structure):
     _fields_ = [("magic", ctypes.c_char * 8), ("version", ctypes.c_uint32),
                 ("reserved", ctypes.c_uint32), ("count", c_uint64),
                 ("step", ctypes.c_int64), ("key", c_uint64),
-                ("cfg", AdamConfig), ("snapshot", c_uint64)]
+                ("cfg", AdamConfig), ("snapshot", c_uint64),
+                ("part_bytes", c_uint64), ("part_node", ctypes.c_uint32),
+                ("reserved2", ctypes.c_uint32)]
 
 
 ADAM_MAGIC = b"OBCMADAM"
@@ -57,6 +59,7 @@ _FUNCTIONS = [
     ("obcomm_reset_1bit", c_int, [c_void_p, c_uint64]),
     ("obcomm_save_1bit", c_int, [c_void_p, ctypes.POINTER(c_uint64)]),
     ("obcomm_restore_1bit", c_int, [c_void_p, c_uint64]),
+    ("obcomm_1bit_durable", c_int, [c_void_p]),
     ("obcomm_snapshot_1bit", c_int, [c_void_p]),
     ("obcomm_broadcast", c_int, [c_void_p, c_void_p, c_size_t, c_int]),
     ("obcomm_barrier", c_int, [c_void_p]),

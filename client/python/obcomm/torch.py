@@ -247,22 +247,28 @@ class OneBitAdam(torch.optim.Optimizer):
             raw = f.read()
         h = AdamFileHeader.from_buffer_copy(raw)
         hs = ctypes.sizeof(AdamFileHeader)
+        end = hs + 8 * g.count
         if (h.magic != ADAM_MAGIC or h.version != ADAM_VERSION or
-                h.count != g.count or len(raw) != hs + 8 * g.count):
+                h.count != g.count or len(raw) != end + h.part_bytes):
             raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
-        flat = torch.frombuffer(bytearray(raw[hs:]), dtype=torch.float32)
-        return h.step, flat[:g.count], flat[g.count:], h.snapshot
+        flat = torch.frombuffer(bytearray(raw[hs:end]), dtype=torch.float32)
+        part = raw[end:] if h.part_bytes else None
+        return (h.step, flat[:g.count], flat[g.count:], h.snapshot, part,
+                h.part_node)
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
         'exp_avg_sq', plus "obcomm": the snapshot set of the daemons' error
-        feedback taken with it ({"snapshot": id, "job": name}). A
-        collective; raises on every rank unless every node saved."""
+        feedback taken with it ({"snapshot": id, "job": name}), and, when
+        this node's daemon keeps no state_dir, this node's part of it
+        ("part": bytes, "node": its node), which a load after a restart of
+        the daemons needs. A collective; raises on every rank unless every
+        node saved."""
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
-        snapshot = 0
+        snapshot, part, node = 0, None, 0
         try:
             for g in self._groups:
-                step, m, v, snapshot = self._save_group(g, d)
+                step, m, v, snapshot, part, node = self._save_group(g, d)
                 for p, (o, n) in zip(g.params, g.spans):
                     self.state[p] = {
                         "step": torch.tensor(float(step)),
@@ -273,6 +279,9 @@ class OneBitAdam(torch.optim.Optimizer):
         sd = super().state_dict()
         # The last group's snapshot holds every key of the job.
         sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job}
+        if part is not None:
+            sd["obcomm"]["part"] = part
+            sd["obcomm"]["node"] = int(node)
         return sd
 
     def load_state_dict(self, state_dict):
@@ -287,6 +296,7 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError("load_state_dict: no \"obcomm\" snapshot in the "
                              "state dict (not saved by OneBitAdam.state_dict)")
         snapshot = int(info["snapshot"])
+        part = info.get("part")
         state_dict = {k: v for k, v in state_dict.items() if k != "obcomm"}
         super().load_state_dict(state_dict)
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
@@ -307,6 +317,9 @@ class OneBitAdam(torch.optim.Optimizer):
                 h.key = g.key
                 h.cfg = self._config(group)
                 h.snapshot = snapshot
+                if part is not None:
+                    h.part_bytes = len(part)
+                    h.part_node = int(info["node"])
                 m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
                 v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
                 path = os.path.join(d, f"group{g.key}.adam")
@@ -314,6 +327,8 @@ class OneBitAdam(torch.optim.Optimizer):
                     f.write(bytes(h))
                     f.write(m.numpy().tobytes())
                     f.write(v.numpy().tobytes())
+                    if part is not None:
+                        f.write(part)
                 self.comm._check(lib.obcomm_adam_load(g.handle, path.encode()))
                 g.hyper = tuple(group[k] for k in _HYPER)
         finally:
