@@ -22,6 +22,7 @@
 
 #include "obcomm.h"
 #include "sock.h"
+#include "text.h"
 #include "wire.h"
 
 /* How long to wait for the daemon's answer. A status query does no
@@ -73,63 +74,12 @@ static void usage(FILE *f)
             OBCOMM_DEFAULT_SOCKET);
 }
 
-/* Length of the valid UTF-8 sequence at s, or 0 when s does not start
- * one. Strings from the daemon end in NUL, which is never a continuation
- * byte, so the checks cannot run past the end. */
-static size_t utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    unsigned char lo = 0x80, hi = 0xbf;
-    size_t n;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4;
-    else
-        return 0;
-    /* Overlong forms, surrogates and code points past U+10FFFF. */
-    if (c == 0xe0)
-        lo = 0xa0;
-    else if (c == 0xed)
-        hi = 0x9f;
-    else if (c == 0xf0)
-        lo = 0x90;
-    else if (c == 0xf4)
-        hi = 0x8f;
-    if (s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-    return n;
-}
-
-/* Copies daemon text into buf (len bytes) for a terminal: control
- * characters and invalid UTF-8 become '?', and the text is cut to fit. */
+/* Copies daemon text into buf (len bytes) for a terminal: escaped as
+ * obcomm_text_escape says (control bytes, ESC and invalid UTF-8 as "\n",
+ * "\x1b", "\xff"), and cut to fit. */
 static const char *clean(const char *s, char *buf, size_t len)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t o = 0;
-    while (*p) {
-        size_t n = utf8_len(p);
-        if (n == 0 || *p < 0x20 || *p == 0x7f) {
-            if (o + 1 >= len)
-                break;
-            buf[o++] = '?';
-            p += n ? n : 1;
-            continue;
-        }
-        if (o + n >= len)
-            break;
-        memcpy(buf + o, p, n);
-        o += n;
-        p += n;
-    }
-    buf[o] = '\0';
+    obcomm_text_escape(buf, len, s);
     return buf;
 }
 
@@ -190,7 +140,7 @@ static json_object *jstr(const char *s)
     const unsigned char *p = (const unsigned char *)s;
     size_t o = 0;
     while (*p) {
-        size_t k = utf8_len(p);
+        size_t k = obcomm_utf8_len(p);
         if (k == 0) {
             memcpy(buf + o, "\xef\xbf\xbd", 3);
             o += 3;
@@ -338,16 +288,16 @@ static void print_runs(const Obcomm__StatusReply *r)
                clean(j->name, buf, sizeof(buf)), j->run, j->joined,
                j->local_size, j->next_seq);
         if (j->stopped[0])
-            printf("         stopped: %s\n", clean(j->stopped, buf, sizeof(buf)));
+            printf("         stopped: %s\n",
+                   clean(j->stopped, buf, sizeof(buf)));
         for (size_t k = 0; k < j->n_keys; k++) {
             const Obcomm__KeyStatus *ks = j->keys[k];
             const Obcomm__EfVersion *v = ks->version;
             char from[40] = "zero";
             if (v && v->origin)
-                snprintf(from, sizeof(from), "snapshot %016" PRIx64,
-                         v->origin);
-            printf("         key %" PRIu64 ": %" PRIu64 " elements, %s + %" PRIu64
-                   " steps (last op %" PRIu64 ")\n",
+                snprintf(from, sizeof(from), "snapshot %016" PRIx64, v->origin);
+            printf("         key %" PRIu64 ": %" PRIu64
+                   " elements, %s + %" PRIu64 " steps (last op %" PRIu64 ")\n",
                    ks->key, ks->count, from, v ? v->applied : 0,
                    v ? v->last_seq : 0);
         }

@@ -138,6 +138,20 @@ static const struct row rows[] = {
             "past it the oldest of the busiest source address is closed."),
     INT_ROW(max_unauth_per_addr, U_NONE, 1, 4096, "8",
             "Most such connections from one source address."),
+    INT_ROW(max_buffers_per_client, U_NONE, 1, 1 << 20, "1024",
+            "Most shared-memory buffers one trainer connection may have "
+            "registered at once."),
+    INT_ROW(max_buffers_per_uid, U_NONE, 1, 1 << 20, "4096",
+            "Most shared-memory buffers one user may have registered at "
+            "once, all connections together (each is one mapping in the "
+            "daemon, and mappings are bounded by vm.max_map_count)."),
+    INT_ROW(max_buffer_bytes_per_uid, U_NONE, 0, INT64_C(1) << 50, "0",
+            "Most bytes of shared-memory buffers one user may have "
+            "registered at once. 0: the machine's memory."),
+    INT_ROW(max_buffers, U_NONE, 0, 1 << 24, "0",
+            "Most shared-memory buffers of all users together. 0: half of "
+            "vm.max_map_count, so that the daemon's own mappings (segment "
+            "buffers, thread stacks) always have room."),
 };
 
 /* Options that SIGHUP applies while the daemon runs. */

@@ -12,7 +12,7 @@
 #define OBD_HOST_MAX  64
 
 /* Room for the options of the table (checked at compile time). */
-#define OBD_CONFIG_ROWS 32
+#define OBD_CONFIG_ROWS 40
 
 /* Room for any peers list of OBD_MAX_NODES entries of the longest host
  * name, with a blank after each comma: a list that does not fit names more
@@ -53,6 +53,10 @@ struct obd_config {
     char wire_protection[16];
     int64_t max_unauth_links;
     int64_t max_unauth_per_addr;
+    int64_t max_buffers_per_client;
+    int64_t max_buffers_per_uid;
+    int64_t max_buffer_bytes_per_uid;
+    int64_t max_buffers;
 
     /* Where each option was set, for messages: src_line[i] is 0 for the
      * default, -1 for a flag, else the line of src_file. */

@@ -96,6 +96,118 @@ static int clients_of(const struct obd_daemon *d, uid_t uid)
     return n;
 }
 
+/* Buffers a user has registered, all its connections together (those
+ * being closed included: their buffers are mapped until they are gone). */
+static void buffers_of(const struct obd_daemon *d, uid_t uid, int64_t *n,
+                       uint64_t *bytes)
+{
+    *n = 0;
+    *bytes = 0;
+    for (const struct obd_client *c = d->clients; c; c = c->next)
+        if (c->uid == uid) {
+            *n += c->nbufs;
+            *bytes += c->buf_bytes;
+        }
+}
+
+/* max_buffer_bytes_per_uid, 0 meaning the machine's memory. */
+static uint64_t buffer_bytes_per_uid(const struct obd_daemon *d)
+{
+    if (d->cfg.max_buffer_bytes_per_uid > 0)
+        return (uint64_t)d->cfg.max_buffer_bytes_per_uid;
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return UINT64_MAX;
+    return (uint64_t)pages * (uint64_t)size;
+}
+
+/* Decides, before anything is mapped, whether client c may register one
+ * more buffer of `bytes` bytes. Every registered buffer is a mapping in
+ * the daemon and the kernel bounds the mappings of a process
+ * (vm.max_map_count): were one user allowed to take them all, the
+ * daemon's own allocations (segment buffers of running ops, thread
+ * stacks) would fail and with them the ops of every other user. So each
+ * connection and each user has a bound, and all users together stay
+ * under max_buffers, which leaves the daemon room of its own. Returns 0
+ * or OBCOMM_E_NOMEM with the bound named in why. */
+static int admit_buffer(const struct obd_client *c, uint64_t bytes, char *why,
+                        size_t whylen)
+{
+    const struct obd_daemon *d = c->d;
+    int64_t n;
+    uint64_t used;
+    buffers_of(d, c->uid, &n, &used);
+    uint64_t cap = buffer_bytes_per_uid(d);
+    if (c->nbufs >= d->cfg.max_buffers_per_client) {
+        snprintf(why, whylen,
+                 "buffer refused: this connection has %lld buffers "
+                 "registered, max_buffers_per_client is %lld",
+                 (long long)c->nbufs, (long long)d->cfg.max_buffers_per_client);
+        return OBCOMM_E_NOMEM;
+    }
+    if (n >= d->cfg.max_buffers_per_uid) {
+        snprintf(why, whylen,
+                 "buffer refused: uid %u has %lld buffers registered, "
+                 "max_buffers_per_uid is %lld",
+                 (unsigned)c->uid, (long long)n,
+                 (long long)d->cfg.max_buffers_per_uid);
+        return OBCOMM_E_NOMEM;
+    }
+    if (used > cap || bytes > cap - used) {
+        snprintf(why, whylen,
+                 "buffer of %llu bytes refused: uid %u has %llu bytes "
+                 "registered, max_buffer_bytes_per_uid is %llu",
+                 (unsigned long long)bytes, (unsigned)c->uid,
+                 (unsigned long long)used, (unsigned long long)cap);
+        return OBCOMM_E_NOMEM;
+    }
+    if (d->shm_buffers >= d->shm_buffers_max) {
+        snprintf(why, whylen,
+                 "buffer refused: all users have %lld buffers registered, "
+                 "max_buffers is %lld",
+                 (long long)d->shm_buffers, (long long)d->shm_buffers_max);
+        return OBCOMM_E_NOMEM;
+    }
+    return 0;
+}
+
+/* The kernel's bound on the mappings of a process; 65530 (its default)
+ * when it cannot be read. */
+static int64_t max_map_count(void)
+{
+    long long n = 0;
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
+    if (f != NULL) {
+        if (fscanf(f, "%lld", &n) != 1)
+            n = 0;
+        fclose(f);
+    }
+    return n > 0 ? (int64_t)n : 65530;
+}
+
+/* Adds b to the client's buffers, or takes it out of them, keeping the
+ * counts that admit_buffer reads. */
+static void buf_link(struct obd_client *c, struct obd_shm *b)
+{
+    b->next = c->bufs;
+    c->bufs = b;
+    c->nbufs++;
+    c->buf_bytes += b->size;
+    c->d->shm_buffers++;
+    obd_metric_add(&c->d->metrics, OBD_M_SHM_BYTES, b->size);
+}
+
+static void buf_unlink(struct obd_client *c, struct obd_shm **pp)
+{
+    struct obd_shm *b = *pp;
+    *pp = b->next;
+    c->nbufs--;
+    c->buf_bytes -= b->size;
+    c->d->shm_buffers--;
+    c->d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
+    obd_shm_unref(b);
+}
+
 static void on_join_timeout(uv_timer_t *t)
 {
     struct obd_client *c = container_of(t, struct obd_client, join_timer);
@@ -248,6 +360,13 @@ int obd_ctl_start(struct obd_daemon *d)
         return rc;
     }
 
+    int64_t maps = max_map_count();
+    d->shm_buffers_max = d->cfg.max_buffers > 0 ? d->cfg.max_buffers : maps / 2;
+    obd_log_info(&d->log,
+                 "shared-memory buffers: at most %lld of all users together "
+                 "(max_buffers; vm.max_map_count is %lld)",
+                 (long long)d->shm_buffers_max, (long long)maps);
+
     d->ctl_fd = fd;
     uv_poll_init(&d->loop, &d->ctl_poll, fd);
     uv_poll_start(&d->ctl_poll, UV_READABLE, on_accept);
@@ -298,12 +417,8 @@ static void drop_run(struct obd_ready *r)
         c->job = NULL;
         obd_job_leave(job, c->local_rank, c->drop_why);
     }
-    while (c->bufs != NULL) {
-        struct obd_shm *b = c->bufs;
-        c->bufs = b->next;
-        d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-        obd_shm_unref(b);
-    }
+    while (c->bufs != NULL)
+        buf_unlink(c, &c->bufs);
     while (c->outq != NULL) {
         struct obd_outbuf *o = c->outq;
         c->outq = o->next;
@@ -488,17 +603,21 @@ static void handle_register(struct obd_client *c,
         reply_register(c, r->id, OBCOMM_E_INVAL, "buffer id 0 or in use");
         return;
     }
+    int rc = admit_buffer(c, r->bytes, why, sizeof(why));
+    if (rc) {
+        close(fd);
+        obd_log_warn(&c->d->log, "client pid %d: %s", (int)c->pid, why);
+        reply_register(c, r->id, rc, why);
+        return;
+    }
     struct obd_shm *b;
-    int rc =
-        obd_shm_map(fd, r->id, r->bytes, (uint64_t)c->d->cfg.max_buffer_bytes,
-                    &b, why, sizeof(why));
+    rc = obd_shm_map(fd, r->id, r->bytes, (uint64_t)c->d->cfg.max_buffer_bytes,
+                     &b, why, sizeof(why));
     if (rc) {
         reply_register(c, r->id, rc, why);
         return;
     }
-    b->next = c->bufs;
-    c->bufs = b;
-    obd_metric_add(&c->d->metrics, OBD_M_SHM_BYTES, b->size);
+    buf_link(c, b);
     reply_register(c, r->id, 0, "");
 }
 
@@ -508,10 +627,7 @@ static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
 {
     for (struct obd_shm **pp = &c->bufs; *pp; pp = &(*pp)->next)
         if ((*pp)->id == r->id) {
-            struct obd_shm *b = *pp;
-            *pp = b->next;
-            c->d->metrics.v[OBD_M_SHM_BYTES] -= b->size;
-            obd_shm_unref(b);
+            buf_unlink(c, pp);
             return;
         }
 }
@@ -545,20 +661,28 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     }
     c->next_seq++;
 
+    /* Every argument is checked here, naming the one that is wrong, so
+     * that a bad op fails at once on every rank instead of waiting for
+     * the deadline (libobcomm checks the same before it sends). */
     uint64_t bytes = 0;
+    int size = (int)c->d->cfg.nodes * c->job->local_size;
     switch (s->kind) {
     case OBCOMM_KIND_ALLREDUCE:
-        if (!obd_dtype_valid((int)s->dtype) || !obd_op_valid((int)s->redop) ||
-            s->count == 0 ||
-            s->count > UINT64_MAX / obd_dtype_size((obcomm_dtype_t)s->dtype)) {
-            status = OBCOMM_E_INVAL;
-            snprintf(why, sizeof(why),
-                     "invalid allreduce (dtype %u, op %u, "
-                     "count %llu)",
-                     s->dtype, s->redop, (unsigned long long)s->count);
-            break;
-        }
-        bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
+        status = OBCOMM_E_INVAL;
+        if (!obd_dtype_valid((int)s->dtype))
+            snprintf(why, sizeof(why), "unknown dtype %u", s->dtype);
+        else if (!obd_op_valid((int)s->redop))
+            snprintf(why, sizeof(why), "unknown reduction %u", s->redop);
+        else if (s->count == 0)
+            snprintf(why, sizeof(why), "allreduce of 0 elements");
+        else if (s->count >
+                 UINT64_MAX / obd_dtype_size((obcomm_dtype_t)s->dtype))
+            snprintf(why, sizeof(why), "allreduce of %llu elements overflows",
+                     (unsigned long long)s->count);
+        else
+            status = 0;
+        if (status == 0)
+            bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
         break;
     case OBCOMM_KIND_BROADCAST:
         desc.dtype = 0;
@@ -567,6 +691,10 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         if (s->count == 0) {
             status = OBCOMM_E_INVAL;
             snprintf(why, sizeof(why), "broadcast of 0 bytes");
+        } else if (s->root < 0 || s->root >= size) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why), "broadcast root %d not in [0, %d)",
+                     (int)s->root, size);
         }
         break;
     case OBCOMM_KIND_ALLREDUCE_1BIT:
@@ -576,8 +704,9 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         if (s->count == 0 || s->count > UINT64_MAX / 8) {
             status = OBCOMM_E_INVAL;
             snprintf(why, sizeof(why),
-                     "invalid 1-bit allreduce of %llu "
-                     "elements",
+                     s->count == 0 ? "1-bit allreduce of %llu elements"
+                                   : "1-bit allreduce of %llu elements "
+                                     "overflows",
                      (unsigned long long)s->count);
             break;
         }

@@ -50,6 +50,8 @@ struct obd_client {
     struct obd_job *job;
     int local_rank;
     struct obd_shm *bufs;
+    int64_t nbufs;      /* in bufs */
+    uint64_t buf_bytes; /* of bufs, together */
     uint64_t next_seq;
 
     struct obd_client *next;

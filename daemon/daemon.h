@@ -140,6 +140,10 @@ struct obd_daemon {
     int ctl_started;
     struct obd_client *clients;
     int nclients;
+    /* Buffers the clients have registered, all together, and the bound
+     * on them (max_buffers, resolved by obd_ctl_start). */
+    int64_t shm_buffers;
+    int64_t shm_buffers_max;
 
     /* Jobs and their ops (job.c). */
     struct obd_job *jobs;

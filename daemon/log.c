@@ -1,4 +1,5 @@
 #include "log.h"
+#include "text.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -94,8 +95,12 @@ static void emit(struct obd_log *log, int level, int64_t suppressed,
     if (log->journal == 0)
         log->journal = stderr_is_journal(out) ? 1 : 2;
 
-    char msg[1024];
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    /* Arguments carry outside text (job names, messages from peers and
+     * clients), so the whole formatted message is escaped: it stays one
+     * line, moves no terminal and is valid UTF-8, whatever it holds. */
+    char raw[1024], msg[4 * sizeof(raw)];
+    vsnprintf(raw, sizeof(raw), fmt, ap);
+    obcomm_text_escape(msg, sizeof(msg), raw);
     char more[80] = "";
     if (suppressed > 0)
         snprintf(more, sizeof(more), " (%lld similar messages suppressed)",

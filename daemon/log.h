@@ -8,7 +8,12 @@
  * Repeated messages are rate-limited here and nowhere else: messages are
  * "similar" when they come from the same format string; past a burst per
  * window the rest are counted, and the next line that passes says how many
- * were suppressed. Logging happens on the loop thread only. */
+ * were suppressed. Logging happens on the loop thread only.
+ *
+ * Every message is escaped as a whole (obcomm_text_escape in proto/text.h):
+ * a newline in a job name becomes "\n", ESC "\x1b", a byte of invalid
+ * UTF-8 "\xff", a backslash "\\", so one event is always one line and
+ * nothing a client or a peer sends can forge a line or drive a terminal. */
 #ifndef OBD_LOG_H
 #define OBD_LOG_H
 

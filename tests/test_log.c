@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "log.h"
+#include "text.h"
 
 /* Reads back what the log wrote to `f` since the last call. */
 static char *drain(FILE *f, long *pos)
@@ -149,6 +150,54 @@ START_TEST(repeats_are_counted_not_printed)
 }
 END_TEST
 
+/* Hostile job names as arguments: every one stays on its one line, with
+ * control bytes, ESC, C1 controls and invalid UTF-8 escaped, backslashes
+ * doubled and valid UTF-8 kept. */
+START_TEST(outside_text_is_escaped)
+{
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"x\nobcommd rank=0 error: FORGED", "x\\nobcommd rank=0 error: FORGED"},
+        {"\x1b[2J", "\\x1b[2J"},
+        {"\x1b]0;t\x07", "\\x1b]0;t\\x07"},
+        {"\xff\xfe", "\\xff\\xfe"},
+        {"a\\x1b\tb\r\x7f", "a\\\\x1b\\tb\\r\\x7f"},
+        {"\xc2\x9b"
+         "1m \xc3\xa9t\xc3\xa9 \xe2\x82\xac",
+         "\\xc2\\x9b1m \xc3\xa9t\xc3\xa9 \xe2\x82\xac"},
+        {"\xe0\x80\x80 \xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82",
+         "\\xe0\\x80\\x80 \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80 \\xe2\\x82"},
+    };
+    unsetenv("JOURNAL_STREAM");
+    FILE *f = tmpfile();
+    long pos = 0;
+    struct obd_log log = {.level = OBD_LOG_INFO, .rank = 0, .out = f};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        obd_log_info(&log, "job %s: local rank 0 of 2 joined", cases[i].in);
+        char *out = drain(f, &pos);
+        ck_assert_int_eq(count_lines(out), 1);
+        char want[256];
+        snprintf(want, sizeof(want),
+                 " obcommd rank=0 info: job %s: local "
+                 "rank 0 of 2 joined\n",
+                 cases[i].out);
+        char *at = strstr(out, " obcommd rank=0 info: ");
+        ck_assert_ptr_nonnull(at);
+        ck_assert_str_eq(at, want);
+    }
+    fclose(f);
+
+    /* Cut to fit, never inside an escape or a character. */
+    char small[6];
+    ck_assert_uint_eq(obcomm_text_escape(small, sizeof(small), "ab\n\xff"), 4);
+    ck_assert_str_eq(small, "ab\\n");
+    ck_assert_uint_eq(obcomm_text_escape(small, sizeof(small), "abcd\xc3\xa9"),
+                      4);
+    ck_assert_str_eq(small, "abcd");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("log");
@@ -156,6 +205,7 @@ int main(void)
     tcase_add_test(tc, people_get_iso_dates_and_rank);
     tcase_add_test(tc, journald_gets_syslog_priorities);
     tcase_add_test(tc, repeats_are_counted_not_printed);
+    tcase_add_test(tc, outside_text_is_escaped);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
