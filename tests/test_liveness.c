@@ -3,7 +3,7 @@
  * with OBCOMM_E_PEER_LOST naming it, also ops submitted after the link
  * went down, and a node that comes back serves a new run.
  *
- * Every op here has a 60 s deadline while peer_timeout_ms is 1 s: an
+ * Every op here has a 60 s deadline while peer_timeout_ms is 2 s: an
  * answer of OBCOMM_E_PEER_LOST (and not OBCOMM_E_TIMEOUT) is the proof
  * that the fault was noticed long before the deadline. */
 #include <check.h>
@@ -21,7 +21,7 @@
 #define NODES      3
 #define VICTIM     2
 #define DEADLINE   60000
-#define PEER_LIMIT "1000"
+#define PEER_LIMIT "2000"
 
 /* Trainers tell the test that their first op is done (`done`) and wait
  * for its word (`go`) before the next. */
