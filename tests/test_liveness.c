@@ -50,6 +50,9 @@ static int trainer(obcomm_t *c, void *arg)
     if (write(done_pipe[1], "d", 1) != 1)
         return hx_fail(c, "write");
     char b;
+    if (obcomm_rank(c) == VICTIM) /* stays joined until it is killed */
+        for (;;)
+            pause();
     if (read(go_pipe[0], &b, 1) != 1)
         return hx_fail(c, "read");
     rc = one_op(c, x);
