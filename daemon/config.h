@@ -12,7 +12,7 @@
 #define OBD_HOST_MAX  64
 
 /* Room for the options of the table (checked at compile time). */
-#define OBD_CONFIG_ROWS 40
+#define OBD_CONFIG_ROWS 48
 
 /* Room for any peers list of OBD_MAX_NODES entries of the longest host
  * name, with a blank after each comma: a list that does not fit names more
@@ -39,6 +39,7 @@ struct obd_config {
     int64_t sock_buf_bytes;
     int64_t connect_backoff_max_ms;
     int64_t keepalive_s;
+    int64_t peer_timeout_ms;
     int64_t threads;
     int64_t stall_warn_ms;
     char log_level[8];

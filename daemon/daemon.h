@@ -75,6 +75,11 @@ struct obd_hooks {
     /* job -> the mesh: a control message to node `to`; 0 or an error. */
     int (*send_ctrl)(struct obd_daemon *d, int to,
                      const struct Obcomm__PeerMsg *msg);
+    /* job -> the mesh: 1 when node's link was up and is down now, with
+     * what ended it in why; 0 while it is up or before it first came up
+     * (as obd_peers_lost). May be NULL: no node is ever lost. */
+    int (*node_lost)(const struct obd_daemon *d, int node, char *why,
+                     size_t len);
     /* job -> the mesh: a data frame, as obd_peers_send_data. */
     int (*send_data)(struct obd_daemon *d, int to, struct obd_frame *f,
                      const void *payload, void (*done)(void *arg, int status),
@@ -154,6 +159,10 @@ struct obd_daemon {
     uv_tcp_t listener;
     int listening;
     struct obd_link *unbound; /* links before the end of the handshake */
+    /* Heartbeats on every established link, and the check that each
+     * carried something within peer_timeout_ms (peers.c). */
+    uv_timer_t heartbeat;
+    uint64_t heartbeat_ms; /* loop time of the last tick */
     /* The cluster key (auth_key_file), read at start. */
     uint8_t auth_key[OBD_AUTH_KEY];
     int keyed;

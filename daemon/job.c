@@ -533,8 +533,37 @@ void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
     job_stop(op->job, op->seq + 1, status, what, 1);
 }
 
+/* ", link down" when node n's link is not up (send_ctrl says so). */
+static const char *link_words(const struct obd_daemon *d, int n)
+{
+    if (d->hooks.node_lost != NULL && d->hooks.node_lost(d, n, NULL, 0))
+        return ", its link is down";
+    return "";
+}
+
+/* Every rank and node arrived: says what the op still waits for. */
+static void describe_waiting(const struct obd_op *op, char *buf, size_t len)
+{
+    const struct obd_job *job = op->job;
+    const struct obd_daemon *d = job->d;
+    for (const struct obd_op *o = job->ops; o && o->seq < op->seq; o = o->next)
+        if (o->state != OBD_OP_DONE) {
+            snprintf(buf, len,
+                     "nobody (every rank arrived); the op waits for op %llu "
+                     "of the job, still %s",
+                     (unsigned long long)o->seq,
+                     o->state == OBD_OP_RUN ? "running" : "collecting");
+            return;
+        }
+    snprintf(buf, len, "nobody (every rank arrived); the op %s on node %d",
+             op->state == OBD_OP_RUN ? "runs"
+             : op->agreed            ? "was agreed and waits to start"
+                                     : "waits for the nodes' verdict",
+             (int)d->cfg.rank);
+}
+
 /* Lists the global ranks of the job that have not submitted or announced:
- * "ranks 2, 3 (node 1)". */
+ * "ranks 2, 3 (node 1)"; when all are in, what the op waits for. */
 static void describe_missing(const struct obd_op *op, char *buf, size_t len)
 {
     const struct obd_job *job = op->job;
@@ -551,15 +580,19 @@ static void describe_missing(const struct obd_op *op, char *buf, size_t len)
                         job->trainer[i] ? "" : ", not joined");
         } else if (!op->ann[n].have && off < len) {
             int ls = job->local_size;
+            const char *link = link_words(d, n);
             if (ls > 0)
                 off += (size_t)snprintf(
-                    buf + off, len - off, "%snode %d (ranks %d-%d)",
-                    off ? ", " : "", n, n * ls, n * ls + ls - 1);
+                    buf + off, len - off, "%snode %d (ranks %d-%d%s)",
+                    off ? ", " : "", n, n * ls, n * ls + ls - 1, link);
             else
-                off += (size_t)snprintf(buf + off, len - off, "%snode %d",
-                                        off ? ", " : "", n);
+                off += (size_t)snprintf(buf + off, len - off, "%snode %d%s",
+                                        off ? ", " : "", n,
+                                        link[0] ? " (link down)" : "");
         }
     }
+    if (off == 0)
+        describe_waiting(op, buf, len);
 }
 
 static void on_deadline(uv_timer_t *t)
@@ -571,7 +604,10 @@ static void on_deadline(uv_timer_t *t)
         return;
 
     if (op->state == OBD_OP_RUN && op->coll != NULL) {
+        who[0] = '\0';
         obd_coll_algo(op->desc.kind)->waiting_on(op, who, sizeof(who));
+        if (who[0] == '\0')
+            describe_waiting(op, who, sizeof(who));
         obd_op_fail(op, OBCOMM_E_TIMEOUT, 1,
                     "op %llu of job %s timed out after %d ms on node %d "
                     "waiting for %s",
@@ -601,6 +637,20 @@ static struct obd_op *op_find(struct obd_job *job, uint64_t seq)
         if (o->seq == seq)
             return o;
     return NULL;
+}
+
+/* The first node whose link was up and is down now (every op of a job
+ * needs every node), with what ended it; -1 when there is none. A node
+ * whose link has not come up yet is not lost: the world is still
+ * forming, and its ops wait for it until their deadline. */
+static int lost_node(const struct obd_daemon *d, char *why, size_t len)
+{
+    if (d->hooks.node_lost == NULL)
+        return -1;
+    for (int n = 0; n < d->cfg.nodes; n++)
+        if (n != d->cfg.rank && d->hooks.node_lost(d, n, why, len))
+            return n;
+    return -1;
 }
 
 static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
@@ -637,7 +687,10 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     op->linked = 1;
 
     /* Once the run stopped (an op failed, a rank left), every later op
-     * fails at once instead of on its deadline. */
+     * fails at once instead of on its deadline; so does an op that needs
+     * a node whose link is down. */
+    char why[200];
+    int lost = lost_node(d, why, sizeof(why));
     if (job->stopped[0] != '\0' && seq >= job->stopped_seq)
         obd_op_fail(op, job->stopped_status, 1, "op %llu of job %s: %s",
                     (unsigned long long)seq, job->name, job->stopped);
@@ -645,6 +698,10 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
         obd_op_fail(op, OBCOMM_E_PEER_LOST, 0,
                     "op %llu of job %s: obcommd on node %d is shutting down",
                     (unsigned long long)seq, job->name, (int)d->cfg.rank);
+    else if (lost >= 0)
+        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
+                    "op %llu of job %s: node %d was lost: %s",
+                    (unsigned long long)seq, job->name, lost, why);
     return op;
 }
 

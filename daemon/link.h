@@ -16,7 +16,10 @@
 
 /* A link that has not finished the handshake by then is closed. */
 #define HELLO_TIMEOUT_MS 10000
-#define DISCARD_BYTES    16384
+/* A dialed connection not established by then is given up (and dialed
+ * again): about one SYN retransmission. */
+#define CONNECT_TIMEOUT_MS 1000
+#define DISCARD_BYTES      16384
 /* Largest control frame before the handshake ends (a Hello is ~150 bytes):
  * what an unauthenticated connection may make us allocate. */
 #define PREAUTH_CTRL_MAX 4096
@@ -62,6 +65,7 @@ struct obd_link {
     uint8_t *dst;
     void *token;      /* from data_begin, until data_end */
     int parked;       /* reading paused until the frame's op starts */
+    uint64_t rx_ms;   /* loop time of the last bytes read (liveness) */
     uint8_t *discard; /* DISCARD_BYTES, allocated at first use */
 
     struct obd_link *next; /* in d->unbound */

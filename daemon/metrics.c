@@ -85,16 +85,19 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                                     "counter"},
     [OBD_M_EF_STATE_BYTES] = {"ef_state_bytes",
                               "Memory held by 1-bit error feedback", "gauge"},
-    [OBD_M_EF_RESTORED] = {"ef_restored", "Error-feedback states restored from snapshot sets",
+    [OBD_M_EF_RESTORED] = {"ef_restored",
+                           "Error-feedback states restored from snapshot sets",
                            "counter"},
     [OBD_M_EF_RESETS] = {"ef_resets",
                          "Error-feedback states reset to zero by a failed "
                          "op, a disagreement or a failed restore",
                          "counter"},
     [OBD_M_EF_REJECTED] = {"ef_rejected",
-                           "Snapshot sets found damaged or unreadable here (at a restore), or not written",
+                           "Snapshot sets found damaged or unreadable here (at "
+                           "a restore), or not written",
                            "counter"},
-    [OBD_M_EF_SAVED] = {"ef_saved", "Error-feedback states saved into snapshot sets",
+    [OBD_M_EF_SAVED] = {"ef_saved",
+                        "Error-feedback states saved into snapshot sets",
                         "counter"},
     [OBD_M_EF_DISAGREED] = {"ef_disagreed",
                             "1-bit ops failed because the nodes held "
@@ -108,6 +111,10 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                                  "1-bit ops refused because a new key's "
                                  "state would pass ef_max_bytes",
                                  "counter"},
+    [OBD_M_PEER_TIMEOUTS] = {"peer_timeouts",
+                             "Peer links declared down after nothing "
+                             "arrived for peer_timeout_ms",
+                             "counter"},
 };
 
 const struct obd_metric_desc obd_hist_desc = {

@@ -42,6 +42,7 @@ enum obd_metric_id {
     OBD_M_EF_DISAGREED,
     OBD_M_RUNS_STOPPED,
     OBD_M_EF_LIMIT_REFUSALS,
+    OBD_M_PEER_TIMEOUTS,
     OBD_M_COUNT
 };
 

@@ -21,6 +21,7 @@ struct data_write {
     uint8_t tag[OBD_AUTH_TAG];
     void (*done)(void *arg, int status);
     void *arg;
+    struct obd_link *link; /* valid here: closing cancels writes first */
     struct obd_peer *peer;
     size_t bytes;
     uint8_t ct[]; /* wire_protection = encrypt: the payload encrypted */
@@ -28,12 +29,22 @@ struct data_write {
 
 struct ctrl_write {
     uv_write_t req;
+    struct obd_link *link; /* valid here: closing cancels writes first */
     struct obd_peer *peer;
     size_t bytes;
     uint8_t buf[];
 };
 
 static void dial(struct obd_peer *p);
+
+/* A write that failed (ETIMEDOUT from TCP_USER_TIMEOUT, a reset) ends its
+ * link: a link that is not reading (parked) learns of a dead peer only
+ * here. A cancelled write belongs to a link that is closing already. */
+static void write_failed(struct obd_link *l, int status)
+{
+    if (status < 0 && status != UV_ECANCELED)
+        obd_peers_link_close(l, uv_strerror(status));
+}
 
 const char *obd_peer_state_name(enum obd_peer_state s)
 {
@@ -56,11 +67,29 @@ int obd_peers_complete(const struct obd_daemon *d)
     return 1;
 }
 
+uint64_t obd_peers_timeout_ms(const struct obd_daemon *d)
+{
+    int64_t t = d->cfg.peer_timeout_ms;
+    if (t > d->cfg.timeout_ms)
+        t = d->cfg.timeout_ms;
+    return t > 0 ? (uint64_t)t : 1;
+}
+
 static void set_sockopts(struct obd_link *l)
 {
     struct obd_daemon *d = l->d;
     uv_tcp_nodelay(&l->tcp, 1);
     uv_tcp_keepalive(&l->tcp, 1, (unsigned)d->cfg.keepalive_s);
+    /* Sent data that stays unacknowledged this long ends the connection
+     * (a partition, a node gone without a word): the write or read fails
+     * with ETIMEDOUT and the link closes. */
+    uv_os_fd_t fd;
+    unsigned user_timeout = (unsigned)obd_peers_timeout_ms(d);
+    if (uv_fileno((const uv_handle_t *)&l->tcp, &fd) == 0 &&
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout,
+                   sizeof(user_timeout)) != 0)
+        obd_log_debug(&d->log, "TCP_USER_TIMEOUT on %s: %s", l->where,
+                      strerror(errno));
     int size = (int)d->cfg.sock_buf_bytes;
     uv_send_buffer_size((uv_handle_t *)&l->tcp, &size);
     size = (int)d->cfg.sock_buf_bytes;
@@ -77,7 +106,9 @@ static void on_ctrl_written(uv_write_t *req, int status)
         obd_metric_add(&w->peer->d->metrics, OBD_M_BYTES_SENT, w->bytes);
         obd_metric_add(&w->peer->d->metrics, OBD_M_CTRL_BYTES_SENT, w->bytes);
     }
+    struct obd_link *l = w->link;
     free(w);
+    write_failed(l, status);
 }
 
 /* Sends a control frame whose body is packed already; with a session
@@ -110,6 +141,7 @@ int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t body)
     /* Before the handshake ends the peer is not known for sure; the bytes
      * are counted against our own entry, which status never reports. */
     w->peer = &l->d->peers[l->state == L_UP ? l->peer : l->d->cfg.rank];
+    w->link = l;
     w->bytes = OBD_FRAME_HDR + body + tag;
 
     uv_buf_t buf = uv_buf_init((char *)w->buf, (unsigned)w->bytes);
@@ -158,7 +190,9 @@ static void on_data_written(uv_write_t *req, int status)
     }
     void (*done)(void *, int) = w->done;
     void *arg = w->arg;
+    struct obd_link *l = w->link;
     free(w);
+    write_failed(l, status);
     done(arg, status);
 }
 
@@ -181,6 +215,7 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     w->done = done;
     w->arg = arg;
     w->peer = p;
+    w->link = l;
 
     /* none: header and payload straight from memory. integrity: the tag
      * is computed over the payload in place. encrypt: the payload is
@@ -248,6 +283,7 @@ void obd_peers_link_up(struct obd_link *l)
     p->up_since_unix_ms = obd_metrics_unix_ms();
     p->backoff_ms = 0;
     l->state = L_UP;
+    l->rx_ms = uv_now(&d->loop);
     obd_metric_add(&d->metrics, OBD_M_LINKS_UP, 1);
     obd_log_info(&d->log, "link to node %d (%s:%u) is up%s%s", r,
                  d->cfg.world[r].host, d->cfg.world[r].port,
@@ -310,6 +346,11 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
     case OBCOMM__PEER_MSG__BODY_ANNOUNCE:
     case OBCOMM__PEER_MSG__BODY_JOB_LEFT:
         handle_job_msg(l, m);
+        break;
+    case OBCOMM__PEER_MSG__BODY_HEARTBEAT:
+        /* Its bytes count as a sign of life (on_read); nothing else. */
+        if (l->state != L_UP)
+            obd_peers_link_close(l, "heartbeat before the handshake");
         break;
     default:
         obd_peers_link_close(l, "empty PeerMsg");
@@ -477,6 +518,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
 
     obd_metric_add(&d->metrics, OBD_M_BYTES_RECEIVED, (uint64_t)nread);
+    l->rx_ms = uv_now(&d->loop);
     if (l->peer >= 0 && l->state == L_UP)
         d->peers[l->peer].bytes_received += (uint64_t)nread;
     l->got += (size_t)nread;
@@ -539,6 +581,65 @@ static void resume_links(struct obd_ready *r)
         uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
         if (l->f.len == 0)
             payload_done(l);
+    }
+}
+
+/* ---- liveness ---- */
+
+int obd_peers_lost(const struct obd_daemon *d, int node, char *why, size_t len)
+{
+    if (d->peers == NULL || node == d->cfg.rank)
+        return 0;
+    const struct obd_peer *p = &d->peers[node];
+    /* epoch counts the links that came up: 0 before the first one. */
+    if (p->state == OBD_PEER_UP || p->epoch == 0)
+        return 0;
+    if (why != NULL && len > 0)
+        snprintf(why, len, "%s",
+                 p->last_error[0] ? p->last_error : "its link is down");
+    return 1;
+}
+
+static uint64_t heartbeat_every(const struct obd_daemon *d)
+{
+    uint64_t every = obd_peers_timeout_ms(d) / 4;
+    return every < 25 ? 25 : every > 1000 ? 1000 : every;
+}
+
+/* Every tick: a link that has read nothing for peer_timeout_ms (no
+ * heartbeat, no data) is declared down; then each link that is up gets a
+ * heartbeat. A parked link reads nothing on purpose and is not judged by
+ * it: a dead peer shows there as a failed write (TCP_USER_TIMEOUT). A
+ * tick that comes far too late means this loop stood still (a stopped
+ * process, a swapped machine), not the peers: the clocks start again. */
+static void on_heartbeat(uv_timer_t *t)
+{
+    struct obd_daemon *d = container_of(t, struct obd_daemon, heartbeat);
+    uint64_t now = uv_now(&d->loop);
+    uint64_t limit = obd_peers_timeout_ms(d);
+    int late = now - d->heartbeat_ms > 2 * heartbeat_every(d) + 100;
+    d->heartbeat_ms = now;
+    Obcomm__Heartbeat hb = OBCOMM__HEARTBEAT__INIT;
+    Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    msg.body_case = OBCOMM__PEER_MSG__BODY_HEARTBEAT;
+    msg.heartbeat = &hb;
+    for (int i = 0; i < d->cfg.nodes; i++) {
+        struct obd_link *l = d->peers[i].link;
+        if (i == d->cfg.rank || l == NULL || l->state != L_UP)
+            continue;
+        if (late || l->parked)
+            l->rx_ms = now;
+        if (now - l->rx_ms >= limit) {
+            char why[96];
+            snprintf(why, sizeof(why),
+                     "nothing received for %llu ms (peer_timeout_ms)",
+                     (unsigned long long)(now - l->rx_ms));
+            obd_metric_add(&d->metrics, OBD_M_PEER_TIMEOUTS, 1);
+            obd_peers_link_close(l, why);
+            continue;
+        }
+        if (obd_peers_link_send_msg(l, &msg.base) != 0)
+            obd_peers_link_close(l, "cannot send a heartbeat");
     }
 }
 
@@ -612,7 +713,10 @@ void obd_peers_link_close(struct obd_link *l, const char *why)
 static void on_hello_timeout(uv_timer_t *t)
 {
     struct obd_link *l = container_of(t, struct obd_link, hello_timer);
-    obd_peers_link_close(l, "no Hello within the handshake timeout");
+    if (l->state == L_CONNECTING)
+        obd_peers_link_close(l, "no answer to the connection attempt");
+    else
+        obd_peers_link_close(l, "no Hello within the handshake timeout");
 }
 
 static struct obd_link *link_new(struct obd_daemon *d)
@@ -693,16 +797,25 @@ static void on_retry(uv_timer_t *t)
     l->next = d->unbound;
     d->unbound = l;
     p->state = OBD_PEER_CONNECTING;
+    p->attempt_ms = uv_now(&d->loop);
     int rc = uv_tcp_connect(&l->connect, &l->tcp, (struct sockaddr *)&sa,
                             on_connect);
     if (rc) {
         l->state = L_HELLO;
         obd_peers_link_close(l, uv_strerror(rc));
+        return;
     }
+    /* A SYN lost in a partition is retried by the kernel after 1, 3, 7,
+     * 15... s: a healed link would wait for the next one. The attempt
+     * ends instead and a new one starts (dial), so one begins at least
+     * every CONNECT_TIMEOUT_MS + connect_backoff_max_ms. */
+    uv_timer_start(&l->hello_timer, on_hello_timeout, CONNECT_TIMEOUT_MS, 0);
 }
 
 /* Schedules the next attempt to reach a lower rank, with exponential
- * backoff up to connect_backoff_max_ms. */
+ * backoff up to connect_backoff_max_ms, counted from the start of the
+ * attempt that just ended: an attempt that took its whole timeout is
+ * followed by the next one at once. */
 static void dial(struct obd_peer *p)
 {
     struct obd_daemon *d = p->d;
@@ -710,8 +823,10 @@ static void dial(struct obd_peer *p)
     p->backoff_ms = p->backoff_ms ? p->backoff_ms * 2 : 20;
     if (p->backoff_ms > max)
         p->backoff_ms = max;
+    uint64_t spent = uv_now(&d->loop) - p->attempt_ms;
+    uint64_t wait = spent < p->backoff_ms ? p->backoff_ms - spent : 0;
     p->state = OBD_PEER_CONNECTING;
-    uv_timer_start(&p->retry, on_retry, p->backoff_ms, 0);
+    uv_timer_start(&p->retry, on_retry, wait, 0);
 }
 
 /* Connections that have not finished the handshake are bounded: at most
@@ -893,8 +1008,12 @@ int obd_peers_start(struct obd_daemon *d)
         d->peers[i].state = i == d->cfg.rank ? OBD_PEER_UP : OBD_PEER_DOWN;
         uv_timer_init(&d->loop, &d->peers[i].retry);
     }
+    uv_timer_init(&d->loop, &d->heartbeat);
     if (d->cfg.nodes == 1)
         return 0;
+    d->heartbeat_ms = uv_now(&d->loop);
+    uv_timer_start(&d->heartbeat, on_heartbeat, heartbeat_every(d),
+                   heartbeat_every(d));
 
     int rc = listen_open(d);
     if (rc)
@@ -920,6 +1039,7 @@ void obd_peers_close(struct obd_daemon *d)
         if (p->link != NULL)
             obd_peers_link_close(p->link, "shutting down");
     }
+    uv_close((uv_handle_t *)&d->heartbeat, NULL);
     while (d->unbound != NULL)
         obd_peers_link_close(d->unbound, "shutting down");
     if (d->listening) {

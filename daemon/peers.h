@@ -32,6 +32,7 @@ struct obd_peer {
     struct obd_link *link; /* the link past its Hello, or NULL */
     uv_timer_t retry;
     uint64_t backoff_ms;
+    uint64_t attempt_ms; /* loop time the last dial attempt began */
     uint64_t bytes_sent;
     uint64_t bytes_received;
     uint32_t epoch; /* bumped on every new link */
@@ -44,6 +45,13 @@ struct obd_peer {
 
 int obd_peers_start(struct obd_daemon *d);
 void obd_peers_close(struct obd_daemon *d);
+
+/* peer_timeout_ms as it applies: at most timeout_ms. */
+uint64_t obd_peers_timeout_ms(const struct obd_daemon *d);
+
+/* 1 when node's link was up and is down now (lost; why, when not NULL,
+ * gets what ended it), 0 while it is up or before it first came up. */
+int obd_peers_lost(const struct obd_daemon *d, int node, char *why, size_t len);
 
 /* 1 when every other node's link is up. */
 int obd_peers_complete(const struct obd_daemon *d);

@@ -407,6 +407,43 @@ START_TEST(failed_op_stops_the_run)
 }
 END_TEST
 
+/* The mesh says node 1's link was up and is down: node 0 fails a new op
+ * at once with PEER_LOST naming it and why (not at the deadline), from
+ * inside no call; the run stops. */
+static int node1_lost(const struct obd_daemon *d, int node, char *why,
+                      size_t len)
+{
+    (void)d;
+    if (node != 1)
+        return 0;
+    if (why != NULL)
+        snprintf(why, len, "connection closed by the peer");
+    return 1;
+}
+
+START_TEST(op_needing_a_lost_node_fails_at_once)
+{
+    start(2, 1);
+    nodes[0].hooks.node_lost = node1_lost;
+    float x[16] = {0};
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_SUM,
+                           .count = 10};
+    submit(0, 0, 0, &a, x);
+    ck_assert_int_eq(trainers[0][0].answers, 0);
+    pump_until(all_answered_0);
+    ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
+    ck_assert_str_eq(trainers[0][0].message,
+                     "op 0 of job j: node 1 was lost: connection closed by "
+                     "the peer");
+    ck_assert_int_eq(nodes[0].metrics.v[OBD_M_RUNS_STOPPED], 1);
+    ck_assert_int_eq(nodes[0].metrics.v[OBD_M_OPS_TIMEOUT], 0);
+    nodes[0].hooks.node_lost = NULL;
+    stop();
+}
+END_TEST
+
 /* Nodes that hold different versions of a key's error feedback fail the
  * 1-bit op on every rank before any pass, naming both versions, and both
  * reset the run's state (the same on both). */
@@ -1062,6 +1099,7 @@ int main(void)
     tcase_add_test(tc, answers_are_deferred);
     tcase_add_test(tc, mismatch_names_both);
     tcase_add_test(tc, failed_op_stops_the_run);
+    tcase_add_test(tc, op_needing_a_lost_node_fails_at_once);
     tcase_add_test(tc, versions_differ_fail_everywhere);
     tcase_add_test(tc, snapshot_write_on_the_pool_does_not_stall_other_jobs);
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
