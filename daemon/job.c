@@ -1022,6 +1022,14 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
                    void *data, int status, char *why, size_t whylen)
 {
     struct obd_op *op = op_get(job, seq);
+    if (op == NULL && job->stopped[0] != '\0' && seq >= job->stopped_seq) {
+        /* The stopped run's ops that other nodes announced may all be over
+         * here before this trainer comes to them: it gets the same answer
+         * as if it had been in time. */
+        snprintf(why, whylen, "op %llu of job %s: %s", (unsigned long long)seq,
+                 job->name, job->stopped);
+        return job->stopped_status;
+    }
     if (op == NULL) {
         snprintf(why, whylen,
                  "op %llu is outside the job's window (next op is %llu)",

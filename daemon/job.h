@@ -182,7 +182,9 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason);
  * buf). A non-zero status means the daemon refused the request (reason in
  * why): the op then fails on every rank with that message. Returns 0, or a
  * negative code when the submission itself is invalid (outside the op
- * window, twice): the caller answers that trainer directly with why. */
+ * window, twice) or answered already (an op of a stopped run that is over
+ * here: the run's first failure): the caller answers that trainer
+ * directly with the code and why. */
 int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
                    const struct obd_opdesc *desc, struct obd_shm *buf,
                    void *data, int status, char *why, size_t whylen);

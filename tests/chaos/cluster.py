@@ -210,7 +210,10 @@ class Cluster:
                 "--peers", self.peers, "--listen", f"{addr(i)}:{PORT}",
                 "--auth_key_file", os.path.join(self.dir, "cluster.key"),
                 "--socket", self.sock(i), "--state_dir", sd,
-                "--timeout_ms", str(self.timeout_ms), "--log_level", "info"]
+                "--timeout_ms", str(self.timeout_ms),
+                # A silent node is found well before an op's deadline.
+                "--peer_timeout_ms", str(max(100, self.timeout_ms // 3)),
+                "--log_level", "info"]
         lf = open(self.daemon_log(i), "ab")
         lf.write(f"==== chaos: start {time.strftime('%H:%M:%S')}\n".encode())
         lf.flush()
