@@ -34,7 +34,20 @@ int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
 {
     char full[PATH_MAX];
     const char *creds = getenv("CREDENTIALS_DIRECTORY");
-    if (path[0] != '/' && creds != NULL && creds[0] != '\0')
+    int credential = path[0] != '/';
+    if (credential && (creds == NULL || creds[0] == '\0')) {
+        /* A relative name means a systemd credential: read from the
+         * current directory it would be a different file in every shell
+         * the daemon is started from. */
+        snprintf(err, errlen,
+                 "auth_key_file %s: a relative name is a systemd credential, "
+                 "but $CREDENTIALS_DIRECTORY is not set (run under the unit, "
+                 "whose LoadCredential= provides it, or give an absolute "
+                 "path)",
+                 path);
+        return -1;
+    }
+    if (credential)
         snprintf(full, sizeof(full), "%s/%s", creds, path);
     else
         snprintf(full, sizeof(full), "%s", path);
@@ -42,7 +55,16 @@ int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
     /* O_NONBLOCK: a FIFO planted under the name cannot block the start. */
     int fd = open(full, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        snprintf(err, errlen, "auth_key_file %s: %s", full, strerror(errno));
+        if (credential && errno == ENOENT)
+            snprintf(err, errlen,
+                     "auth_key_file %s: no such credential (the unit's "
+                     "LoadCredential=%s finds the key in "
+                     "/etc/credstore/%s; install it there with install -m "
+                     "600 -o root)",
+                     full, path, path);
+        else
+            snprintf(err, errlen, "auth_key_file %s: %s", full,
+                     strerror(errno));
         return -1;
     }
     struct stat st;
@@ -62,6 +84,15 @@ int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
                  "auth_key_file %s: mode %04o lets group or others at the "
                  "key; run chmod 600 %s",
                  full, (unsigned)(st.st_mode & 07777), full);
+        goto out;
+    }
+    /* Whoever owns the file can change the key: only this daemon's user
+     * and root may (as ssh asks of its keys). */
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        snprintf(err, errlen,
+                 "auth_key_file %s: belongs to uid %u, not to this daemon's "
+                 "uid %u or root; run chown root %s",
+                 full, (unsigned)st.st_uid, (unsigned)geteuid(), full);
         goto out;
     }
     while ((size_t)n < sizeof(buf)) {

@@ -52,12 +52,15 @@ int obd_auth_wire_parse(const char *text);
 /* Initialises libsodium; 0 or -1. Call once before anything below. */
 int obd_auth_init(void);
 
-/* Reads the cluster key from `path`. A relative path is looked up in
- * $CREDENTIALS_DIRECTORY when that is set (systemd LoadCredential=). The
- * file must be a regular file of OBD_AUTH_KEY_MIN..OBD_AUTH_KEY_MAX bytes
- * that neither group nor others may read or write; its whole content is
- * the key, hashed into key[]. On failure returns -1 with the reason and
- * the fix in err; key is written only on success. */
+/* Reads the cluster key from `path`. A relative path is a systemd
+ * credential, looked up in $CREDENTIALS_DIRECTORY (LoadCredential=), and
+ * refused when that is not set. The file must be a regular file of
+ * OBD_AUTH_KEY_MIN..OBD_AUTH_KEY_MAX bytes, owned by this process's
+ * effective uid or root, that neither group nor others may read or write;
+ * its whole content is the key, hashed into key[]. Both the start and
+ * --check-config call this, so they refuse the same files. On failure
+ * returns -1 with the reason and the fix in err; key is written only on
+ * success. */
 int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
                       size_t errlen);
 

@@ -1,6 +1,7 @@
 #include "config.h"
 #include "auth.h"
 #include "log.h"
+#include "snapset.h"
 
 #include <obcomm.h>
 
@@ -8,6 +9,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -127,11 +129,13 @@ static const struct row rows[] = {
             "A connection that has neither joined a job nor asked for the "
             "status within this many milliseconds is closed."),
     STR_ROW(auth_key_file, "",
-            "File whose whole content is the cluster key (at least 32 "
-            "bytes, mode 0600 or stricter): daemons prove to each other "
-            "that they hold it before anything else. A relative name is "
-            "looked up in $CREDENTIALS_DIRECTORY (systemd LoadCredential=) "
-            "when that is set. Empty: no authentication, loopback only."),
+            "File whose whole content is the cluster key (32 to 4096 "
+            "bytes, mode 0600 or stricter, owned by the daemon's user or "
+            "root): daemons prove to each other that they hold it before "
+            "anything else. A relative name is a systemd credential, looked "
+            "up in $CREDENTIALS_DIRECTORY: the unit's LoadCredential= hands "
+            "over /etc/credstore/obcomm-cluster.key as obcomm-cluster.key. "
+            "Empty: no authentication, loopback only."),
     STR_ROW(allow_insecure, "false",
             "true: listen on a non-loopback address without auth_key_file "
             "(anyone who reaches the port can join the mesh)."),
@@ -887,27 +891,118 @@ static int usable_cores(void)
     return n > 0 ? (int)n : 1;
 }
 
-/* Checks that `dir` is a directory this process can create files in. */
-static int check_dir(const struct obd_config *cfg, const char *opt,
-                     const char *dir, char *err, size_t errlen)
+int obd_config_socket_dir_ok(const char *socket, int create, char *why,
+                             size_t len, int *created)
 {
-    char pre[4200];
+    char dir[sizeof(((struct obd_config *)0)->socket)];
+    snprintf(dir, sizeof(dir), "%s", socket);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (created != NULL)
+        *created = 0;
     struct stat st;
-    if (stat(dir, &st) != 0) {
-        fail(err, errlen, "%s%s: directory %s: %s",
-             where(cfg, opt, pre, sizeof(pre)), opt, dir, strerror(errno));
+    if (stat(dir, &st) != 0 && errno == ENOENT) {
+        if (!create) {
+            /* The start creates it: a check passes when it can. */
+            char parent[sizeof(dir)];
+            snprintf(parent, sizeof(parent), "%s", dir);
+            char *p = strrchr(parent, '/');
+            if (p == NULL)
+                snprintf(parent, sizeof(parent), ".");
+            else if (p == parent)
+                parent[1] = '\0';
+            else
+                *p = '\0';
+            const char *no = NULL;
+            if (stat(parent, &st) != 0)
+                no = strerror(errno);
+            else if (!S_ISDIR(st.st_mode))
+                no = "not a directory";
+            else if (access(parent, W_OK | X_OK) != 0)
+                no = strerror(errno);
+            if (no != NULL) {
+                snprintf(why, len,
+                         "socket directory %s: missing, and cannot be "
+                         "created in %s: %s",
+                         dir, parent, no);
+                return -1;
+            }
+            return 0;
+        }
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            snprintf(why, len, "socket directory %s: cannot create it: %s", dir,
+                     strerror(errno));
+            return -1;
+        }
+        if (created != NULL)
+            *created = 1;
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(why, len, "socket directory %s is not a directory", dir);
         return -1;
     }
-    if (!S_ISDIR(st.st_mode)) {
-        fail(err, errlen, "%s%s: %s is not a directory",
-             where(cfg, opt, pre, sizeof(pre)), opt, dir);
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        snprintf(why, len,
+                 "socket directory %s belongs to uid %u, not to this "
+                 "daemon's uid %u or root: refused (another user could "
+                 "replace the socket); use a directory of the daemon's "
+                 "user such as /run/obcomm",
+                 dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -1;
+    }
+    if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+        snprintf(why, len,
+                 "socket directory %s is writable by everybody without "
+                 "the sticky bit (mode %04o): refused (another user "
+                 "could replace the socket)",
+                 dir, (unsigned)(st.st_mode & 07777));
         return -1;
     }
     if (access(dir, W_OK | X_OK) != 0) {
-        fail(err, errlen, "%s%s: directory %s is not writable: %s",
-             where(cfg, opt, pre, sizeof(pre)), opt, dir, strerror(errno));
+        snprintf(why, len, "socket directory %s is not writable: %s", dir,
+                 strerror(errno));
         return -1;
     }
+    return 0;
+}
+
+int obd_config_socket_gid(const char *group, gid_t *out, char *why, size_t len)
+{
+    char *end;
+    gid_t gid;
+    unsigned long n = strtoul(group, &end, 10);
+    if (*group != '\0' && *end == '\0') {
+        gid = (gid_t)n;
+    } else {
+        struct group grp, *found = NULL;
+        char buf[4096];
+        if (getgrnam_r(group, &grp, buf, sizeof(buf), &found) != 0 ||
+            found == NULL) {
+            snprintf(why, len, "socket_group %s: no such group", group);
+            return -1;
+        }
+        gid = found->gr_gid;
+    }
+    /* Giving a file to a group needs membership (or root's privilege). */
+    int member = geteuid() == 0 || getegid() == gid;
+    gid_t groups[256];
+    int ng = getgroups(256, groups);
+    for (int i = 0; i < ng && !member; i++)
+        member = groups[i] == gid;
+    if (!member) {
+        snprintf(why, len,
+                 "socket_group %s: this daemon's user (uid %u) is not a "
+                 "member, so it cannot give the socket to the group (the "
+                 "unit needs SupplementaryGroups=%s)",
+                 group, (unsigned)geteuid(), group);
+        return -1;
+    }
+    *out = gid;
     return 0;
 }
 
@@ -919,24 +1014,45 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
     struct resolved *res = NULL;
     const char *src = cfg->peers_file[0] ? "peers_file" : "peers";
 
+    /* What was given, before "auto" and 0 become values: a SIGHUP
+     * compares the file as given with this, not with what this machine
+     * made of it. */
+    if (!cfg->resolved) {
+        cfg->rank_given = cfg->rank;
+        cfg->threads_given = cfg->threads;
+        cfg->resolved = 1;
+    }
     if (cfg->threads == 0)
         cfg->threads = usable_cores();
 
     if (strict) {
-        char dir[sizeof(cfg->socket)];
-        snprintf(dir, sizeof(dir), "%s", cfg->socket);
-        char *slash = strrchr(dir, '/');
-        if (slash == NULL)
-            snprintf(dir, sizeof(dir), ".");
-        else if (slash == dir)
-            dir[1] = '\0';
-        else
-            *slash = '\0';
-        if (check_dir(cfg, "socket", dir, err, errlen))
+        /* The start's own checks (ctl.c, daemon.c), without creating
+         * anything. */
+        char why[4400];
+        gid_t gid;
+        if (obd_config_socket_dir_ok(cfg->socket, 0, why, sizeof(why), NULL) !=
+                0 ||
+            (cfg->socket_group[0] != '\0' &&
+             obd_config_socket_gid(cfg->socket_group, &gid, why, sizeof(why)) !=
+                 0) ||
+            (cfg->state_dir[0] != '\0' &&
+             obd_snapset_dir_ok(cfg->state_dir, (unsigned)geteuid(), 0, why,
+                                sizeof(why)) != 0)) {
+            fail(err, errlen, "%s", why);
             return -1;
-        if (cfg->state_dir[0] != '\0' &&
-            check_dir(cfg, "state_dir", cfg->state_dir, err, errlen))
-            return -1;
+        }
+        if (cfg->auth_key_file[0] != '\0') {
+            uint8_t key[OBD_AUTH_KEY];
+            snprintf(why, sizeof(why), "cannot initialise libsodium");
+            int bad = obd_auth_init() != 0 ||
+                      obd_auth_key_load(cfg->auth_key_file, key, why,
+                                        sizeof(why)) != 0;
+            explicit_bzero(key, sizeof(key));
+            if (bad) {
+                fail(err, errlen, "%s", why);
+                return -1;
+            }
+        }
     }
 
     if (cfg->peers[0] == '\0' && cfg->peers_file[0] == '\0')
@@ -1122,8 +1238,27 @@ int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
     return 0;
 }
 
+/* The value of row r as the configuration gave it: rank and threads of
+ * a resolved configuration as they were before obd_config_resolve()
+ * turned "auto" and 0 into this machine's values. */
+static void row_text_given(const struct obd_config *cfg, const struct row *r,
+                           char *buf, size_t len)
+{
+    int64_t rank = cfg->resolved ? cfg->rank_given : cfg->rank;
+    if (strcmp(r->name, "rank") == 0 && rank < 0)
+        snprintf(buf, len, "auto");
+    else if (cfg->resolved && strcmp(r->name, "rank") == 0)
+        snprintf(buf, len, "%" PRId64, rank);
+    else if (cfg->resolved && strcmp(r->name, "threads") == 0)
+        snprintf(buf, len, "%" PRId64, cfg->threads_given);
+    else
+        row_text(cfg, r, buf, len);
+}
+
 /* Appends "name: old -> new" for every row that differs and is (or is
- * not) reloadable; copies the reloadable ones when apply is set. */
+ * not) reloadable; copies the reloadable ones when apply is set. Both
+ * sides are compared as given (row_text_given), so an option nobody
+ * changed is never named. */
 static int diff_rows(struct obd_config *cur, const struct obd_config *next,
                      int want_reloadable, int apply, char *buf, size_t len)
 {
@@ -1135,8 +1270,8 @@ static int diff_rows(struct obd_config *cur, const struct obd_config *next,
         if (is_reloadable(r->name) != want_reloadable)
             continue;
         char a[128], b[128];
-        row_text(cur, r, a, sizeof(a));
-        row_text(next, r, b, sizeof(b));
+        row_text_given(cur, r, a, sizeof(a));
+        row_text_given(next, r, b, sizeof(b));
         if (strcmp(a, b) == 0)
             continue;
         n++;

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #define OBD_MAX_NODES 256
 #define OBD_HOST_MAX  64
@@ -72,6 +73,9 @@ struct obd_config {
     int log_level_num;           /* OBD_LOG_* */
     int insecure;                /* allow_insecure is true */
     int wire;                    /* wire_protection as enum obd_wire */
+    int resolved;                /* obd_config_resolve() ran */
+    int64_t rank_given;          /* rank and threads before it ran */
+    int64_t threads_given;
 };
 
 /* Sets every option to its default. */
@@ -110,11 +114,31 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen);
  * and localhost:7000), picks rank "auto" as the one entry that is an
  * address of this machine (and, when listen names a port, has that port),
  * and turns threads 0 into the number of usable cores. With `strict`
- * (--check-config) an entry that does not resolve fails, and the socket's
- * directory and state_dir must be writable directories; without it an
- * unresolvable entry is skipped (its daemon keeps retrying). */
+ * (--check-config) an entry that does not resolve fails, and every check
+ * the start makes of the file system applies, without creating anything:
+ * the socket's directory and socket_group (obd_config_socket_dir_ok,
+ * obd_config_socket_gid), state_dir (obd_snapset_dir_ok) and the key
+ * (obd_auth_key_load: mode, owner, size, readable by this process); a
+ * missing socket directory or state_dir passes when it can be created.
+ * Without it an unresolvable entry is skipped (its daemon keeps
+ * retrying). */
 int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
                        size_t errlen);
+
+/* The socket's directory, as the start needs it: created (0755) when
+ * missing if `create` is set (*created then says so), else a missing one
+ * passes when it can be created; refused when it is not a directory, when
+ * another user than this process's or root owns it, or everybody may
+ * write it without the sticky bit (whoever may write it can replace the
+ * socket). 0, or -1 with why. ctl.c calls it at the start with `create`,
+ * --check-config without. */
+int obd_config_socket_dir_ok(const char *socket, int create, char *why,
+                             size_t len, int *created);
+
+/* socket_group (a name or a number) as a gid, refused (-1 with why) when
+ * there is no such group or this process may not give a file to it (not
+ * root and not a member). */
+int obd_config_socket_gid(const char *group, gid_t *gid, char *why, size_t len);
 
 /* Prints the effective configuration in config-file syntax. */
 void obd_config_print(const struct obd_config *cfg, FILE *out);

@@ -24,65 +24,28 @@
 static void on_client_io(uv_poll_t *h, int status, int events);
 static void drop_run(struct obd_ready *r);
 
-/* The socket's directory: created (0755, the daemon's) when missing; one
- * that another user owns, or that everybody may write without the sticky
- * bit, is refused, since whoever may write it can replace the socket with
- * their own and read every trainer's traffic. */
+/* The socket's directory and group, checked as --check-config checks
+ * them (config.c), the directory created when missing. */
 static int check_dir(struct obd_daemon *d, const char *sock)
 {
-    char copy[sizeof(d->cfg.socket)];
-    snprintf(copy, sizeof(copy), "%s", sock);
-    const char *dir = dirname(copy);
-    if (mkdir(dir, 0755) == 0)
-        obd_log_info(&d->log, "created the socket directory %s", dir);
-    else if (errno != EEXIST) {
-        int rc = -errno;
-        obd_log_error(&d->log, "socket directory %s: cannot create it: %s", dir,
-                      strerror(errno));
-        return rc;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        obd_log_error(&d->log, "socket directory %s is not a directory", dir);
+    char why[512];
+    int created;
+    if (obd_config_socket_dir_ok(sock, 1, why, sizeof(why), &created) != 0) {
+        obd_log_error(&d->log, "%s", why);
         return OBCOMM_E_INVAL;
     }
-    if (st.st_uid != geteuid() && st.st_uid != 0) {
-        obd_log_error(&d->log,
-                      "socket directory %s belongs to uid %u, not to this "
-                      "daemon's uid %u or root: refused (another user could "
-                      "replace the socket); use a directory of the daemon's "
-                      "user such as /run/obcomm",
-                      dir, (unsigned)st.st_uid, (unsigned)geteuid());
-        return OBCOMM_E_INVAL;
-    }
-    if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
-        obd_log_error(&d->log,
-                      "socket directory %s is writable by everybody without "
-                      "the sticky bit (mode %04o): refused (another user "
-                      "could replace the socket)",
-                      dir, (unsigned)(st.st_mode & 07777));
-        return OBCOMM_E_INVAL;
-    }
+    if (created)
+        obd_log_info(&d->log, "created the socket directory of %s", sock);
     return 0;
 }
 
-/* socket_group as a gid: a group name or a number. */
 static int socket_gid(struct obd_daemon *d, gid_t *out)
 {
-    const char *g = d->cfg.socket_group;
-    char *end;
-    unsigned long n = strtoul(g, &end, 10);
-    if (*g != '\0' && *end == '\0') {
-        *out = (gid_t)n;
-        return 0;
-    }
-    struct group grp, *found = NULL;
-    char buf[4096];
-    if (getgrnam_r(g, &grp, buf, sizeof(buf), &found) != 0 || found == NULL) {
-        obd_log_error(&d->log, "socket_group %s: no such group", g);
+    char why[512];
+    if (obd_config_socket_gid(d->cfg.socket_group, out, why, sizeof(why))) {
+        obd_log_error(&d->log, "%s", why);
         return OBCOMM_E_INVAL;
     }
-    *out = found->gr_gid;
     return 0;
 }
 

@@ -226,14 +226,47 @@ void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
     free(sets);
 }
 
-int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
-                          size_t whylen)
+/* A directory that does not exist yet is fine for a check when its
+ * parent is one this process can create it in. */
+static int creatable(const char *opt, const char *dir, char *why, size_t whylen)
 {
-    if (mkdir(sd, 0700) != 0 && errno != EEXIST) {
+    char parent[PATH_ROOM];
+    snprintf(parent, sizeof(parent), "%s", dir);
+    size_t len = strlen(parent);
+    while (len > 1 && parent[len - 1] == '/')
+        parent[--len] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (slash == NULL)
+        snprintf(parent, sizeof(parent), ".");
+    else if (slash == parent)
+        parent[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(why, whylen,
+                 "%s %s: missing, and its parent %s is not a directory", opt,
+                 dir, parent);
+        return -1;
+    }
+    if (access(parent, W_OK | X_OK) != 0) {
+        snprintf(why, whylen, "%s %s: missing, and cannot be created in %s: %s",
+                 opt, dir, parent, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int obd_snapset_dir_ok(const char *sd, unsigned uid, int create, char *why,
+                       size_t whylen)
+{
+    struct stat st;
+    if (!create && stat(sd, &st) != 0 && errno == ENOENT)
+        return creatable("state_dir", sd, why, whylen);
+    if (create && mkdir(sd, 0700) != 0 && errno != EEXIST) {
         snprintf(why, whylen, "state_dir %s: %s", sd, strerror(errno));
         return -1;
     }
-    struct stat st;
     if (stat(sd, &st) != 0 || !S_ISDIR(st.st_mode)) {
         snprintf(why, whylen, "state_dir %s is not a directory", sd);
         return -1;
@@ -249,6 +282,19 @@ int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
                  uid, sd, sd);
         return -1;
     }
+    if (access(sd, W_OK | X_OK) != 0) {
+        snprintf(why, whylen, "state_dir %s is not writable: %s", sd,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
+                          size_t whylen)
+{
+    if (obd_snapset_dir_ok(sd, uid, 1, why, whylen) != 0)
+        return -1;
     DIR *dh = opendir(sd);
     if (dh == NULL)
         return 0;

@@ -58,9 +58,16 @@ void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id);
 void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
                         int keep);
 
-/* At start: state_dir is created 0700 when missing; refused (-1, why)
- * unless it is a directory of uid `uid` that nobody else may write;
- * unfinished sets (.tmp) are removed. */
+/* Whether state_dir will do: a directory of uid `uid` that nobody else
+ * may write and this process may write (-1 with why otherwise). With
+ * `create` a missing one is created 0700; without (--check-config) a
+ * missing one passes when its parent is a directory it can be created
+ * in, as the start would create it. */
+int obd_snapset_dir_ok(const char *state_dir, unsigned uid, int create,
+                       char *why, size_t whylen);
+
+/* At start: obd_snapset_dir_ok with `create`, then unfinished sets (.tmp)
+ * are removed. */
 int obd_snapset_check_dir(const char *state_dir, unsigned uid, char *why,
                           size_t whylen);
 

@@ -51,6 +51,76 @@ set -e
 grep -q "$dir/conf:1: peers_file: ranks 0 (127.0.0.1:7100) and 1 (localhost:7100) are the same node" <<<"$msg" ||
     fail "two spellings said: $msg"
 
+# --check-config refuses what the start refuses, with the same words:
+# the key's mode, state_dir's owner and mode, an unknown socket_group.
+start_fails() { # conf, expected text
+    local msg rc
+    set +e
+    msg=$("$obcommd" -c "$1" --check-config 2>&1); rc=$?
+    set -e
+    [ "$rc" = 2 ] || fail "--check-config of $(cat "$1") exited $rc: $msg"
+    grep -qF -- "$2" <<<"$msg" || fail "--check-config said: $msg (want $2)"
+    set +e
+    msg=$(timeout 10 "$obcommd" -c "$1" 2>&1); rc=$?
+    set -e
+    [ "$rc" = 1 ] || fail "start with $(cat "$1") exited $rc: $msg"
+    grep -qF -- "$2" <<<"$msg" || fail "start said: $msg (want $2)"
+}
+head -c 32 /dev/urandom >"$dir/key"
+chmod 644 "$dir/key"
+printf 'socket = %s/d.sock\nauth_key_file = %s/key\n' "$dir" "$dir" \
+    >"$dir/bad.conf"
+start_fails "$dir/bad.conf" \
+    "auth_key_file $dir/key: mode 0644 lets group or others at the key; run chmod 600 $dir/key"
+mkdir -m 777 "$dir/state"
+printf 'socket = %s/d.sock\nstate_dir = %s/state\n' "$dir" "$dir" \
+    >"$dir/bad.conf"
+start_fails "$dir/bad.conf" \
+    "state_dir $dir/state belongs to uid $(id -u) with mode 0777: refused"
+printf 'socket = %s/d.sock\nsocket_group = no-such-group-obcomm\n' "$dir" \
+    >"$dir/bad.conf"
+start_fails "$dir/bad.conf" "socket_group no-such-group-obcomm: no such group"
+
+# A socket directory that does not exist yet passes the check (nothing is
+# created) and the start creates it; the key with mode 0600 passes both.
+chmod 600 "$dir/key"
+printf 'socket = %s/run/d.sock\nauth_key_file = %s/key\nlog_level = info\n' \
+    "$dir" "$dir" >"$dir/good.conf"
+out=$("$obcommd" -c "$dir/good.conf" --check-config) ||
+    fail "--check-config with a missing socket directory: $out"
+grep -q '^# ok: 1 node(s), this is rank 0$' <<<"$out" || fail "ok: $out"
+[ ! -e "$dir/run" ] || fail "--check-config created $dir/run"
+"$obcommd" -c "$dir/good.conf" 2>"$dir/log" &
+pid=$!
+for _ in $(seq 100); do
+    [ -S "$dir/run/d.sock" ] && break
+    sleep 0.05
+done
+[ -S "$dir/run/d.sock" ] || fail "daemon did not start: $(cat "$dir/log")"
+
+# SIGHUP with nothing changed names nothing: rank and threads, which the
+# start resolved from auto and 0, are compared as given.
+kill -HUP "$pid"
+for _ in $(seq 100); do
+    grep -q 'SIGHUP: configuration reloaded' "$dir/log" && break
+    sleep 0.05
+done
+grep -q "SIGHUP: configuration reloaded; nothing that can change while running changed" \
+    "$dir/log" || fail "SIGHUP: $(cat "$dir/log")"
+grep -q "applied only at a restart" "$dir/log" &&
+    fail "SIGHUP named a change nobody made: $(cat "$dir/log")"
+printf 'threads = 3\n' >>"$dir/good.conf"
+kill -HUP "$pid"
+for _ in $(seq 100); do
+    grep -q 'applied only at a restart' "$dir/log" && break
+    sleep 0.05
+done
+grep -q "SIGHUP: changed but applied only at a restart: threads: 0 -> 3$" \
+    "$dir/log" || fail "SIGHUP threads: $(cat "$dir/log")"
+kill "$pid"
+wait "$pid" || fail "daemon exited $? on SIGTERM"
+pid=
+
 # threads sizes the pool: the process has its main thread and `threads`
 # workers once it serves.
 for threads in 3 0; do

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -380,19 +381,128 @@ START_TEST(check_config_is_strict)
     ck_assert_ptr_nonnull(
         strstr(err, "rank 1's host no-such-host.invalid does not resolve"));
 
+    /* A socket directory the start would create passes; one it could not
+     * create fails. */
+    char dir[] = "/tmp/obcomm-check-XXXXXX", path[256];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
     obd_config_defaults(&c);
-    obd_config_set(&c, "socket", "/nonexistent-dir/obcommd.sock", err,
-                   sizeof(err));
+    snprintf(path, sizeof(path), "%s/run/obcommd.sock", dir);
+    obd_config_set(&c, "socket", path, err, sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/run", dir);
+    ck_assert_int_eq(access(path, F_OK), -1); /* the check created nothing */
+    snprintf(path, sizeof(path), "%s/no/run/obcommd.sock", dir);
+    obd_config_set(&c, "socket", path, err, sizeof(err));
     ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
-    ck_assert_str_eq(err, "socket: directory /nonexistent-dir: No such file "
-                          "or directory");
+    char want[512];
+    snprintf(want, sizeof(want),
+             "socket directory %s/no/run: missing, and cannot be created in "
+             "%s/no: No such file or directory",
+             dir, dir);
+    ck_assert_str_eq(err, want);
+
+    /* state_dir as the start judges it: a directory of this user that
+     * nobody else may write; a missing one passes when it can be made. */
     obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
     obd_config_set(&c, "state_dir", "/etc/hostname", err, sizeof(err));
     ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
-    ck_assert_str_eq(err, "state_dir: /etc/hostname is not a directory");
+    ck_assert_str_eq(err, "state_dir /etc/hostname is not a directory");
     obd_config_set(&c, "state_dir", "/tmp", err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_ptr_nonnull(
+        strstr(err, "state_dir /tmp belongs to uid 0 with mode 1777: "
+                    "refused"));
+    snprintf(path, sizeof(path), "%s/state", dir);
+    obd_config_set(&c, "state_dir", path, err, sizeof(err));
     ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(access(path, F_OK), -1);
+    rmdir(dir);
+}
+END_TEST
+
+/* --check-config reads the key as the start does (obd_auth_key_load):
+ * a key others may read, or a relative name outside systemd, fails. */
+START_TEST(check_config_reads_the_key_as_the_start_does)
+{
+    char dir[] = "/tmp/obcomm-checkkey-XXXXXX", path[256], want[512];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/cluster.key", dir);
+    write_file(path, "0123456789abcdef0123456789abcdef");
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    struct obd_config c;
+    obd_config_defaults(&c);
+    obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
+    obd_config_set(&c, "auth_key_file", path, err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    snprintf(want, sizeof(want),
+             "auth_key_file %s: mode 0644 lets group or others at the key; "
+             "run chmod 600 %s",
+             path, path);
+    ck_assert_str_eq(err, want);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+
+    unsetenv("CREDENTIALS_DIRECTORY");
+    obd_config_set(&c, "auth_key_file", "cluster.key", err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_str_eq(err, "auth_key_file cluster.key: a relative name is a "
+                          "systemd credential, but $CREDENTIALS_DIRECTORY is "
+                          "not set (run under the unit, whose LoadCredential= "
+                          "provides it, or give an absolute path)");
+    setenv("CREDENTIALS_DIRECTORY", dir, 1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+    obd_config_set(&c, "auth_key_file", "obcomm-cluster.key", err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    snprintf(want, sizeof(want),
+             "auth_key_file %s/obcomm-cluster.key: no such credential (the "
+             "unit's LoadCredential=obcomm-cluster.key finds the key in "
+             "/etc/credstore/obcomm-cluster.key; install it there with "
+             "install -m 600 -o root)",
+             dir);
+    ck_assert_str_eq(err, want);
+    unsetenv("CREDENTIALS_DIRECTORY");
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* SIGHUP compares the configuration as given: rank auto and threads 0
+ * that the start resolved are not changes. */
+START_TEST(reload_names_only_what_changed)
+{
+    struct obd_config cur, next;
+    char changed[1024];
+    obd_config_defaults(&cur);
+    obd_config_set(&cur, "peers", "127.0.0.1:7301,127.0.0.1:7302", err,
+                   sizeof(err));
+    obd_config_set(&cur, "listen", "127.0.0.1:7301", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&cur, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&cur, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(cur.rank, 0);
+    ck_assert_int_gt(cur.threads, 0);
+
+    obd_config_defaults(&next);
+    obd_config_set(&next, "peers", "127.0.0.1:7301,127.0.0.1:7302", err,
+                   sizeof(err));
+    obd_config_set(&next, "listen", "127.0.0.1:7301", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&next, err, sizeof(err)), 0);
+    ck_assert_int_eq(
+        obd_config_diff_fixed(&cur, &next, changed, sizeof(changed)), 0);
+    ck_assert_str_eq(changed, "");
+    ck_assert_int_eq(obd_config_reload(&cur, &next, changed, sizeof(changed)),
+                     0);
+
+    obd_config_set(&next, "threads", "3", err, sizeof(err));
+    obd_config_set(&next, "rank", "1", err, sizeof(err));
+    obd_config_set(&next, "log_level", "debug", err, sizeof(err));
+    ck_assert_int_eq(
+        obd_config_diff_fixed(&cur, &next, changed, sizeof(changed)), 2);
+    ck_assert_str_eq(changed, "rank: auto -> 1, threads: 0 -> 3");
+    ck_assert_int_eq(obd_config_reload(&cur, &next, changed, sizeof(changed)),
+                     1);
+    ck_assert_str_eq(changed, "log_level: info -> debug");
 }
 END_TEST
 
@@ -433,6 +543,8 @@ int main(void)
     tcase_add_test(tc, long_worlds_fit_in_a_line_and_in_peers_file);
     tcase_add_test(tc, resolve_finds_the_rank_and_refuses_two_spellings);
     tcase_add_test(tc, check_config_is_strict);
+    tcase_add_test(tc, check_config_reads_the_key_as_the_start_does);
+    tcase_add_test(tc, reload_names_only_what_changed);
     tcase_add_test(tc, world_diff_names_the_first_entry_that_differs);
     suite_add_tcase(s, tc);
     return ck_run(s);
