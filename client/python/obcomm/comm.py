@@ -78,7 +78,7 @@ class Communicator:
 
     Unset arguments come from the environment, so the same code runs
     unchanged under torchrun: socket from $OBCOMM_SOCKET (else the
-    library's default /tmp/obcommd.sock), job from $OBCOMM_JOB, else
+    library's default /run/obcomm/obcommd.sock), job from $OBCOMM_JOB, else
     $TORCHELASTIC_RUN_ID, else "default"; local_rank and local_size from
     $LOCAL_RANK and $LOCAL_WORLD_SIZE (else 0 and 1). When $WORLD_SIZE is
     set it must equal the daemons' world (nodes x local_size).
