@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +31,32 @@ int obc_seterr(char *err, size_t errlen, int status, const char *fmt, ...)
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
     return status;
+}
+
+/* EACCES on the socket: the user is not in the group the daemon gave it
+ * (socket_group), or may not enter its directory. Says which group to
+ * join, from the socket's own owner, so the fix is in the message. */
+static int denied(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return obc_seterr(err, errlen, -EACCES,
+                          "permission denied on %s: its directory is closed "
+                          "to this user (%s); ask the daemon's operator, or "
+                          "set OBCOMM_SOCKET",
+                          path, strerror(errno));
+    char name[64];
+    struct group grp, *found = NULL;
+    char buf[4096];
+    if (getgrgid_r(st.st_gid, &grp, buf, sizeof(buf), &found) == 0 &&
+        found != NULL)
+        snprintf(name, sizeof(name), "%s", found->gr_name);
+    else
+        snprintf(name, sizeof(name), "%u", (unsigned)st.st_gid);
+    return obc_seterr(err, errlen, -EACCES,
+                      "permission denied on %s: ask to be added to group %s "
+                      "(the daemon's socket_group) or set OBCOMM_SOCKET",
+                      path, name);
 }
 
 int obc_sock_connect(const char *path, char *err, size_t errlen)
@@ -61,6 +89,8 @@ int obc_sock_connect(const char *path, char *err, size_t errlen)
             return obc_seterr(err, errlen, OBCOMM_E_NOTCONN,
                               "cannot reach obcommd at %s: %s", path,
                               strerror(e));
+        if (e == EACCES)
+            return denied(path, err, errlen);
         return obc_seterr(err, errlen, -e, "cannot reach obcommd at %s: %s",
                           path, strerror(e));
     }

@@ -27,6 +27,8 @@ int obc_seterr(char *err, size_t errlen, int status, const char *fmt, ...)
  * close-on-exec descriptor (>= 0), or:
  *   OBCOMM_E_INVAL    the path is empty or too long for sockaddr_un;
  *   OBCOMM_E_NOTCONN  nothing listens there (ENOENT, ECONNREFUSED);
+ *   -EACCES           the user may not connect: err names the socket's
+ *                     group to join (socket_group) or OBCOMM_SOCKET;
  *   -errno            any other socket()/connect() failure. */
 int obc_sock_connect(const char *path, char *err, size_t errlen);
 

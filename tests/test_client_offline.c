@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -84,6 +87,60 @@ START_TEST(test_connect_refused)
 }
 END_TEST
 
+/* A user outside the socket's group is told which group to join. */
+START_TEST(test_connect_denied_names_the_group)
+{
+    if (geteuid() != 0)
+        return; /* needs root to become another user */
+    char dir[] = "/tmp/obcomm-denied-XXXXXX", path[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    snprintf(path, sizeof(path), "%s/obcommd.sock", dir);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(s, 4), 0);
+    ck_assert_int_eq(chown(path, 0, 0), 0);
+    ck_assert_int_eq(chmod(path, 0660), 0);
+    struct group *g = getgrgid(0);
+    ck_assert_ptr_nonnull(g);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "permission denied on %s: ask to be added to group %s (the "
+             "daemon's socket_group) or set OBCOMM_SOCKET",
+             path, g->gr_name);
+
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(2);
+        obcomm_t *c = SENTINEL;
+        int rc = try_connect(path, 0, 1, 0, &c);
+        const char *m = obcomm_last_error(NULL);
+        if (write(fds[1], m, strlen(m)) < 0)
+            _exit(3);
+        _exit(rc == -EACCES && c == SENTINEL ? 0 : 1);
+    }
+    close(fds[1]);
+    char got[512] = "";
+    ssize_t n = read(fds[0], got, sizeof(got) - 1);
+    got[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_str_eq(got, want);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(s);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 static void *other_thread(void *arg)
 {
     (void)arg;
@@ -143,6 +200,7 @@ int main(void)
     tcase_add_test(tc, test_connect_rejects_bad_options);
     tcase_add_test(tc, test_connect_missing_socket);
     tcase_add_test(tc, test_connect_refused);
+    tcase_add_test(tc, test_connect_denied_names_the_group);
     tcase_add_test(tc, test_connect_error_is_per_thread);
     tcase_add_test(tc, test_null_handle);
     tcase_add_test(tc, test_strerror);
