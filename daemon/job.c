@@ -10,6 +10,7 @@
 #include "coll.h"
 #include "efstore.h"
 #include "ops.h"
+#include "reduce.h"
 #include "wire.h"
 
 static void job_start_next(struct obd_job *job);
@@ -710,7 +711,27 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
 struct field {
     const char *name;
     uint64_t (*get)(const struct obd_opdesc *);
+    /* The value as a name ("allreduce_1bit", "float32"), or NULL to print
+     * the number. */
+    const char *(*text)(uint64_t v, char *buf, size_t len);
 };
+
+static const char *kind_text(uint64_t v, char *buf, size_t len)
+{
+    return obd_metrics_op_name((uint32_t)v, buf, len);
+}
+static const char *dtype_text(uint64_t v, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return obd_dtype_name((obcomm_dtype_t)v);
+}
+static const char *redop_text(uint64_t v, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return obd_op_name((obcomm_op_t)v);
+}
 
 static uint64_t f_kind(const struct obd_opdesc *o)
 {
@@ -738,12 +759,18 @@ static uint64_t f_root(const struct obd_opdesc *o)
 }
 
 static const struct field fields[] = {
-    {"op", f_kind},     {"dtype", f_dtype}, {"reduction", f_redop},
-    {"count", f_count}, {"key", f_key},     {"root", f_root},
+    {"op", f_kind, kind_text},
+    {"dtype", f_dtype, dtype_text},
+    {"reduction", f_redop, redop_text},
+    {"count", f_count, NULL},
+    {"key", f_key, NULL},
+    {"root", f_root, NULL},
 };
 
-/* Writes "count: rank 0 has 10, rank 1 has 9; ..." for every field in which
- * the entries differ. Returns the number of differing fields. */
+/* Writes "count differs: rank 0 has 10, rank 1 has 9; ..." for every field
+ * in which the entries differ, op kinds, dtypes and reductions by name
+ * ("op differs: rank 0 has snapshot_1bit, rank 1 has allreduce_1bit"). Returns
+ * the number of differing fields. */
 static int describe_mismatch(const struct obd_opdesc *const *descs,
                              const char *const *labels, int n, char *buf,
                              size_t len)
@@ -772,7 +799,12 @@ static int describe_mismatch(const struct obd_opdesc *const *descs,
                                     fields[f].name);
         for (int i = 0; i < n && off < len; i++) {
             uint64_t v = fields[f].get(descs[i]);
-            if (fields[f].get == f_root)
+            char num[32];
+            if (fields[f].text != NULL)
+                off += (size_t)snprintf(buf + off, len - off, "%s %s has %s",
+                                        i ? "," : "", labels[i],
+                                        fields[f].text(v, num, sizeof(num)));
+            else if (fields[f].get == f_root)
                 off += (size_t)snprintf(buf + off, len - off, "%s %s has %lld",
                                         i ? "," : "", labels[i],
                                         (long long)(int64_t)v);

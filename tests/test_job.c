@@ -367,6 +367,46 @@ START_TEST(mismatch_names_both)
 }
 END_TEST
 
+/* Op kinds, dtypes and reductions are named, not numbered. */
+START_TEST(mismatch_names_op_kinds)
+{
+    start(2, 1);
+    float x[16] = {0};
+    struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE_1BIT,
+                           .dtype = OBCOMM_FLOAT32,
+                           .redop = OBCOMM_AVG,
+                           .count = 10,
+                           .key = 7};
+    struct obd_opdesc b = a;
+    b.kind = OBCOMM_KIND_ALLREDUCE;
+    submit(0, 0, 0, &a, x);
+    submit(1, 0, 0, &b, x);
+    pump_until(all_answered);
+    for (int n = 0; n < 2; n++) {
+        ck_assert_int_eq(trainers[n][0].status, OBCOMM_E_MISMATCH);
+        ck_assert_str_eq(trainers[n][0].message,
+                         "op 0 of job j: ranks issued different ops: op "
+                         "differs: rank 0 (node 0) has allreduce_1bit, rank 1 "
+                         "(node 1) has allreduce");
+    }
+    stop();
+
+    start(1, 2);
+    a.kind = OBCOMM_KIND_ALLREDUCE;
+    b.dtype = OBCOMM_INT32;
+    b.redop = OBCOMM_MAX;
+    submit(0, 0, 0, &a, x);
+    submit(0, 1, 0, &b, x);
+    pump_until(all_answered);
+    for (int t = 0; t < 2; t++)
+        ck_assert_str_eq(trainers[0][t].message,
+                         "op 0 of job j: ranks issued different ops: dtype "
+                         "differs: rank 0 has float32, rank 1 has int32; "
+                         "reduction differs: rank 0 has avg, rank 1 has max");
+    stop();
+}
+END_TEST
+
 static float rnd(void);
 
 /* A failed op stops the run on every node: the next op fails at once with
@@ -1098,6 +1138,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, answers_are_deferred);
     tcase_add_test(tc, mismatch_names_both);
+    tcase_add_test(tc, mismatch_names_op_kinds);
     tcase_add_test(tc, failed_op_stops_the_run);
     tcase_add_test(tc, op_needing_a_lost_node_fails_at_once);
     tcase_add_test(tc, versions_differ_fail_everywhere);

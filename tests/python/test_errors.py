@@ -132,3 +132,21 @@ def test_cluster_helper_cleans_up():
         with c:
             raise RuntimeError("boom")
     assert all(p is None for p in c.procs)
+
+
+def test_mismatch_names_the_optimizer_calls():
+    """A mismatch of op kinds says which OneBitAdam call issues each kind
+    (rank 0 alone called state_dict()); .message stays the daemon's."""
+    import obcomm
+    msg = ("op 9 of job j: ranks issued different ops: op differs: rank 0 "
+           "(node 0) has snapshot_1bit, rank 1 (node 1) has allreduce_1bit")
+    e = obcomm.ObcommError(obcomm.comm.E_MISMATCH, msg)
+    assert e.message == msg
+    assert str(e) == (
+        f"{obcomm.strerror(obcomm.comm.E_MISMATCH)}: {msg} (with OneBitAdam: "
+        "snapshot_1bit is OneBitAdam.state_dict(), allreduce_1bit is "
+        "OneBitAdam.step() in the compression stage; every rank must make "
+        "the same calls in the same order)")
+    other = "op 1 of job j: ranks issued different ops: count differs: x"
+    assert str(obcomm.ObcommError(obcomm.comm.E_MISMATCH, other)).endswith(
+        other)

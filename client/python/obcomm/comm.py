@@ -4,6 +4,7 @@ tensors in shared memory (DESIGN.md section 6)."""
 import bisect
 import ctypes
 import os
+import re
 import threading
 import weakref
 
@@ -39,16 +40,49 @@ DTYPES = {
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 
+# The calls of obcomm.torch.OneBitAdam behind each op kind the daemons
+# name in an "op differs" mismatch.
+_OPTIMIZER_CALLS = {
+    "snapshot_1bit": "OneBitAdam.state_dict()",
+    "export_1bit": "OneBitAdam.state_dict()",
+    "restore_1bit": "OneBitAdam.load_state_dict()",
+    "allreduce_1bit": "OneBitAdam.step() in the compression stage",
+    "allreduce": "OneBitAdam.step() in the warm-up",
+    "broadcast": "the OneBitAdam constructor",
+}
+
+
+def _mismatch_note(message):
+    """For a mismatch of op kinds, which optimizer call issues each kind
+    named ("snapshot_1bit is OneBitAdam.state_dict()"), or ""."""
+    m = re.search(r"op differs: ([^;]*)", message or "")
+    if m is None:
+        return ""
+    kinds = []
+    for k in re.findall(r" has ([a-z0-9_]+)", m.group(1)):
+        if k in _OPTIMIZER_CALLS and k not in kinds:
+            kinds.append(k)
+    if not kinds:
+        return ""
+    return (" (with OneBitAdam: " +
+            ", ".join(f"{k} is {_OPTIMIZER_CALLS[k]}" for k in kinds) +
+            "; every rank must make the same calls in the same order)")
+
+
 class ObcommError(RuntimeError):
     """A failed libobcomm call: .code is the C API's negative error code,
     .message the library's explanation (obcomm_last_error), which names
-    ranks and fields for mismatches and timeouts."""
+    ranks and fields for mismatches and timeouts. A mismatch of op kinds
+    also says, in str(), which OneBitAdam call issues each kind."""
 
     def __init__(self, code, message):
         self.code = code
         self.message = message
         name = lib.obcomm_strerror(code).decode(errors="replace")
-        super().__init__(f"{name}: {message}" if message else name)
+        text = f"{name}: {message}" if message else name
+        if code == E_MISMATCH:
+            text += _mismatch_note(message)
+        super().__init__(text)
 
 
 def strerror(code):
