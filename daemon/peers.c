@@ -600,6 +600,20 @@ int obd_peers_lost(const struct obd_daemon *d, int node, char *why, size_t len)
     return 1;
 }
 
+int obd_peers_down(const struct obd_daemon *d, int node, char *why, size_t len)
+{
+    if (d->peers == NULL || node == d->cfg.rank)
+        return 0;
+    const struct obd_peer *p = &d->peers[node];
+    if (p->state == OBD_PEER_UP)
+        return 0;
+    if (p->epoch > 0)
+        return obd_peers_lost(d, node, why, len);
+    snprintf(why, len, "never up since this daemon started%s%s",
+             p->last_error[0] ? "; last attempt: " : "", p->last_error);
+    return 1;
+}
+
 static uint64_t heartbeat_every(const struct obd_daemon *d)
 {
     uint64_t every = obd_peers_timeout_ms(d) / 4;

@@ -53,6 +53,11 @@ uint64_t obd_peers_timeout_ms(const struct obd_daemon *d);
  * gets what ended it), 0 while it is up or before it first came up. */
 int obd_peers_lost(const struct obd_daemon *d, int node, char *why, size_t len);
 
+/* 1 when node's link is not up, whether it went down or never came up
+ * since this daemon started; why gets what ended it, or that it never
+ * came up. 0 while it is up, and for this node. */
+int obd_peers_down(const struct obd_daemon *d, int node, char *why, size_t len);
+
 /* 1 when every other node's link is up. */
 int obd_peers_complete(const struct obd_daemon *d);
 

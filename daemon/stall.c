@@ -2,11 +2,14 @@
 
 #include <obcomm.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "daemon.h"
+#include "coll.h"
 #include "job.h"
 #include "metrics.h"
+#include "peers.h"
 #include "reduce.h"
 
 struct obd_stall {
@@ -34,18 +37,32 @@ int obd_stall_scan(struct obd_daemon *d, uint64_t now_ms)
                         desc = &o->sub[i];
                         break;
                     }
-            char name[32], who[320];
+            /* The op's fingerprint is set once the local trainers
+             * agreed; before, it is the one the first trainer's op has. */
+            uint64_t fp = o->fingerprint != 0 ? o->fingerprint
+                                              : obd_coll_fingerprint(desc);
+            char name[32], who[320], links[400] = "";
             obd_job_op_waiting(o, who, sizeof(who));
-            obd_log_warn(
-                &d->log,
-                "op %llu of job %s (%s, count %llu, key %llu, "
-                "fingerprint %016llx) has waited %llu ms, %s: %s",
-                (unsigned long long)o->seq, j->name,
-                obd_metrics_op_name(desc->kind, name, sizeof(name)),
-                (unsigned long long)desc->count, (unsigned long long)desc->key,
-                (unsigned long long)o->fingerprint, (unsigned long long)age,
-                o->state == OBD_OP_RUN ? "running" : "collecting",
-                who[0] ? who : "nobody missing");
+            /* Every op needs every node: a link that is not up is why
+             * most stalls last, so the line names it. */
+            size_t off = 0;
+            for (int n = 0; n < d->cfg.nodes && off < sizeof(links); n++) {
+                char why[200];
+                if (obd_peers_down(d, n, why, sizeof(why)))
+                    off += (size_t)snprintf(
+                        links + off, sizeof(links) - off,
+                        "; the link to node %d is down (%s)", n, why);
+            }
+            obd_log_warn(&d->log,
+                         "op %llu of job %s (%s, count %llu, key %llu, "
+                         "fingerprint %016llx) has waited %llu ms, %s: %s%s",
+                         (unsigned long long)o->seq, j->name,
+                         obd_metrics_op_name(desc->kind, name, sizeof(name)),
+                         (unsigned long long)desc->count,
+                         (unsigned long long)desc->key, (unsigned long long)fp,
+                         (unsigned long long)age,
+                         o->state == OBD_OP_RUN ? "running" : "collecting",
+                         who[0] ? who : "nobody missing", links);
             o->stall_warned = 1;
             logged++;
         }

@@ -39,4 +39,23 @@ grep -q 'rank=0 warn: op 0 of job stuck (allreduce, count 1000, key 0, fingerpri
     "$dir/log" || fail "stall line: $(grep 'has waited' "$dir/log")"
 waited=$(sed -n 's/.*has waited \([0-9]*\) ms.*/\1/p' "$dir/log")
 [ "$waited" -ge 200 ] || fail "logged after $waited ms, before the limit"
+grep -q 'fingerprint 0000000000000000' "$dir/log" &&
+    fail "stall line without the op's fingerprint: $(grep 'has waited' "$dir/log")"
 echo "ok: one line, at $waited ms, for an op $age ms old"
+
+# A node whose daemon never came up: the line says its link is down.
+port=$((20000 + RANDOM % 20000))
+"$obcommd" --socket "$dir/p.sock" --peers "127.0.0.1:$port,127.0.0.1:$((port + 1))" \
+    --rank 0 --stall-warn-ms 200ms 2>"$dir/plog" &
+pids+=($!)
+for _ in $(seq 200); do [ -S "$dir/p.sock" ] && break; sleep 0.05; done
+"$trainer" -s "$dir/p.sock" -j lonely -r 0 -n 1 -c 1000 -i 1 -t 600000 \
+    >/dev/null 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do
+    grep -q 'has waited' "$dir/plog" && break
+    sleep 0.05
+done
+grep -q 'rank=0 warn: op 0 of job lonely (allreduce, count 1000, key 0, fingerprint [0-9a-f]\{16\}) has waited [0-9]* ms, collecting: node 1 (ranks 1-1); the link to node 1 is down (never up since this daemon started' \
+    "$dir/plog" || fail "stall line: $(grep 'has waited' "$dir/plog")"
+echo "ok: the stall line names the link that is down"
