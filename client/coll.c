@@ -141,9 +141,10 @@ int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
     return submit(c, &s);
 }
 
-/* An op without a buffer: barrier and the 1-bit state ops. */
+/* An op without a buffer: barrier and the 1-bit state ops; *value and
+ * *bytes (if not NULL) get the Complete's. */
 static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
-                          uint64_t *value)
+                          uint64_t *value, uint64_t *bytes)
 {
     if (c == NULL)
         return OBCOMM_E_INVAL;
@@ -153,12 +154,12 @@ static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
     s.kind = kind;
     s.key = key;
-    return submit_value(c, &s, value, NULL);
+    return submit_value(c, &s, value, bytes);
 }
 
 int obcomm_barrier(obcomm_t *c)
 {
-    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0, NULL);
+    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0, NULL, NULL);
 }
 
 int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
@@ -188,20 +189,13 @@ int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
 
 int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
 {
-    return submit_no_data(c, OBCOMM_KIND_RESET_1BIT, key, NULL);
+    return submit_no_data(c, OBCOMM_KIND_RESET_1BIT, key, NULL, NULL);
 }
 
 int obcomm_save_1bit(obcomm_t *c, uint64_t *snapshot)
 {
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_SNAPSHOT_1BIT;
     uint64_t id = 0, bytes = 0;
-    rc = submit_value(c, &s, &id, &bytes);
+    int rc = submit_no_data(c, OBCOMM_KIND_SNAPSHOT_1BIT, 0, &id, &bytes);
     if (rc)
         return rc;
     c->part_id = id;
@@ -274,7 +268,8 @@ int obcomm_restore_1bit_part(obcomm_t *c, uint64_t snapshot, const void *part,
     if (snapshot == 0)
         return obc_fail(c, OBCOMM_E_INVAL, "snapshot id 0 names no snapshot");
     if (part == NULL || bytes == 0)
-        return submit_no_data(c, OBCOMM_KIND_RESTORE_1BIT, snapshot, NULL);
+        return submit_no_data(c, OBCOMM_KIND_RESTORE_1BIT, snapshot, NULL,
+                              NULL);
     int rc = obc_check_live(c);
     if (rc < 0)
         return rc;

@@ -252,6 +252,20 @@ static uint64_t age_of(const Obcomm__StatusReply *r, uint64_t unix_ms)
 
 /* ---- status ---- */
 
+static void add_run_json(json_object *e, const Obcomm__JobStatus *j);
+
+/* A job as JSON: its name, trainers, next op, run and keys. */
+static json_object *job_json(const Obcomm__JobStatus *j)
+{
+    json_object *e = json_object_new_object();
+    jadd(e, "name", jstr(j->name));
+    jadd(e, "local_size", json_object_new_int64(j->local_size));
+    jadd(e, "joined", json_object_new_int64(j->joined));
+    jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
+    add_run_json(e, j);
+    return e;
+}
+
 /* A job's run, why it stopped, and its 1-bit keys with their versions,
  * added to e. */
 static void add_run_json(json_object *e, const Obcomm__JobStatus *j)
@@ -360,16 +374,8 @@ static int print_status(const Obcomm__StatusReply *r, enum format f)
         jadd(ob, "compression_ratio", ratio > 0 ? jnum(ratio) : NULL);
         jadd(o, "onebit", ob);
         json_object *jobs = json_object_new_array();
-        for (size_t i = 0; i < r->n_jobs; i++) {
-            const Obcomm__JobStatus *j = r->jobs[i];
-            json_object *e = json_object_new_object();
-            jadd(e, "name", jstr(j->name));
-            jadd(e, "local_size", json_object_new_int64(j->local_size));
-            jadd(e, "joined", json_object_new_int64(j->joined));
-            jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
-            add_run_json(e, j);
-            json_object_array_add(jobs, e);
-        }
+        for (size_t i = 0; i < r->n_jobs; i++)
+            json_object_array_add(jobs, job_json(r->jobs[i]));
         jadd(o, "jobs", jobs);
         return jprint(o);
     }
@@ -487,12 +493,7 @@ static int print_ops(const Obcomm__StatusReply *r, enum format f)
         json_object *a = json_object_new_array();
         for (size_t i = 0; i < r->n_jobs; i++) {
             const Obcomm__JobStatus *j = r->jobs[i];
-            json_object *e = json_object_new_object();
-            jadd(e, "name", jstr(j->name));
-            jadd(e, "local_size", json_object_new_int64(j->local_size));
-            jadd(e, "joined", json_object_new_int64(j->joined));
-            jadd(e, "next_seq", json_object_new_uint64(j->next_seq));
-            add_run_json(e, j);
+            json_object *e = job_json(j);
             json_object *ops = json_object_new_array();
             for (size_t k = 0; k < j->n_ops; k++) {
                 const Obcomm__OpStatus *p = j->ops[k];

@@ -463,41 +463,21 @@ static int efop_can_start(struct obd_op *op)
     return obd_efstore_idle(op->job->d, op->job->name, op->job->run);
 }
 
-const struct obd_algo obd_algo_onebit_snapshot = {
-    .kind = OBCOMM_KIND_SNAPSHOT_1BIT,
-    .name = "1-bit snapshot",
-    .start = snapshot_start,
-    .recv_dest = obd_coll_no_data,
-    .recv_done = obd_coll_no_recv,
-    .progress = efop_progress,
-    .free = efop_free,
-    .waiting_on = efop_waiting_on,
-    .can_start = efop_can_start,
-};
+/* The rows of the three two-phase state ops: they move no data. */
+#define EFOP_ALGO(k, n, s)                                                     \
+    {                                                                          \
+        .kind = (k), .name = (n), .start = (s), .recv_dest = obd_coll_no_data, \
+        .recv_done = obd_coll_no_recv, .progress = efop_progress,              \
+        .free = efop_free, .waiting_on = efop_waiting_on,                      \
+        .can_start = efop_can_start,                                           \
+    }
 
-const struct obd_algo obd_algo_onebit_export = {
-    .kind = OBCOMM_KIND_EXPORT_1BIT,
-    .name = "1-bit export",
-    .start = export_start,
-    .recv_dest = obd_coll_no_data,
-    .recv_done = obd_coll_no_recv,
-    .progress = efop_progress,
-    .free = efop_free,
-    .waiting_on = efop_waiting_on,
-    .can_start = efop_can_start,
-};
-
-const struct obd_algo obd_algo_onebit_restore = {
-    .kind = OBCOMM_KIND_RESTORE_1BIT,
-    .name = "1-bit restore",
-    .start = restore_start,
-    .recv_dest = obd_coll_no_data,
-    .recv_done = obd_coll_no_recv,
-    .progress = efop_progress,
-    .free = efop_free,
-    .waiting_on = efop_waiting_on,
-    .can_start = efop_can_start,
-};
+const struct obd_algo obd_algo_onebit_snapshot =
+    EFOP_ALGO(OBCOMM_KIND_SNAPSHOT_1BIT, "1-bit snapshot", snapshot_start);
+const struct obd_algo obd_algo_onebit_export =
+    EFOP_ALGO(OBCOMM_KIND_EXPORT_1BIT, "1-bit export", export_start);
+const struct obd_algo obd_algo_onebit_restore =
+    EFOP_ALGO(OBCOMM_KIND_RESTORE_1BIT, "1-bit restore", restore_start);
 
 /* ---- reset ---- */
 

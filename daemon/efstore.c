@@ -162,7 +162,7 @@ void obd_efstore_applied(struct obd_ef *ef, uint64_t seq)
 
 /* Takes ef out of the registry: freed now, or by its last user (the
  * tasks of a failed op may still write it). */
-static void unlist(struct obd_daemon *d, struct obd_ef **pp)
+static void unlist(struct obd_ef **pp)
 {
     struct obd_ef *ef = *pp;
     *pp = ef->next;
@@ -171,7 +171,6 @@ static void unlist(struct obd_daemon *d, struct obd_ef **pp)
         ef->doomed = 1;
     else
         obd_ef_free(ef);
-    (void)d;
 }
 
 /* Forgets every state of (job, run); returns how many. */
@@ -180,7 +179,7 @@ static int forget_run(struct obd_daemon *d, const char *job, uint64_t run)
     int n = 0;
     for (struct obd_ef **pp = &d->efs; *pp;) {
         if (same(*pp, job, run)) {
-            unlist(d, pp);
+            unlist(pp);
             n++;
         } else {
             pp = &(*pp)->next;
@@ -195,7 +194,7 @@ void obd_efstore_reset(struct obd_daemon *d, const char *job, uint64_t run,
 {
     struct obd_ef **pp = find(d, job, run, key);
     if (*pp != NULL) {
-        unlist(d, pp);
+        unlist(pp);
         obd_efstore_account(d);
     }
     obd_log_info(&d->log, "job %s key %llu: error feedback reset", job,

@@ -74,7 +74,7 @@ struct shared {
     volatile long ops[16];
     volatile int go;
     volatile uint64_t hash[16];
-    volatile int first_rc[16]; /* of the op that SIGTERM interrupts */
+    volatile int first_rc[16];  /* of the op that SIGTERM interrupts */
     volatile uint64_t snapshot; /* the id obcomm_save_1bit gave rank 0 */
 };
 
@@ -996,8 +996,7 @@ static int trainer_ef_bound(obcomm_t *c, void *arg)
     rc = obcomm_allreduce_1bit(c, 1, x, small);
     if (rc != OBCOMM_E_NOMEM ||
         !strstr(obcomm_last_error(c), "cannot continue after op 1 failed"))
-        return hx_fail(c, "the op after: got %d: %s", rc,
-                       obcomm_last_error(c));
+        return hx_fail(c, "the op after: got %d: %s", rc, obcomm_last_error(c));
     return 0;
 }
 

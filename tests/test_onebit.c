@@ -245,8 +245,8 @@ static int trainer_onebit(obcomm_t *c, void *arg)
             stopped = 1;
             if (rc != p->restore_fails_with ||
                 !strstr(obcomm_last_error(c), p->restore_fails_naming))
-                fail = hx_fail(c, "restore: got %d (%s), want %d naming %s",
-                               rc, obcomm_last_error(c), p->restore_fails_with,
+                fail = hx_fail(c, "restore: got %d (%s), want %d naming %s", rc,
+                               obcomm_last_error(c), p->restore_fails_with,
                                p->restore_fails_naming);
             else /* op 0 failed: the run goes no further */
                 fail = run_is_stopped(c, rc, 0);
