@@ -168,6 +168,12 @@ def check_contract(logs, ref, limit=None, fault_t=None):
             if e["status"] != 0:
                 own_first[r] = seq
                 break
+    # A rank that saw the dying op succeed fails at the next op with a
+    # reason of its own (it may never hear of the dying op's failure: the
+    # failing node can be cut off from it); the other ranks of that op may
+    # hear that reason first. Both are true first failures, not silence.
+    own_next = {e["msg"] for r, e in seqs.get(f + 1, {}).items()
+                if e["status"] != 0 and own_first.get(r) == f + 1}
     succ, unnamed, slow = [], [], []
     for seq in sorted(s for s in seqs if s > f):
         for r, e in sorted(seqs[seq].items()):
@@ -182,7 +188,8 @@ def check_contract(logs, ref, limit=None, fault_t=None):
                 res["later_notconn"] += 1
                 continue
             if CANNOT not in e["msg"].lower():
-                if own_first.get(r) == seq and seq == f + 1:
+                if seq == f + 1 and (own_first.get(r) == seq or
+                                     e["msg"] in own_next):
                     continue  # its own first failure, right after the window
                 unnamed.append((seq, r, f"{e['name']}: {short(e['msg'], 120)}"))
                 continue
