@@ -22,6 +22,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static int trace_file_ok(const char *path, char *why, size_t len);
+static int listen_ok(const struct obd_addr *a, char *why, size_t len);
+
 enum row_type { T_INT, T_STR };
 
 /* The unit of an integer option, and so the suffixes its values take. */
@@ -1037,7 +1040,9 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
                  0) ||
             (cfg->state_dir[0] != '\0' &&
              obd_snapset_dir_ok(cfg->state_dir, (unsigned)geteuid(), 0, why,
-                                sizeof(why)) != 0)) {
+                                sizeof(why)) != 0) ||
+            (cfg->trace_file[0] != '\0' &&
+             trace_file_ok(cfg->trace_file, why, sizeof(why)) != 0)) {
             fail(err, errlen, "%s", why);
             return -1;
         }
@@ -1124,9 +1129,87 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
         if (derive_listen(cfg, err, errlen))
             goto out;
     }
+    if (strict && cfg->listen_addr.port != 0) {
+        char why[600];
+        if (listen_ok(&cfg->listen_addr, why, sizeof(why)) != 0) {
+            fail(err, errlen, "%s", why);
+            goto out;
+        }
+    }
     rc = 0;
 out:
     free(res);
+    return rc;
+}
+
+/* The trace file as the start opens it (O_CREAT | O_NOFOLLOW, for
+ * writing), without creating it: a regular file we may write, or a new
+ * name in a directory we may write. */
+static int trace_file_ok(const char *path, char *why, size_t len)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISREG(st.st_mode)) {
+            snprintf(why, len, "trace_file %s is not a regular file", path);
+            return -1;
+        }
+        if (access(path, W_OK) != 0) {
+            snprintf(why, len, "trace_file %s: %s", path, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    if (errno != ENOENT) {
+        snprintf(why, len, "trace_file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash != NULL)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof(dir), ".");
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(why, len, "trace_file %s: directory %s: %s", path, dir,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* The listen address is one this machine has: a socket binds to it (on
+ * a port the kernel picks, so a daemon already listening there does not
+ * count against it). */
+static int listen_ok(const struct obd_addr *a, char *why, size_t len)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res;
+    int g = getaddrinfo(a->host[0] ? a->host : NULL, "0", &hints, &res);
+    if (g != 0) {
+        snprintf(why, len, "listen %s:%u does not resolve: %s", a->host,
+                 a->port, gai_strerror(g));
+        return -1;
+    }
+    int rc = -1, e = 0;
+    for (struct addrinfo *r = res; r && rc != 0; r = r->ai_next) {
+        int fd = socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        rc = bind(fd, r->ai_addr, r->ai_addrlen);
+        if (rc != 0)
+            e = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (rc != 0)
+        snprintf(why, len, "listen %s:%u: this machine cannot listen there: %s",
+                 a->host, a->port, strerror(e));
     return rc;
 }
 

@@ -28,7 +28,10 @@ grep -q '^build buildtype=' <<<"$out" || fail "build: $out"
 src=$(dirname "$0")/..
 want=$(sed -n 's/^#define OBCOMM_DEFAULT_SOCKET "\(.*\)"$/\1/p' "$src/include/obcomm.h")
 [ "$want" = /run/obcomm/obcommd.sock ] || fail "OBCOMM_DEFAULT_SOCKET is $want"
-"$obcommd" --help | grep -qF -- "(default: $want)" || fail "--help lacks $want"
+# (grep reads all of it: with -q it may stop early and the writer's
+# SIGPIPE would fail the pipeline under pipefail.)
+"$obcommd" --help | grep -F -- "(default: $want)" >/dev/null ||
+    fail "--help lacks $want"
 stale=$(grep -rn '/tmp/obcommd\.sock' "$src/README.md" "$src/deploy/man" \
     "$src/client/python/obcomm" "$src/include" || true)
 [ -z "$stale" ] || fail "another default socket: $stale"

@@ -417,7 +417,41 @@ START_TEST(check_config_is_strict)
     obd_config_set(&c, "state_dir", path, err, sizeof(err));
     ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
     ck_assert_int_eq(access(path, F_OK), -1);
+
+    /* trace_file as the start opens it, without creating it. */
+    obd_config_set(&c, "state_dir", "", err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/trace.json", dir);
+    obd_config_set(&c, "trace_file", path, err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
+    ck_assert_int_eq(access(path, F_OK), -1);
+    snprintf(path, sizeof(path), "%s/none/trace.json", dir);
+    obd_config_set(&c, "trace_file", path, err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    snprintf(want, sizeof(want),
+             "trace_file %s/none/trace.json: directory %s/none: No such "
+             "file or directory",
+             dir, dir);
+    ck_assert_str_eq(err, want);
+    obd_config_set(&c, "trace_file", dir, err, sizeof(err));
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    snprintf(want, sizeof(want), "trace_file %s is not a regular file", dir);
+    ck_assert_str_eq(err, want);
     rmdir(dir);
+
+    /* listen: an address this machine has (a daemon on its port does not
+     * count against it), not one it lacks (TEST-NET-1). */
+    obd_config_defaults(&c);
+    obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
+    obd_config_set(&c, "peers", "127.0.0.1:7000,127.0.0.1:7001", err,
+                   sizeof(err));
+    obd_config_set(&c, "rank", "0", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_msg(obd_config_resolve(&c, 1, err, sizeof(err)) == 0, "%s", err);
+    obd_config_set(&c, "listen", "192.0.2.1:7000", err, sizeof(err));
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_str_eq(err, "listen 192.0.2.1:7000: this machine cannot listen "
+                          "there: Cannot assign requested address");
 }
 END_TEST
 
