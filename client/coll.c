@@ -210,6 +210,28 @@ int obcomm_1bit_durable(const obcomm_t *c)
     return c != NULL && c->durable;
 }
 
+/* Submits s (kind and key set) with a shared buffer of `bytes` bytes as
+ * its data: filled from `in` first, copied to `out` on success (either
+ * may be NULL). */
+static int submit_shm(obcomm_t *c, Obcomm__Submit *s, size_t bytes,
+                      const void *in, void *out)
+{
+    void *shm;
+    int rc = obcomm_alloc(c, bytes, &shm);
+    if (rc)
+        return rc;
+    if (in != NULL)
+        memcpy(shm, in, bytes);
+    s->count = bytes;
+    rc = place(c, s, shm, bytes);
+    if (rc == 0)
+        rc = submit(c, s);
+    if (rc == 0 && out != NULL)
+        memcpy(out, shm, bytes);
+    obcomm_free(c, shm);
+    return rc;
+}
+
 int obcomm_export_1bit(obcomm_t *c, uint64_t snapshot, void **part,
                        size_t *bytes)
 {
@@ -225,25 +247,17 @@ int obcomm_export_1bit(obcomm_t *c, uint64_t snapshot, void **part,
         return obc_fail(c, OBCOMM_E_NOMEM, "a part of %llu bytes",
                         (unsigned long long)c->part_bytes);
     size_t n = (size_t)c->part_bytes;
-    void *shm = NULL, *copy = malloc(n);
-    int rc = copy ? obcomm_alloc(c, n, &shm) : OBCOMM_E_NOMEM;
-    if (rc == 0) {
-        Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-        s.kind = OBCOMM_KIND_EXPORT_1BIT;
-        s.key = snapshot;
-        s.count = n;
-        rc = place(c, &s, shm, n);
-        if (rc == 0)
-            rc = submit(c, &s);
-        if (rc == 0)
-            memcpy(copy, shm, n);
-        obcomm_free(c, shm);
-    }
+    void *copy = malloc(n);
+    if (copy == NULL)
+        return obc_fail(c, OBCOMM_E_NOMEM, "no memory for a part of %zu bytes",
+                        n);
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_EXPORT_1BIT;
+    s.key = snapshot;
+    int rc = submit_shm(c, &s, n, NULL, copy);
     if (rc) {
         free(copy);
-        return rc == OBCOMM_E_NOMEM && copy == NULL
-                   ? obc_fail(c, rc, "no memory for a part of %zu bytes", n)
-                   : rc;
+        return rc;
     }
     *part = copy;
     *bytes = n;
@@ -273,17 +287,8 @@ int obcomm_restore_1bit_part(obcomm_t *c, uint64_t snapshot, const void *part,
     int rc = obc_check_live(c);
     if (rc < 0)
         return rc;
-    void *shm;
-    if ((rc = obcomm_alloc(c, bytes, &shm)) != 0)
-        return rc;
-    memcpy(shm, part, bytes);
     Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
     s.kind = OBCOMM_KIND_RESTORE_1BIT;
     s.key = snapshot;
-    s.count = bytes;
-    rc = place(c, &s, shm, bytes);
-    if (rc == 0)
-        rc = submit(c, &s);
-    obcomm_free(c, shm);
-    return rc;
+    return submit_shm(c, &s, bytes, part, NULL);
 }

@@ -13,12 +13,12 @@
  * so that the nodes stay alike. An op that fails before it was agreed on
  * leaves the state as a valid step.
  *
- * Snapshots: one file per (job, key) in state_dir, an LZ4 frame with block
- * and content checksums holding a fixed header and both error buffers,
- * written to a temporary file and renamed into place. A snapshot is loaded
- * only if it is intact and was written by the same rank of the same world
- * (nodes and world fingerprint); a snapshot of another world is dropped and
- * the state starts at zero, which is logged and counted. Files are in the
+ * Snapshots: one file per (job, key) in a snapshot set (snapset.h), an LZ4
+ * frame with block and content checksums holding a fixed header and both
+ * error buffers, written to a temporary file and renamed into place. A
+ * snapshot is loaded only if it is intact and was written by the same rank
+ * of the same world (nodes and world fingerprint); otherwise its whole set
+ * is unusable (snapset.h). Files are in the
  * byte order of the machine (every platform obcomm runs on is
  * little-endian; the header records it).
  */
@@ -101,7 +101,7 @@ struct obd_ef_world {
 /* Result of obd_ef_read. */
 enum {
     OBD_EF_OK = 0,
-    OBD_EF_OTHER_WORLD = 1, /* intact, but of another world: reset */
+    OBD_EF_OTHER_WORLD = 1, /* intact, but of another world */
     OBD_EF_CORRUPT = -1,    /* damaged, truncated or not a snapshot */
     OBD_EF_IOERR = -2,
 };

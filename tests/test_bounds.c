@@ -36,7 +36,7 @@
 
 #include "harness.h"
 #include "ops.h"
-#include "sock.h"
+#include "rawclient.h"
 
 #define NOBODY     65534
 #define TIMEOUT_MS 60000
@@ -310,63 +310,12 @@ END_TEST
 
 /* ---- d. ---- */
 
-struct raw {
-    int fd;
-    char err[512];
-};
-
-static int raw_send(struct raw *r, Obcomm__ClientMsg *m, int pass_fd)
-{
-    return obc_sock_send(r->fd, m, pass_fd, obc_now_ms() + 10000, 10000, r->err,
-                         sizeof(r->err));
-}
-
-static Obcomm__DaemonMsg *raw_recv(struct raw *r, int wait_ms)
-{
-    Obcomm__DaemonMsg *d = NULL;
-    if (obc_sock_recv(r->fd, obc_now_ms() + wait_ms, wait_ms, &d, r->err,
-                      sizeof(r->err)) != 0)
-        return NULL;
-    return d;
-}
-
 /* Joins `job` as its only trainer and registers a 4 KiB buffer as id 1. */
 static void raw_start(struct raw *r, const char *sock, const char *job)
 {
-    r->fd = obc_sock_connect(sock, r->err, sizeof(r->err));
-    ck_assert_msg(r->fd >= 0, "%s", r->err);
-    Obcomm__Join j = OBCOMM__JOIN__INIT;
-    j.proto_version = OBCOMM_PROTO_VERSION;
-    j.job = (char *)job;
-    j.local_rank = 0;
-    j.local_size = 1;
-    j.timeout_ms = TIMEOUT_MS;
-    Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_JOIN;
-    m.join = &j;
-    ck_assert_int_eq(raw_send(r, &m, -1), 0);
-    Obcomm__DaemonMsg *d = raw_recv(r, 10000);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(d->body_case, OBCOMM__DAEMON_MSG__BODY_JOIN);
-    ck_assert_int_eq(d->join->status, 0);
-    obcomm__daemon_msg__free_unpacked(d, NULL);
-
-    int mfd = memfd_create("bounds", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ck_assert_int_ge(mfd, 0);
-    ck_assert_int_eq(ftruncate(mfd, 4096), 0);
-    ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-    Obcomm__RegisterBuffer reg = OBCOMM__REGISTER_BUFFER__INIT;
-    reg.id = 1;
-    reg.bytes = 4096;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_REGISTER;
-    m.register_ = &reg;
-    ck_assert_int_eq(raw_send(r, &m, mfd), 0);
-    close(mfd);
-    d = raw_recv(r, 10000);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(d->body_case, OBCOMM__DAEMON_MSG__BODY_REGISTER);
-    ck_assert_int_eq(d->register_->status, 0);
-    obcomm__daemon_msg__free_unpacked(d, NULL);
+    float *base;
+    ck_assert_int_eq(raw_join(r, sock, job, 0, 1, TIMEOUT_MS), 0);
+    ck_assert_int_eq(raw_register(r, 4096, &base), 0);
 }
 
 struct bad_submit {

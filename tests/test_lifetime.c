@@ -56,7 +56,9 @@
 
 #include "harness.h"
 #include "ops.h"
+#include "rawclient.h"
 #include "sock.h"
+#include "wire.h"
 
 #define TIMEOUT_MS 30000
 #define WAIT_MS    45000 /* deadline + client grace + slack */
@@ -104,128 +106,6 @@ static int wait_flags(struct shared *sh, int from, int n, int wait_ms)
 static int exited_ok(int status)
 {
     return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-/* ---- a raw client: the protocol without libobcomm ---- */
-
-struct raw {
-    int fd;
-    char err[512];
-};
-
-static int raw_send(struct raw *r, Obcomm__ClientMsg *m, int pass_fd)
-{
-    return obc_sock_send(r->fd, m, pass_fd, obc_now_ms() + 10000, 10000, r->err,
-                         sizeof(r->err));
-}
-
-static int raw_open(struct raw *r, const char *sock)
-{
-    r->fd = obc_sock_connect(sock, r->err, sizeof(r->err));
-    return r->fd < 0 ? r->fd : 0;
-}
-
-static int raw_join(struct raw *r, const char *sock, const char *job, int lr,
-                    int ls)
-{
-    int rc = raw_open(r, sock);
-    if (rc < 0)
-        return rc;
-    Obcomm__Join j = OBCOMM__JOIN__INIT;
-    j.proto_version = OBCOMM_PROTO_VERSION;
-    j.job = (char *)job;
-    j.local_rank = (uint32_t)lr;
-    j.local_size = (uint32_t)ls;
-    j.timeout_ms = TIMEOUT_MS;
-    Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_JOIN;
-    m.join = &j;
-    rc = raw_send(r, &m, -1);
-    if (rc < 0)
-        return rc;
-    Obcomm__DaemonMsg *d;
-    rc = obc_sock_recv(r->fd, obc_now_ms() + 10000, 10000, &d, r->err,
-                       sizeof(r->err));
-    if (rc < 0)
-        return rc;
-    rc = d->body_case == OBCOMM__DAEMON_MSG__BODY_JOIN ? d->join->status
-                                                       : OBCOMM_E_PROTO;
-    obcomm__daemon_msg__free_unpacked(d, NULL);
-    return rc;
-}
-
-/* Registers a sealed memfd of `bytes` as buffer id 1, mapped at *base. */
-static int raw_register(struct raw *r, size_t bytes, float **base)
-{
-    int mfd = memfd_create("lifetime", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (mfd < 0 || ftruncate(mfd, (off_t)bytes) < 0 ||
-        fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-        return -errno;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-    if (p == MAP_FAILED)
-        return -errno;
-    Obcomm__RegisterBuffer reg = OBCOMM__REGISTER_BUFFER__INIT;
-    reg.id = 1;
-    reg.bytes = bytes;
-    Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_REGISTER;
-    m.register_ = &reg;
-    int rc = raw_send(r, &m, mfd);
-    close(mfd);
-    Obcomm__DaemonMsg *d = NULL;
-    if (rc == 0)
-        rc = obc_sock_recv(r->fd, obc_now_ms() + 10000, 10000, &d, r->err,
-                           sizeof(r->err));
-    if (rc == 0) {
-        rc = d->body_case == OBCOMM__DAEMON_MSG__BODY_REGISTER
-                 ? d->register_->status
-                 : OBCOMM_E_PROTO;
-        obcomm__daemon_msg__free_unpacked(d, NULL);
-    }
-    *base = p;
-    return rc;
-}
-
-/* Sends a Submit of buffer 1 at offset 0 (not waiting for Complete), with
- * the fields libobcomm sends for that kind (client/coll.c). */
-static int raw_submit(struct raw *r, uint64_t seq, unsigned kind,
-                      uint64_t count, uint64_t key)
-{
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.seq = seq;
-    s.kind = kind;
-    s.count = count;
-    s.buffer_id = 1;
-    switch (kind) {
-    case OBCOMM_KIND_ALLREDUCE:
-        s.dtype = OBCOMM_FLOAT32;
-        s.redop = OBCOMM_SUM;
-        break;
-    case OBCOMM_KIND_ALLREDUCE_1BIT:
-        s.dtype = OBCOMM_FLOAT32;
-        s.redop = OBCOMM_AVG;
-        s.key = key;
-        break;
-    case OBCOMM_KIND_BROADCAST: /* root 0 */
-        break;
-    default: /* barrier: no buffer */
-        s.buffer_id = 0;
-        s.count = 0;
-    }
-    Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_SUBMIT;
-    m.submit = &s;
-    return raw_send(r, &m, -1);
-}
-
-static int raw_release(struct raw *r)
-{
-    Obcomm__ReleaseBuffer rel = OBCOMM__RELEASE_BUFFER__INIT;
-    rel.id = 1;
-    Obcomm__ClientMsg m = OBCOMM__CLIENT_MSG__INIT;
-    m.body_case = OBCOMM__CLIENT_MSG__BODY_RELEASE;
-    m.release = &rel;
-    return raw_send(r, &m, -1);
 }
 
 /* ---- trainers ---- */
@@ -371,7 +251,7 @@ START_TEST(release_before_start)
 
     struct raw r;
     float *base;
-    ck_assert_int_eq(raw_join(&r, cl.sock[0], "rbs", 0, ls), 0);
+    ck_assert_int_eq(raw_join(&r, cl.sock[0], "rbs", 0, ls, TIMEOUT_MS), 0);
     ck_assert_int_eq(raw_register(&r, BIG * 4, &base), 0);
     for (size_t i = 0; i < BIG; i++)
         base[i] = pattern(0, 0, i);
@@ -442,7 +322,8 @@ START_TEST(disconnect_mid_op)
      * inherits its socket and keeps it open. */
     struct raw r;
     float *base;
-    ck_assert_int_eq(raw_join(&r, cl.sock[raw_node], "dmo", raw_lr, ls), 0);
+    ck_assert_int_eq(
+        raw_join(&r, cl.sock[raw_node], "dmo", raw_lr, ls, TIMEOUT_MS), 0);
     ck_assert_int_eq(raw_register(&r, BIG * 4, &base), 0);
     for (size_t i = 0; i < BIG; i++)
         base[i] = pattern(7, 0, i);
@@ -606,7 +487,7 @@ START_TEST(never_reading_trainer_is_dropped)
     ck_assert_int_eq(wait_flags(sh, 1, 1, 30000), 0);
     struct raw r;
     float *base;
-    ck_assert_int_eq(raw_join(&r, cl.sock[0], "noread", 0, 2), 0);
+    ck_assert_int_eq(raw_join(&r, cl.sock[0], "noread", 0, 2, TIMEOUT_MS), 0);
     ck_assert_int_eq(raw_register(&r, (size_t)1 << 20, &base), 0);
     /* The split between kernel buffers and the daemon's queue varies, so
      * the drop may come before the submit: a trainer that left. */
@@ -643,7 +524,7 @@ START_TEST(submit_and_close_one_node)
         snprintf(job, sizeof(job), "sac-%d", k);
         struct raw r;
         float *base;
-        int rc = raw_join(&r, cl.sock[0], job, 0, 1);
+        int rc = raw_join(&r, cl.sock[0], job, 0, 1, TIMEOUT_MS);
         if (rc == 0)
             rc = raw_register(&r, (size_t)1 << 20, &base);
         if (rc) {
