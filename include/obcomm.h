@@ -3,8 +3,8 @@
  * A trainer links libobcomm and talks to the obcommd daemon of its node over
  * a Unix socket. Buffers handed to collectives live in shared memory that
  * the daemon maps (obcomm_alloc), so tensors are never copied through a
- * socket. All calls are blocking and a handle is used by one thread at a
- * time. Functions return 0 or a negative error code; obcomm_strerror()
+ * socket. Collectives come blocking and non-blocking (obcomm_i*); a handle
+ * is used by one thread at a time. Functions return 0 or a negative error code; obcomm_strerror()
  * explains every code. How it works: man 7 obcomm; this API: man 3 obcomm.
  */
 #ifndef OBCOMM_H
@@ -147,6 +147,67 @@ OBCOMM_API int obcomm_restore_1bit_part(obcomm_t *c, uint64_t snapshot,
 OBCOMM_API int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes,
                                 int root);
 OBCOMM_API int obcomm_barrier(obcomm_t *c);
+
+/* Allgather (MPI's argument order): every rank contributes `count`
+ * elements from `send`; `recv` (world * count elements) gets rank r's at
+ * element r * count, on every rank. Reduce-scatter: `send` holds world *
+ * recv_count elements on every rank; rank r's `recv` gets elements [r *
+ * recv_count, (r + 1) * recv_count) of their reduction, the same values
+ * as that part of an allreduce of `send`. Both buffers lie inside buffers
+ * from obcomm_alloc; send is only read; recv may overlap send. */
+OBCOMM_API int obcomm_allgather(obcomm_t *c, const void *send, void *recv,
+                                size_t count, obcomm_dtype_t dtype);
+OBCOMM_API int obcomm_reduce_scatter(obcomm_t *c, const void *send,
+                                     void *recv, size_t recv_count,
+                                     obcomm_dtype_t dtype, obcomm_op_t op);
+
+/* Non-blocking collectives (MPI's MPI_I*, UCC's post/test). Each call
+ * checks its arguments, sends the op to the daemon and returns at once
+ * with *req, which the caller tests or waits on and then frees; the
+ * buffers stay untouched by the caller until then. Many ops may be in
+ * flight on one handle; they are matched across ranks in the order they
+ * were issued (the blocking calls included, which are submit + wait).
+ * The daemon runs a job's ops one at a time in that order, so requests
+ * complete in issue order; waiting on them in any order is fine.
+ * Up to OBCOMM_MAX_INFLIGHT ops are in flight per handle; a call past that
+ * first waits for the oldest one to complete. A handle and its requests
+ * are used by one thread at a time. */
+typedef struct obcomm_request obcomm_request_t;
+#define OBCOMM_MAX_INFLIGHT 32
+
+OBCOMM_API int obcomm_iallreduce(obcomm_t *c, void *data, size_t count,
+                                 obcomm_dtype_t dtype, obcomm_op_t op,
+                                 obcomm_request_t **req);
+OBCOMM_API int obcomm_iallreduce_1bit(obcomm_t *c, uint64_t key, float *data,
+                                      size_t count, obcomm_request_t **req);
+OBCOMM_API int obcomm_ibroadcast(obcomm_t *c, void *data, size_t bytes,
+                                 int root, obcomm_request_t **req);
+OBCOMM_API int obcomm_iallgather(obcomm_t *c, const void *send, void *recv,
+                                 size_t count, obcomm_dtype_t dtype,
+                                 obcomm_request_t **req);
+OBCOMM_API int obcomm_ireduce_scatter(obcomm_t *c, const void *send,
+                                      void *recv, size_t recv_count,
+                                      obcomm_dtype_t dtype, obcomm_op_t op,
+                                      obcomm_request_t **req);
+OBCOMM_API int obcomm_ibarrier(obcomm_t *c, obcomm_request_t **req);
+/* Reads whatever completions have arrived, without blocking. *done is 1
+ * once the op is over; the call then returns the op's status (0, or the
+ * error every rank gets, explained by obcomm_request_error), else 0. */
+OBCOMM_API int obcomm_test(obcomm_request_t *req, int *done);
+/* Blocks until the op is over (bounded by its deadline) and returns its
+ * status. */
+OBCOMM_API int obcomm_wait(obcomm_request_t *req);
+/* The message of a failed request; "" before it is over or on success. */
+OBCOMM_API const char *obcomm_request_error(const obcomm_request_t *req);
+/* Frees the request. One still in flight is not cancelled (the other ranks
+ * take part in it): its answer is discarded when it comes. NULL is a
+ * no-op. Requests outlive obcomm_close, which completes every outstanding
+ * one with OBCOMM_E_PEER_LOST. */
+OBCOMM_API void obcomm_request_free(obcomm_request_t *req);
+/* For event loops: the descriptor that becomes readable when an answer
+ * from the daemon has arrived (then call obcomm_test); -1 when closed.
+ * Never read or write it directly. */
+OBCOMM_API int obcomm_fd(const obcomm_t *c);
 
 /* The message of the last failed call on this handle (names ranks and
  * fields for mismatches and timeouts); "" when there is none. Borrowed:

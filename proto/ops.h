@@ -18,6 +18,12 @@ enum obcomm_op_kind {
     OBCOMM_KIND_EXPORT_1BIT = 8,    /* key = a set's id; count = bytes: every
                                        local trainer's buffer gets the node's
                                        part of the set */
+    OBCOMM_KIND_ALLGATHER = 9,      /* count = elements of dtype per rank;
+                                       buffer: send; recv_buffer: world *
+                                       count elements */
+    OBCOMM_KIND_REDUCE_SCATTER = 10, /* count = elements per rank's result;
+                                        buffer: send (world * count);
+                                        recv_buffer: count elements */
 };
 
 #endif

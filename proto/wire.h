@@ -15,7 +15,7 @@
 #define OBCOMM_WIRE_MAX    (256 * 1024)
 
 /* Protocol version of the control messages and data frames. */
-#define OBCOMM_PROTO_VERSION 5
+#define OBCOMM_PROTO_VERSION 6
 
 /* Packs `msg` behind its length prefix into a malloc'd buffer; the caller
  * frees it with free(). Returns NULL when out of memory or when the message
