@@ -2,12 +2,20 @@
  * {kind, name, start, recv_dest, recv_done, progress, free}: the link layer
  * asks where an arriving payload goes, reports when it is in, and write
  * completions call progress. None of them blocks or frees the op.
+ *
+ * The registry (coll.c) sits between job.c and the algorithms: job looks
+ * an algorithm up by kind and calls its row; an algorithm reaches back
+ * only through op->svc, the table job hands every op (the obd_op_*
+ * wrappers below), so that job.c, coll.c and the coll_*.c files form a
+ * tree (docs/design.md, "Layering"; tests/check_layers.py).
  */
 #ifndef OBD_COLL_H
 #define OBD_COLL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "frame.h"
 #include "job.h"
@@ -28,6 +36,99 @@
  * 4 MiB op 1.5-2 ms of its 3-4 ms (tests/bench/ring_threads.sh), while a
  * 64 MiB op's loop thread gets back half its time. */
 #define OBD_RING_POOL_SEGMENTS 8
+
+/* What job.c hands an algorithm with every op (op->svc). */
+struct obd_opsvc {
+    /* Fails op with status and message, announces the failure to every
+     * node (unless `announce` is 0: it came from one) and posts the op:
+     * its trainers get the answer on a later turn, once no pool task
+     * touches their memory. */
+    void (*fail)(struct obd_op *op, int status, int announce,
+                 const char *message);
+    /* The algorithm finished: posts the op to answer its trainers. */
+    void (*finish)(struct obd_op *op);
+    /* Sends a data frame of this op to node `to`, with payload `len`
+     * bytes at `payload`, which stays valid because the op holds a
+     * reference until the write completes (the op is then posted).
+     * Returns 0 or a negative code; on failure nothing was sent and no
+     * reference taken. */
+    int (*send)(struct obd_op *op, int to, uint32_t step, uint32_t segment,
+                const void *payload, uint32_t len);
+    /* A pool task that touches the op's memory (trainer buffers, state)
+     * begins or ends; task_end posts the op. */
+    void (*task_begin)(struct obd_op *op);
+    void (*task_end)(struct obd_op *op);
+    /* Two-phase ops: this node finished the op's local phase with status
+     * (0: it did its part) and message; every node is told, and
+     * op->ann[n].reported (with report_status and report_message) is set
+     * for each node that reported (the op is posted as each report
+     * arrives). all_reported: 1 once every node has. */
+    void (*report)(struct obd_op *op, int status, const char *message);
+    int (*all_reported)(const struct obd_op *op);
+    /* A buffer of at least `bytes` (its size in *cap), reusing the one the
+     * daemon keeps between ops when it is large enough; give it back with
+     * scratch_put(op, p, cap). */
+    void *(*scratch_get)(struct obd_op *op, size_t bytes, size_t *cap);
+    void (*scratch_put)(struct obd_op *op, void *p, size_t cap);
+};
+
+static inline void obd_op_fail(struct obd_op *op, int status, int announce,
+                               const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline void obd_op_fail(struct obd_op *op, int status, int announce,
+                               const char *fmt, ...)
+{
+    char message[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    op->svc->fail(op, status, announce, message);
+}
+
+static inline void obd_op_finish(struct obd_op *op)
+{
+    op->svc->finish(op);
+}
+
+static inline int obd_op_send(struct obd_op *op, int to, uint32_t step,
+                              uint32_t segment, const void *payload,
+                              uint32_t len)
+{
+    return op->svc->send(op, to, step, segment, payload, len);
+}
+
+static inline void obd_op_task_begin(struct obd_op *op)
+{
+    op->svc->task_begin(op);
+}
+
+static inline void obd_op_task_end(struct obd_op *op)
+{
+    op->svc->task_end(op);
+}
+
+static inline void obd_op_report(struct obd_op *op, int status,
+                                 const char *message)
+{
+    op->svc->report(op, status, message);
+}
+
+static inline int obd_op_all_reported(const struct obd_op *op)
+{
+    return op->svc->all_reported(op);
+}
+
+static inline void *obd_op_scratch_get(struct obd_op *op, size_t bytes,
+                                       size_t *cap)
+{
+    return op->svc->scratch_get(op, bytes, cap);
+}
+
+static inline void obd_op_scratch_put(struct obd_op *op, void *p, size_t cap)
+{
+    op->svc->scratch_put(op, p, cap);
+}
 
 struct obd_algo {
     uint32_t kind;
@@ -60,21 +161,53 @@ struct obd_algo {
     void (*failed)(struct obd_op *op);
 };
 
-/* The 1-bit allreduce (coll_onebit.c) and the state ops of a run
- * (coll_efstate.c). */
+/* The full-precision collectives (coll_ring.c), the 1-bit allreduce
+ * (coll_onebit.c) and the state ops of a run (coll_efstate.c); the
+ * registry (coll.c) lists them all. */
+extern const struct obd_algo obd_algo_allreduce;
+extern const struct obd_algo obd_algo_reduce_scatter;
+extern const struct obd_algo obd_algo_allgather;
+extern const struct obd_algo obd_algo_broadcast;
+extern const struct obd_algo obd_algo_barrier;
 extern const struct obd_algo obd_algo_onebit;
 extern const struct obd_algo obd_algo_onebit_reset;
 extern const struct obd_algo obd_algo_onebit_snapshot;
 extern const struct obd_algo obd_algo_onebit_restore;
 extern const struct obd_algo obd_algo_onebit_export;
 
-/* An algorithm that moves no data: start does everything (barrier-like). */
-void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,
-                       const char **why);
+/* Rows of an algorithm that moves no data: start does everything
+ * (barrier-like). Inline, so that every algorithm's file has its own copy
+ * and none depends on another. */
+static inline void *obd_coll_no_data(struct obd_op *op, int from,
+                                     const struct obd_frame *f,
+                                     const char **why)
+{
+    (void)op;
+    (void)from;
+    (void)f;
+    *why = "this op carries no data";
+    return NULL;
+}
 
-void obd_coll_no_recv(struct obd_op *op, int from, const struct obd_frame *f);
-void obd_coll_no_progress(struct obd_op *op);
-void obd_coll_waiting_on_nobody(const struct obd_op *op, char *buf, size_t len);
+static inline void obd_coll_no_recv(struct obd_op *op, int from,
+                                    const struct obd_frame *f)
+{
+    (void)op;
+    (void)from;
+    (void)f;
+}
+
+static inline void obd_coll_no_progress(struct obd_op *op)
+{
+    (void)op;
+}
+
+static inline void obd_coll_waiting_on_nobody(const struct obd_op *op,
+                                              char *buf, size_t len)
+{
+    (void)op;
+    snprintf(buf, len, "nobody");
+}
 
 /* The algorithm for an op kind, or NULL. */
 const struct obd_algo *obd_coll_algo(uint32_t kind);

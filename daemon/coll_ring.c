@@ -320,19 +320,6 @@ static int spread(struct obd_op *op, enum piece_kind kind)
     return 0;
 }
 
-uint64_t obd_coll_fingerprint(const struct obd_opdesc *d)
-{
-    uint64_t v[6] = {d->kind,  d->dtype, d->redop,
-                     d->count, d->key,   (uint64_t)(int64_t)d->root};
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (int i = 0; i < 6; i++)
-        for (int b = 0; b < 8; b++) {
-            h ^= (v[i] >> (8 * b)) & 0xff;
-            h *= UINT64_C(0x100000001b3);
-        }
-    return h;
-}
-
 static const char *send_error(int rc)
 {
     return rc == OBCOMM_E_PEER_LOST ? "link is down"
@@ -379,7 +366,7 @@ static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     if (!c->zero_copy)
-        obd_daemon_scratch_put(c->d, c->acc, c->acc_bytes);
+        obd_op_scratch_put(op, c->acc, c->acc_bytes);
     for (size_t i = 0; i < c->nbufs; i++)
         free(c->bufs[i]);
     free(c->bufs);
@@ -706,8 +693,8 @@ static int ring_start(struct obd_op *op)
     }
     size_t nidx = c ? (size_t)c->n * c->maxseg + 1 : 0;
     if (c == NULL ||
-        (!c->zero_copy && (c->acc = obd_daemon_scratch_get(
-                               d, c->count * esz, &c->acc_bytes)) == NULL) ||
+        (!c->zero_copy && (c->acc = obd_op_scratch_get(
+                               op, c->count * esz, &c->acc_bytes)) == NULL) ||
         (c->held = calloc(nidx, sizeof(*c->held))) == NULL ||
         (c->reduced = calloc(nidx, 1)) == NULL ||
         (c->load = calloc(nidx, 1)) == NULL) {
@@ -1039,7 +1026,7 @@ static int bcast_start(struct obd_op *op)
         c->acc = c->pos == 0 ? NULL : op->data[0];
         c->src = c->pos == 0 ? op->data[root % ls] : c->acc;
     } else {
-        c->acc = obd_daemon_scratch_get(d, c->count, &c->acc_bytes);
+        c->acc = obd_op_scratch_get(op, c->count, &c->acc_bytes);
         if (c->acc == NULL) {
             obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                         "op %llu of job %s: no memory for %zu bytes",
@@ -1121,91 +1108,53 @@ static int barrier_start(struct obd_op *op)
     return 0;
 }
 
-void *obd_coll_no_data(struct obd_op *op, int from, const struct obd_frame *f,
-                       const char **why)
-{
-    (void)op;
-    (void)from;
-    (void)f;
-    *why = "this op carries no data";
-    return NULL;
-}
+const struct obd_algo obd_algo_allreduce = {.kind = OBCOMM_KIND_ALLREDUCE,
+                                            .name = "ring allreduce",
+                                            .start = ring_start,
+                                            .recv_dest = ring_recv_dest,
+                                            .recv_done = ring_recv_done,
+                                            .progress = ring_progress,
+                                            .free = coll_free,
+                                            .waiting_on = ring_waiting_on,
+                                            .needs_node = ring_needs_node};
 
-void obd_coll_no_recv(struct obd_op *op, int from, const struct obd_frame *f)
-{
-    (void)op;
-    (void)from;
-    (void)f;
-}
+const struct obd_algo obd_algo_reduce_scatter = {.kind =
+                                                     OBCOMM_KIND_REDUCE_SCATTER,
+                                                 .name = "ring reduce-scatter",
+                                                 .start = ring_start,
+                                                 .recv_dest = ring_recv_dest,
+                                                 .recv_done = ring_recv_done,
+                                                 .progress = ring_progress,
+                                                 .free = coll_free,
+                                                 .waiting_on = ring_waiting_on,
+                                                 .needs_node = ring_needs_node};
 
-void obd_coll_no_progress(struct obd_op *op)
-{
-    (void)op;
-}
+const struct obd_algo obd_algo_allgather = {.kind = OBCOMM_KIND_ALLGATHER,
+                                            .name = "ring allgather",
+                                            .start = ag_start,
+                                            .recv_dest = ag_recv_dest,
+                                            .recv_done = ag_recv_done,
+                                            .progress = ag_progress,
+                                            .free = coll_free,
+                                            .waiting_on = ag_waiting_on,
+                                            .needs_node = ring_needs_node};
 
-void obd_coll_waiting_on_nobody(const struct obd_op *op, char *buf, size_t len)
-{
-    (void)op;
-    snprintf(buf, len, "nobody");
-}
+const struct obd_algo obd_algo_broadcast = {.kind = OBCOMM_KIND_BROADCAST,
+                                            .name = "chain broadcast",
+                                            .start = bcast_start,
+                                            .recv_dest = bcast_recv_dest,
+                                            .recv_done = bcast_recv_done,
+                                            .progress = bcast_progress,
+                                            .free = coll_free,
+                                            .waiting_on = bcast_waiting_on,
+                                            .needs_node = bcast_needs_node};
 
-static const struct obd_algo algos[] = {
-    {.kind = OBCOMM_KIND_ALLREDUCE,
-     .name = "ring allreduce",
-     .start = ring_start,
-     .recv_dest = ring_recv_dest,
-     .recv_done = ring_recv_done,
-     .progress = ring_progress,
-     .free = coll_free,
-     .waiting_on = ring_waiting_on,
-     .needs_node = ring_needs_node},
-    {.kind = OBCOMM_KIND_REDUCE_SCATTER,
-     .name = "ring reduce-scatter",
-     .start = ring_start,
-     .recv_dest = ring_recv_dest,
-     .recv_done = ring_recv_done,
-     .progress = ring_progress,
-     .free = coll_free,
-     .waiting_on = ring_waiting_on,
-     .needs_node = ring_needs_node},
-    {.kind = OBCOMM_KIND_ALLGATHER,
-     .name = "ring allgather",
-     .start = ag_start,
-     .recv_dest = ag_recv_dest,
-     .recv_done = ag_recv_done,
-     .progress = ag_progress,
-     .free = coll_free,
-     .waiting_on = ag_waiting_on,
-     .needs_node = ring_needs_node},
-    {.kind = OBCOMM_KIND_BROADCAST,
-     .name = "chain broadcast",
-     .start = bcast_start,
-     .recv_dest = bcast_recv_dest,
-     .recv_done = bcast_recv_done,
-     .progress = bcast_progress,
-     .free = coll_free,
-     .waiting_on = bcast_waiting_on,
-     .needs_node = bcast_needs_node},
-    {.kind = OBCOMM_KIND_BARRIER,
-     .name = "barrier",
-     .start = barrier_start,
-     .recv_dest = obd_coll_no_data,
-     .recv_done = obd_coll_no_recv,
-     .progress = obd_coll_no_progress,
-     .free = coll_free,
-     .waiting_on = obd_coll_waiting_on_nobody},
-};
-
-const struct obd_algo *obd_coll_algo(uint32_t kind)
-{
-    for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++)
-        if (algos[i].kind == kind)
-            return &algos[i];
-    const struct obd_algo *const onebit[] = {
-        &obd_algo_onebit, &obd_algo_onebit_reset, &obd_algo_onebit_snapshot,
-        &obd_algo_onebit_restore, &obd_algo_onebit_export};
-    for (size_t i = 0; i < sizeof(onebit) / sizeof(onebit[0]); i++)
-        if (onebit[i]->kind == kind)
-            return onebit[i];
-    return NULL;
-}
+const struct obd_algo obd_algo_barrier = {.kind = OBCOMM_KIND_BARRIER,
+                                          .name = "barrier",
+                                          .start = barrier_start,
+                                          .recv_dest = obd_coll_no_data,
+                                          .recv_done = obd_coll_no_recv,
+                                          .progress = obd_coll_no_progress,
+                                          .free = coll_free,
+                                          .waiting_on =
+                                              obd_coll_waiting_on_nobody};

@@ -780,6 +780,11 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         obd_ctl_complete(c, s->seq, rc, why, 0, 0);
 }
 
+static void send_status(void *arg, const ProtobufCMessage *msg)
+{
+    obd_ctl_send(arg, msg);
+}
+
 static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)
 {
     Obcomm__ClientMsg *m = obcomm__client_msg__unpack(NULL, len, body);
@@ -801,7 +806,9 @@ static void dispatch(struct obd_client *c, const uint8_t *body, size_t len)
         handle_submit(c, m->submit);
         break;
     case OBCOMM__CLIENT_MSG__BODY_STATUS:
-        obd_status_handle(c); /* ops: status.c */
+        if (c->job == NULL)
+            uv_timer_stop(&c->join_timer); /* a status client, not idle */
+        obd_status_handle(c->d, c->uid, send_status, c);
         break;
     default:
         obd_ctl_drop(c, "sent an empty ClientMsg");

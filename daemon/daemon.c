@@ -81,6 +81,7 @@ static const struct obd_hooks default_hooks = {
     .data_begin = obd_job_data_begin,
     .data_live = obd_job_data_live,
     .data_end = obd_job_data_end,
+    .ops_changed = obd_peers_ops_changed,
 };
 
 int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
@@ -228,33 +229,6 @@ void obd_daemon_set_args(struct obd_daemon *d, int argc, char **argv)
 int obd_daemon_run(struct obd_daemon *d)
 {
     return uv_run(&d->loop, UV_RUN_DEFAULT);
-}
-
-/* One large buffer is kept between ops: a fresh allocation of a large
- * tensor costs a page fault per 4 KiB on every op. */
-void *obd_daemon_scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap)
-{
-    if (d->scratch != NULL && d->scratch_bytes >= bytes) {
-        void *p = d->scratch;
-        *cap = d->scratch_bytes;
-        d->scratch = NULL;
-        return p;
-    }
-    *cap = bytes ? bytes : 1;
-    return malloc(*cap);
-}
-
-void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap)
-{
-    if (p == NULL)
-        return;
-    if (d->scratch == NULL || d->scratch_bytes < cap) {
-        free(d->scratch);
-        d->scratch = p;
-        d->scratch_bytes = cap;
-    } else {
-        free(p);
-    }
 }
 
 /* The last step of a shutdown, once no op runs and the pool is empty:

@@ -2,30 +2,35 @@
  * modules share. Modules get a struct obd_daemon * explicitly; there are no
  * mutable globals.
  *
- * The house (an arrow is "calls into"; tests/check_layers.sh keeps it):
+ * The house (an arrow is "calls into"; tests/check_layers.py fails on any
+ * circle of calls or includes, reading the built objects):
  *
- *                         main.c
- *                           |
- *                        daemon.c ------------------------+
- *              (wires struct obd_hooks, signals, shutdown) |
- *               /           |              \               |
- *           ctl.c         job.c          peers.c        efstore.c
- *     (trainers, status) (ops, matching)  (the mesh)    (EF states)
- *               \        /     \            |               |
- *                +-> job.c   coll_ring.c  frame.c       efstate.c
- *                            coll_onebit.c -> onebit_task.c -> codec.c
- *                                  |               reduce.c, ring.h
- *                              efstore.c
+ *                              main.c
+ *                                |
+ *                             daemon.c
+ *              (wires struct obd_hooks, signals, shutdown)
+ *          /        |          |          \          \
+ *      ctl.c      stall.c    peers.c    efstore.c   snapset.c
+ *   (trainers)   (warnings) (the mesh)  (EF states)  (set files)
+ *     |     \       |    \     |  \
+ *  status.c  +--> job.c   +--> | handshake.c -> auth.c
+ *     |            |           frame.c
+ *     +--> job.c  coll.c (the registry, the fingerprint)
+ *                  |
+ *     coll_ring.c, coll_onebit.c, coll_efstate.c
+ *          |            |               |
+ *       reduce.c   onebit_task.c    efstore.c, snapset.c
+ *                  codec.c, efstate.c
  *
- * peers.c also calls handshake.c (Hello and Auth), which calls auth.c
- * (the cluster key, proofs and frame tags; pure).
- *
- * Upward traffic goes only through the hooks below: job answers trainers
- * (hooks.answer, served by ctl.c) and sends to nodes (hooks.send_ctrl,
- * hooks.send_data, served by peers.c); peers hands what arrives to the
- * jobs (hooks.peer_*, hooks.data_*). peers.c and handshake.c share
- * link.h and nothing else does. runq.c, shm.c, log.c, metrics.c and
- * config.c are leaves that everyone uses. */
+ * peers.c and handshake.c are one module in two files (a declared friend
+ * pair). Upward traffic goes only through pointers: job answers trainers
+ * (hooks.answer, served by ctl.c), sends to nodes (hooks.send_ctrl,
+ * hooks.send_data, served by peers.c) and tells the mesh that ops changed
+ * (hooks.ops_changed); peers hands what arrives to the jobs
+ * (hooks.peer_*, hooks.data_*); an algorithm reaches job only through the
+ * table job hands each op (coll.h, op->svc); status.c answers through the
+ * send function ctl.c passes it. runq.c, shm.c, log.c, trace.c,
+ * metrics.c and config.c are leaves that everyone uses. */
 #ifndef OBD_DAEMON_H
 #define OBD_DAEMON_H
 
@@ -102,6 +107,10 @@ struct obd_hooks {
     /* The payload is in (complete) or the link gave up on it. */
     void (*data_end)(void *token, int from, const struct obd_frame *f,
                      int complete);
+    /* job -> the mesh: an op started or ended, so a link parked on a
+     * frame of an op that had not started may go on (on a later turn).
+     * May be NULL. */
+    void (*ops_changed)(struct obd_daemon *d);
 };
 
 /* Longest a shutdown waits for running ops to finish. */
@@ -132,9 +141,8 @@ struct obd_daemon {
     struct obd_hooks hooks;
     struct obd_runq runq;
     struct obd_trace trace; /* trace_file's timeline (trace.c) */
-    /* Posted whenever an op starts or ends: links parked on a frame of an
-     * op that had not started look at it again (peers.c owns it). */
-    struct obd_ready *ops_changed;
+    /* Posted by hooks.ops_changed: links parked on a frame of an op that
+     * had not started look at it again (peers.c). */
     struct obd_ready links_resume;
     /* Pool tasks in flight, all ops together (job.c counts them). */
     int pool_tasks;
@@ -178,7 +186,8 @@ struct obd_daemon {
 
     int threads;
 
-    /* An accumulation buffer kept between ops (coll_ring.c). */
+    /* An accumulation buffer kept between ops (job.c hands it to the
+     * algorithms). */
     void *scratch;
     size_t scratch_bytes;
 
@@ -201,12 +210,6 @@ int obd_daemon_run(struct obd_daemon *d);
  * non-blocking. */
 void obd_daemon_close(struct obd_daemon *d);
 void obd_daemon_fini(struct obd_daemon *d);
-
-/* A buffer of at least `bytes` (its size in *cap), reusing the one kept
- * from an earlier op when it is large enough; give it back with
- * obd_daemon_scratch_put(d, p, cap). */
-void *obd_daemon_scratch_get(struct obd_daemon *d, size_t bytes, size_t *cap);
-void obd_daemon_scratch_put(struct obd_daemon *d, void *p, size_t cap);
 
 /* Milliseconds on the loop's clock. */
 uint64_t obd_daemon_now(const struct obd_daemon *d);

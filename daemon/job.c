@@ -20,6 +20,65 @@ static void job_run(struct obd_ready *r);
 static void op_run(struct obd_ready *r);
 static void op_check_ready(struct obd_op *op);
 static void op_announce(struct obd_op *op);
+static void op_fail(struct obd_op *op, int status, int announce,
+                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void op_finish(struct obd_op *op);
+static void op_task_begin(struct obd_op *op);
+static void op_task_end(struct obd_op *op);
+static void op_report(struct obd_op *op, int status, const char *message);
+
+/* ---- what an algorithm gets (coll.h, op->svc) ---- */
+
+static void svc_fail(struct obd_op *op, int status, int announce,
+                     const char *message)
+{
+    op_fail(op, status, announce, "%s", message);
+}
+
+/* One large buffer is kept between ops: a fresh allocation of a large
+ * tensor costs a page fault per 4 KiB on every op. */
+static void *svc_scratch_get(struct obd_op *op, size_t bytes, size_t *cap)
+{
+    struct obd_daemon *d = op->job->d;
+    if (d->scratch != NULL && d->scratch_bytes >= bytes) {
+        void *p = d->scratch;
+        *cap = d->scratch_bytes;
+        d->scratch = NULL;
+        return p;
+    }
+    *cap = bytes ? bytes : 1;
+    return malloc(*cap);
+}
+
+static void svc_scratch_put(struct obd_op *op, void *p, size_t cap)
+{
+    struct obd_daemon *d = op->job->d;
+    if (p == NULL)
+        return;
+    if (d->scratch == NULL || d->scratch_bytes < cap) {
+        free(d->scratch);
+        d->scratch = p;
+        d->scratch_bytes = cap;
+    } else {
+        free(p);
+    }
+}
+
+static int op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
+                   const void *payload, uint32_t len);
+static int op_all_reported(const struct obd_op *op);
+
+static const struct obd_opsvc op_svc = {
+    .fail = svc_fail,
+    .finish = op_finish,
+    .send = op_send,
+    .task_begin = op_task_begin,
+    .task_end = op_task_end,
+    .report = op_report,
+    .all_reported = op_all_reported,
+    .scratch_get = svc_scratch_get,
+    .scratch_put = svc_scratch_put,
+};
 
 struct obd_job *obd_job_find(struct obd_daemon *d, const char *name)
 {
@@ -164,14 +223,14 @@ void obd_op_schedule(struct obd_op *op)
     obd_runq_post(&op->job->d->runq, &op->ready);
 }
 
-void obd_op_task_begin(struct obd_op *op)
+static void op_task_begin(struct obd_op *op)
 {
     op->refs++;
     op->tasks++;
     op->job->d->pool_tasks++;
 }
 
-void obd_op_task_end(struct obd_op *op)
+static void op_task_end(struct obd_op *op)
 {
     op->refs--;
     op->tasks--;
@@ -187,8 +246,8 @@ static void on_op_written(void *arg, int status)
     obd_op_schedule(op);
 }
 
-int obd_op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
-                const void *payload, uint32_t len)
+static int op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
+                   const void *payload, uint32_t len)
 {
     struct obd_frame f = {.job = op->job->id,
                           .seq = op->seq,
@@ -222,8 +281,8 @@ static void on_timer_closed(uv_handle_t *h)
     job->live--;
     obd_runq_post(&job->d->runq, &job->ready);
     /* A state that this op held may let another job's op start. */
-    if (job->d->ops_changed != NULL)
-        obd_runq_post(&job->d->runq, job->d->ops_changed);
+    if (job->d->hooks.ops_changed != NULL)
+        job->d->hooks.ops_changed(job->d);
 }
 
 static void job_advance_seq(struct obd_job *job)
@@ -296,7 +355,7 @@ static void op_done(struct obd_op *op)
     obd_op_schedule(op);
 }
 
-void obd_op_finish(struct obd_op *op)
+static void op_finish(struct obd_op *op)
 {
     if (op->state == OBD_OP_DONE)
         return;
@@ -444,7 +503,7 @@ static void announce_to_all(struct obd_op *op, const struct obd_announce *a)
     announce_to(op, a, -1);
 }
 
-void obd_op_report(struct obd_op *op, int status, const char *message)
+static void op_report(struct obd_op *op, int status, const char *message)
 {
     struct obd_daemon *d = op->job->d;
     struct obd_announce *mine = &op->ann[d->cfg.rank];
@@ -468,7 +527,7 @@ void obd_op_report(struct obd_op *op, int status, const char *message)
     obd_op_schedule(op);
 }
 
-int obd_op_all_reported(const struct obd_op *op)
+static int op_all_reported(const struct obd_op *op)
 {
     for (int n = 0; n < op->job->d->cfg.nodes; n++)
         if (!op->ann[n].reported)
@@ -500,8 +559,8 @@ void obd_job_on_peer_up(struct obd_daemon *d, int node)
                 announce_to(op, &op->ann[d->cfg.rank], node);
 }
 
-void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
-                 ...)
+static void op_fail(struct obd_op *op, int status, int announce,
+                    const char *fmt, ...)
 {
     if (op->state == OBD_OP_DONE)
         return;
@@ -611,11 +670,11 @@ static void on_deadline(uv_timer_t *t)
         obd_coll_algo(op->desc.kind)->waiting_on(op, who, sizeof(who));
         if (who[0] == '\0')
             describe_waiting(op, who, sizeof(who));
-        obd_op_fail(op, OBCOMM_E_TIMEOUT, 1,
-                    "op %llu of job %s timed out after %d ms on node %d "
-                    "waiting for %s",
-                    (unsigned long long)op->seq, job->name, job->timeout_ms,
-                    (int)job->d->cfg.rank, who);
+        op_fail(op, OBCOMM_E_TIMEOUT, 1,
+                "op %llu of job %s timed out after %d ms on node %d "
+                "waiting for %s",
+                (unsigned long long)op->seq, job->name, job->timeout_ms,
+                (int)job->d->cfg.rank, who);
         return;
     }
     if (op->local_done && !op->grace) {
@@ -629,9 +688,9 @@ static void on_deadline(uv_timer_t *t)
         return;
     }
     describe_missing(op, who, sizeof(who));
-    obd_op_fail(op, OBCOMM_E_TIMEOUT, 1,
-                "op %llu of job %s timed out after %d ms; never arrived: %s",
-                (unsigned long long)op->seq, job->name, job->timeout_ms, who);
+    op_fail(op, OBCOMM_E_TIMEOUT, 1,
+            "op %llu of job %s timed out after %d ms; never arrived: %s",
+            (unsigned long long)op->seq, job->name, job->timeout_ms, who);
 }
 
 static struct obd_op *op_find(struct obd_job *job, uint64_t seq)
@@ -675,6 +734,7 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     }
     op->job = job;
     op->seq = seq;
+    op->svc = &op_svc;
     op->ready.run = op_run;
     op->created_ns = uv_hrtime();
     uv_timer_init(&d->loop, &op->deadline);
@@ -695,16 +755,16 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     char why[200];
     int lost = lost_node(d, why, sizeof(why));
     if (job->stopped[0] != '\0' && seq >= job->stopped_seq)
-        obd_op_fail(op, job->stopped_status, 1, "op %llu of job %s: %s",
-                    (unsigned long long)seq, job->name, job->stopped);
+        op_fail(op, job->stopped_status, 1, "op %llu of job %s: %s",
+                (unsigned long long)seq, job->name, job->stopped);
     else if (d->closing)
-        obd_op_fail(op, OBCOMM_E_PEER_LOST, 0,
-                    "op %llu of job %s: obcommd on node %d is shutting down",
-                    (unsigned long long)seq, job->name, (int)d->cfg.rank);
+        op_fail(op, OBCOMM_E_PEER_LOST, 0,
+                "op %llu of job %s: obcommd on node %d is shutting down",
+                (unsigned long long)seq, job->name, (int)d->cfg.rank);
     else if (lost >= 0)
-        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                    "op %llu of job %s: node %d was lost: %s",
-                    (unsigned long long)seq, job->name, lost, why);
+        op_fail(op, OBCOMM_E_PEER_LOST, 1,
+                "op %llu of job %s: node %d was lost: %s",
+                (unsigned long long)seq, job->name, lost, why);
     return op;
 }
 
@@ -828,9 +888,9 @@ static int fail_if_differ(struct obd_op *op,
     char diff[400];
     if (!describe_mismatch(descs, labels, n, diff, sizeof(diff)))
         return 0;
-    obd_op_fail(op, OBCOMM_E_MISMATCH, announce,
-                "op %llu of job %s: ranks issued different ops: %s",
-                (unsigned long long)op->seq, op->job->name, diff);
+    op_fail(op, OBCOMM_E_MISMATCH, announce,
+            "op %llu of job %s: ranks issued different ops: %s",
+            (unsigned long long)op->seq, op->job->name, diff);
     return 1;
 }
 
@@ -922,12 +982,12 @@ static int check_run(struct obd_op *op)
         if (op->ann[n].run != job->node_run[n])
             off += (size_t)snprintf(who + off, sizeof(who) - off, "%snode %d",
                                     off ? ", " : "", n);
-    obd_op_fail(op, OBCOMM_E_MISMATCH, 0,
-                "op %llu of job %s: %s started a new run of the job (its "
-                "trainers restarted) while the other nodes go on with run "
-                "%016llx; restart every trainer of the job",
-                (unsigned long long)op->seq, job->name, who,
-                (unsigned long long)job->run);
+    op_fail(op, OBCOMM_E_MISMATCH, 0,
+            "op %llu of job %s: %s started a new run of the job (its "
+            "trainers restarted) while the other nodes go on with run "
+            "%016llx; restart every trainer of the job",
+            (unsigned long long)op->seq, job->name, who,
+            (unsigned long long)job->run);
     return 1;
 }
 
@@ -969,12 +1029,12 @@ static int check_ef(struct obd_op *op)
     }
     obd_metric_add(&d->metrics, OBD_M_EF_DISAGREED, 1);
     obd_efstore_reset_run(d, job->name, job->run, msg);
-    obd_op_fail(op, OBCOMM_E_STATE, 0,
-                "op %llu of job %s: the nodes hold different versions of the "
-                "error feedback of key %llu: %s; every node resets the job's "
-                "error feedback",
-                (unsigned long long)op->seq, job->name,
-                (unsigned long long)op->desc.key, msg);
+    op_fail(op, OBCOMM_E_STATE, 0,
+            "op %llu of job %s: the nodes hold different versions of the "
+            "error feedback of key %llu: %s; every node resets the job's "
+            "error feedback",
+            (unsigned long long)op->seq, job->name,
+            (unsigned long long)op->desc.key, msg);
     return 1;
 }
 
@@ -996,9 +1056,9 @@ static void op_check_ready(struct obd_op *op)
                 off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                                         "%snode %d has %u", m ? ", " : "", m,
                                         op->ann[m].local_size);
-            obd_op_fail(op, OBCOMM_E_MISMATCH, 0,
-                        "job %s: nodes run different numbers of trainers: %s",
-                        job->name, msg);
+            op_fail(op, OBCOMM_E_MISMATCH, 0,
+                    "job %s: nodes run different numbers of trainers: %s",
+                    job->name, msg);
             return;
         }
 
@@ -1036,8 +1096,8 @@ static void job_start_next(struct obd_job *job)
             return;
         const struct obd_algo *algo = obd_coll_algo(o->desc.kind);
         if (algo == NULL) {
-            obd_op_fail(o, OBCOMM_E_INVAL, 0, "op kind %u is not supported",
-                        o->desc.kind);
+            op_fail(o, OBCOMM_E_INVAL, 0, "op kind %u is not supported",
+                    o->desc.kind);
             return;
         }
         if (algo->can_start != NULL && !algo->can_start(o))
@@ -1045,8 +1105,8 @@ static void job_start_next(struct obd_job *job)
         o->state = OBD_OP_RUN;
         o->start_ns = uv_hrtime();
         algo->start(o);
-        if (d->ops_changed != NULL)
-            obd_runq_post(&d->runq, d->ops_changed);
+        if (d->hooks.ops_changed != NULL)
+            d->hooks.ops_changed(d);
         return;
     }
 }
@@ -1103,8 +1163,8 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
         return 0;
     }
     if (status != 0) {
-        obd_op_fail(op, status, 1, "op %llu of job %s: %s",
-                    (unsigned long long)seq, job->name, why);
+        op_fail(op, status, 1, "op %llu of job %s: %s", (unsigned long long)seq,
+                job->name, why);
         return 0;
     }
     op_check_local(op);
@@ -1173,7 +1233,7 @@ static void on_announce(struct obd_daemon *d, int from,
          * already gone, and created the op there; the echo, behind that
          * announce on the same link, ends it instead of its deadline
          * (where a restarted job of the same name would meet it). */
-        obd_op_fail(op, a.status, 1, "%s", a.message);
+        op_fail(op, a.status, 1, "%s", a.message);
         return;
     }
     if (op->ann[from].have)
@@ -1190,8 +1250,8 @@ static void fail_open(struct obd_job *job, uint64_t from, int status,
 {
     for (struct obd_op *op = job->ops; op; op = op->next)
         if (op->state != OBD_OP_DONE && op->seq >= from)
-            obd_op_fail(op, status, announce, "op %llu of job %s: %s",
-                        (unsigned long long)op->seq, job->name, reason);
+            op_fail(op, status, announce, "op %llu of job %s: %s",
+                    (unsigned long long)op->seq, job->name, reason);
 }
 
 /* The run stops from op `from` on: ops known from there fail now, later
@@ -1287,11 +1347,11 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
         }
     for (struct obd_op *op = job->ops; op; op = op->next)
         if (op->state != OBD_OP_DONE)
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
-                        "op %llu of job %s: rank %d (node %d local %d) "
-                        "vanished: %s",
-                        (unsigned long long)op->seq, job->name, rank,
-                        (int)d->cfg.rank, local_rank, reason);
+            op_fail(op, OBCOMM_E_PEER_LOST, 1,
+                    "op %llu of job %s: rank %d (node %d local %d) "
+                    "vanished: %s",
+                    (unsigned long long)op->seq, job->name, rank,
+                    (int)d->cfg.rank, local_rank, reason);
     if (job->joined > 0)
         job_stop(job, from, OBCOMM_E_PEER_LOST, gone, 0);
     if (d->cfg.nodes > 1 && !d->closing)
@@ -1323,8 +1383,8 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
             if (op->state == OBD_OP_RUN && op->coll != NULL && algo &&
                 algo->needs_node && !algo->needs_node(op, node))
                 continue;
-            obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
-                        (unsigned long long)op->seq, job->name, reason);
+            op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                    (unsigned long long)op->seq, job->name, reason);
         }
 }
 
@@ -1336,8 +1396,8 @@ void obd_job_shutdown(struct obd_daemon *d)
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next)
             if (op->state == OBD_OP_COLLECT)
-                obd_op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
-                            (unsigned long long)op->seq, job->name, reason);
+                op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                        (unsigned long long)op->seq, job->name, reason);
 }
 
 int obd_job_busy(const struct obd_daemon *d)
@@ -1382,11 +1442,11 @@ enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
     void *p = obd_coll_algo(op->desc.kind)->recv_dest(op, from, f, &why);
     if (p == NULL) {
         obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        obd_op_fail(op, OBCOMM_E_PROTO, 1,
-                    "op %llu of job %s: node %d sent step %u segment %u of "
-                    "%u bytes: %s",
-                    (unsigned long long)op->seq, op->job->name, from, f->step,
-                    f->segment, f->len, why);
+        op_fail(op, OBCOMM_E_PROTO, 1,
+                "op %llu of job %s: node %d sent step %u segment %u of "
+                "%u bytes: %s",
+                (unsigned long long)op->seq, op->job->name, from, f->step,
+                f->segment, f->len, why);
         return OBD_DATA_DISCARD;
     }
     op->refs++;

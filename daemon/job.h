@@ -120,7 +120,10 @@ struct obd_op {
     int status;
     char message[512];
 
-    void *coll;    /* the algorithm's own state while RUN */
+    void *coll; /* the algorithm's own state while RUN */
+    /* What job hands the algorithm (coll.h): its only way to the job and
+     * the daemon. */
+    const struct obd_opsvc *svc;
     int refs;      /* callbacks to come: writes, reads, pool tasks */
     int tasks;     /* pool tasks in flight (among refs) */
     int linked;    /* in job->ops; unlinked once every trainer has its answer */
@@ -217,41 +220,10 @@ int obd_job_busy(const struct obd_daemon *d);
 /* The op (job id, seq) this node knows, in any state, or NULL. */
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 
-/* ---- what algorithms (coll.h) use ---- */
-
-/* Fails op with status and message, announces the failure to every node
- * (unless it came from one) and posts the op: its trainers get the answer
- * on a later turn, once no pool task touches their memory. */
-void obd_op_fail(struct obd_op *op, int status, int announce, const char *fmt,
-                 ...) __attribute__((format(printf, 4, 5)));
-
-/* Two-phase ops: this node finished the op's local phase with status (0:
- * it did its part) and message; every node is told, and op->ann[n]
- * .reported (with report_status and report_message) is set for each node
- * that reported (the op is posted as each report arrives). */
-void obd_op_report(struct obd_op *op, int status, const char *message);
-/* 1 once every node has reported. */
-int obd_op_all_reported(const struct obd_op *op);
-
-/* The algorithm finished: posts the op to answer its trainers. */
-void obd_op_finish(struct obd_op *op);
-
 /* Posts the op to the ready queue: its algorithm's progress runs on a
  * later turn while it runs; answers, retiring and freeing follow once it
  * is DONE. */
 void obd_op_schedule(struct obd_op *op);
-
-/* A pool task that touches the op's memory (trainer buffers, state)
- * begins or ends; task_end posts the op. */
-void obd_op_task_begin(struct obd_op *op);
-void obd_op_task_end(struct obd_op *op);
-
-/* Sends a data frame of this op to node `to`, with payload `len` bytes at
- * `payload`, which stays valid because the op holds a reference until the
- * write completes (the op is then posted). Returns 0 or a negative code;
- * on failure nothing was sent and no reference taken. */
-int obd_op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
-                const void *payload, uint32_t len);
 
 /* Writes who open op `op` waits for ("rank 3 (node 1 local 1)", "node 2
  * (ranks 4-5)") into buf; empty when nobody. */

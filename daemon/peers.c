@@ -566,7 +566,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 }
 
 /* Links that paused on a frame of an op that had not started look at it
- * again; posted (d->ops_changed) whenever an op starts or ends. */
+ * again; posted (obd_peers_ops_changed) whenever an op starts or ends. */
 static void resume_links(struct obd_ready *r)
 {
     struct obd_daemon *d = container_of(r, struct obd_daemon, links_resume);
@@ -1009,10 +1009,15 @@ static int listen_open(struct obd_daemon *d)
     return 0;
 }
 
+void obd_peers_ops_changed(struct obd_daemon *d)
+{
+    if (d->links_resume.run != NULL) /* the mesh has started */
+        obd_runq_post(&d->runq, &d->links_resume);
+}
+
 int obd_peers_start(struct obd_daemon *d)
 {
     d->links_resume.run = resume_links;
-    d->ops_changed = &d->links_resume;
     d->peers = calloc((size_t)d->cfg.nodes, sizeof(*d->peers));
     if (d->peers == NULL)
         return OBCOMM_E_NOMEM;

@@ -44,6 +44,9 @@ struct obd_peer {
 };
 
 int obd_peers_start(struct obd_daemon *d);
+/* hooks.ops_changed: links parked on a frame of an op that had not
+ * started look at it again on a later turn. */
+void obd_peers_ops_changed(struct obd_daemon *d);
 void obd_peers_close(struct obd_daemon *d);
 
 /* peer_timeout_ms as it applies: at most timeout_ms. */

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "codec.h"
-#include "ctl.h"
 #include "daemon.h"
 #include "efstore.h"
 #include "job.h"
@@ -111,9 +110,9 @@ static void fill_op(struct obd_daemon *d, const struct obd_op *o,
 }
 
 /* Root sees every job; any other user only the jobs it owns. */
-static int may_see(const struct obd_client *c, const struct obd_job *j)
+static int may_see(uid_t uid, const struct obd_job *j)
 {
-    return c->uid == 0 || (j->owned && j->owner == c->uid);
+    return uid == 0 || (j->owned && j->owner == uid);
 }
 
 /* The job's run, why it stopped, and its 1-bit keys with their versions. */
@@ -143,14 +142,14 @@ static void fill_run(struct obd_daemon *d, const struct obd_job *j,
     }
 }
 
-static void fill_jobs(struct obd_daemon *d, const struct obd_client *c,
-                      Obcomm__StatusReply *r, struct storage *s)
+static void fill_jobs(struct obd_daemon *d, uid_t uid, Obcomm__StatusReply *r,
+                      struct storage *s)
 {
     size_t nj = 0, no = 0, nk = 0;
     for (struct obd_job *j = d->jobs; j; j = j->next) {
         /* A job that no local trainer ever joined exists here only
          * because another node announced it: nothing to show. */
-        if (j->local_size == 0 || !may_see(c, j))
+        if (j->local_size == 0 || !may_see(uid, j))
             continue;
         if (nj == OBD_STATUS_JOBS_MAX) {
             r->jobs_omitted++;
@@ -241,11 +240,10 @@ static void fill_metrics(struct obd_daemon *d, Obcomm__StatusReply *r,
     r->histograms = s->hp;
 }
 
-void obd_status_handle(struct obd_client *c)
+void obd_status_handle(struct obd_daemon *d, uid_t uid,
+                       void (*send)(void *arg, const ProtobufCMessage *msg),
+                       void *arg)
 {
-    struct obd_daemon *d = c->d;
-    if (c->job == NULL)
-        uv_timer_stop(&c->join_timer); /* a status client, not idle */
     Obcomm__StatusReply r = OBCOMM__STATUS_REPLY__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     size_t nodes = (size_t)d->cfg.nodes;
@@ -281,17 +279,17 @@ void obd_status_handle(struct obd_client *c)
     r.cluster = d->cfg.cluster;
     r.rank = (uint32_t)d->cfg.rank;
     r.world_size = (uint32_t)nodes;
-    r.uptime_ms = obd_daemon_now(d) - d->start_ms;
+    r.uptime_ms = uv_now(&d->loop) - d->start_ms;
     r.now_unix_ms = obd_metrics_unix_ms();
     r.pid = (uint32_t)getpid();
     r.socket = d->cfg.socket;
     fill_peers(d, &r, s);
-    fill_jobs(d, c, &r, s);
+    fill_jobs(d, uid, &r, s);
     fill_metrics(d, &r, s);
 
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_STATUS;
     msg.status = &r;
-    obd_ctl_send(c, &msg.base);
+    send(arg, &msg.base);
 out:
     free(s->ps);
     free(s->pp);

@@ -3,7 +3,11 @@
 #ifndef OBD_STATUS_H
 #define OBD_STATUS_H
 
-struct obd_client;
+#include <sys/types.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+struct obd_daemon;
 
 /* Most open ops listed per job and in all, most jobs listed, and most
  * 1-bit keys per job and in all; the rest are counted in ops_omitted and
@@ -19,7 +23,11 @@ struct obd_client;
 #define OBD_STATUS_KEYS_TOTAL  128
 #define OBD_STATUS_STOPPED_MAX 112
 
-/* Answers a StatusRequest from client c (queued with obd_ctl_send). */
-void obd_status_handle(struct obd_client *c);
+/* Builds the StatusReply for a client of uid `uid` (root sees every job,
+ * others their own) and hands it to send(arg, msg), which must copy or
+ * send it before returning. */
+void obd_status_handle(struct obd_daemon *d, uid_t uid,
+                       void (*send)(void *arg, const ProtobufCMessage *msg),
+                       void *arg);
 
 #endif

@@ -1,0 +1,34 @@
+/* The registry of collective algorithms and the fingerprint of an op's
+ * descriptor: what job.c looks up, above every algorithm (coll.h). */
+#include "coll.h"
+
+#include "ops.h"
+
+static const struct obd_algo *const algos[] = {
+    &obd_algo_allreduce,      &obd_algo_reduce_scatter,
+    &obd_algo_allgather,      &obd_algo_broadcast,
+    &obd_algo_barrier,        &obd_algo_onebit,
+    &obd_algo_onebit_reset,   &obd_algo_onebit_snapshot,
+    &obd_algo_onebit_restore, &obd_algo_onebit_export,
+};
+
+const struct obd_algo *obd_coll_algo(uint32_t kind)
+{
+    for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++)
+        if (algos[i]->kind == kind)
+            return algos[i];
+    return NULL;
+}
+
+uint64_t obd_coll_fingerprint(const struct obd_opdesc *d)
+{
+    uint64_t v[6] = {d->kind,  d->dtype, d->redop,
+                     d->count, d->key,   (uint64_t)(int64_t)d->root};
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (int i = 0; i < 6; i++)
+        for (int b = 0; b < 8; b++) {
+            h ^= (v[i] >> (8 * b)) & 0xff;
+            h *= UINT64_C(0x100000001b3);
+        }
+    return h;
+}

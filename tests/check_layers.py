@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The daemon's modules form a tree (docs/design.md, "Layering"): no circle
+of function references among its object files, and none of includes among
+its source files.
+
+  check_layers.py LIBOBD_CORE.a DAEMON_DIR
+
+Function references come from the built code itself (nm): module A calls
+into module B when A's object uses a symbol B's object defines, whatever
+header declared it. The friend pairs below are one module split in two
+files on purpose and count as one. Pure files (no event loop) must not
+include uv.h. Prints every circle with the symbols that make it; exits 1
+if there is one.
+"""
+import collections
+import os
+import re
+import subprocess
+import sys
+
+# Modules that are one unit of the layering, in two files.
+FRIENDS = [("handshake", "peers")]
+# Files that never touch the event loop.
+PURE = ["auth.c", "snapset.c", "onebit_task.c", "codec.h", "reduce.h",
+        "frame.h", "ring.h", "snapset.h", "onebit_task.h"]
+
+
+def unit(module):
+    for pair in FRIENDS:
+        if module in pair:
+            return "/".join(pair)
+    return module
+
+
+def symbols(archive):
+    """{module: (defined, used)} from nm over the archive's members."""
+    out = subprocess.run(["nm", archive], capture_output=True, text=True,
+                         check=True).stdout
+    mods = {}
+    cur = None
+    for line in out.splitlines():
+        if line.endswith(".o:"):
+            cur = unit(os.path.basename(line[:-1]).split(".")[0])
+            mods.setdefault(cur, (set(), set()))
+            continue
+        parts = line.split()
+        if cur is None or not parts:
+            continue
+        if len(parts) == 3 and parts[1] in "TDBRG":
+            mods[cur][0].add(parts[2])
+        elif len(parts) == 2 and parts[0] == "U":
+            mods[cur][1].add(parts[1])
+    return mods
+
+
+def circles(edges):
+    """Every elementary circle found by a depth-first search, each once."""
+    found, seen = [], set()
+
+    def dfs(node, path, on_path):
+        for nxt in sorted(edges.get(node, ())):
+            if nxt in on_path:
+                c = path[path.index(nxt):]
+                key = frozenset(c)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(c + [nxt])
+            elif nxt not in done:
+                on_path.add(nxt)
+                path.append(nxt)
+                dfs(nxt, path, on_path)
+                path.pop()
+                on_path.discard(nxt)
+        done.add(node)
+
+    done = set()
+    for start in sorted(edges):
+        if start not in done:
+            dfs(start, [start], {start})
+    return found
+
+
+def main():
+    archive, src = sys.argv[1], sys.argv[2]
+    bad = 0
+
+    mods = symbols(archive)
+    owner = {s: m for m, (defs, _) in mods.items() for s in defs}
+    edges, why = collections.defaultdict(set), {}
+    for m, (_, used) in mods.items():
+        for s in used:
+            o = owner.get(s)
+            if o is not None and o != m:
+                edges[m].add(o)
+                why.setdefault((m, o), s)
+    for c in circles(edges):
+        bad = 1
+        steps = ", ".join(f"{a} -> {b} ({why[(a, b)]})"
+                          for a, b in zip(c, c[1:]))
+        print(f"check_layers: function references go round: {steps}",
+              file=sys.stderr)
+
+    files = sorted(f for f in os.listdir(src) if f.endswith((".c", ".h")))
+    incl = collections.defaultdict(set)
+    for f in files:
+        with open(os.path.join(src, f)) as fh:
+            text = fh.read()
+        for h in re.findall(r'^#include "([^"]+)"', text, re.M):
+            if h in files:
+                incl[f].add(h)
+        if f in PURE and re.search(r"^#include <uv\.h>", text, re.M):
+            bad = 1
+            print(f"check_layers: {f} includes uv.h but is pure",
+                  file=sys.stderr)
+    for c in circles(incl):
+        bad = 1
+        print("check_layers: includes go round: " + " -> ".join(c),
+              file=sys.stderr)
+
+    if not bad:
+        print(f"check_layers: {len(mods)} modules and {len(files)} files, "
+              "no circle")
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main())
