@@ -70,6 +70,9 @@ struct obd_opsvc {
      * scratch_put(op, p, cap). */
     void *(*scratch_get)(struct obd_op *op, size_t bytes, size_t *cap);
     void (*scratch_put)(struct obd_op *op, void *p, size_t cap);
+    /* 1 when none of the op's writes, receives and pool tasks is still to
+     * complete (its memory is the algorithm's alone). */
+    int (*idle)(const struct obd_op *op);
 };
 
 static inline void obd_op_fail(struct obd_op *op, int status, int announce,
@@ -128,6 +131,11 @@ static inline void *obd_op_scratch_get(struct obd_op *op, size_t bytes,
 static inline void obd_op_scratch_put(struct obd_op *op, void *p, size_t cap)
 {
     op->svc->scratch_put(op, p, cap);
+}
+
+static inline int obd_op_idle(const struct obd_op *op)
+{
+    return op->svc->idle(op);
 }
 
 struct obd_algo {

@@ -458,7 +458,7 @@ static int exchange_done(const struct obd_op *op, size_t decoded)
             return 0;
     return ob->ag_send_step == ob->n - 1 && ob->ag_recv_step == ob->n - 1 &&
            decoded == (size_t)ob->n * ob->nseg && ob->tasks == 0 &&
-           op->refs == 0;
+           obd_op_idle(op);
 }
 
 /* The one transition function: runs whenever the op is posted. */

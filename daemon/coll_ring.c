@@ -651,7 +651,7 @@ static void ring_progress(struct obd_op *op)
         /* Loaded, every frame out and in, every reduction done (it held a
          * reference), and no write still reads acc. */
         if (c->load_left > 0 || c->send_step < c->nsteps ||
-            c->recv_step < c->nsteps || op->refs > 0)
+            c->recv_step < c->nsteps || !obd_op_idle(op))
             return;
         c->phase = PH_STORE;
         if (op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER ? store_blocks(op)
@@ -868,7 +868,7 @@ static void ag_progress(struct obd_op *op)
             ag_advance(c, &c->send_step, &c->send_seg);
         }
         if (c->send_step < c->nsteps || c->recv_step < c->nsteps ||
-            op->refs > 0)
+            !obd_op_idle(op))
             return;
         c->phase = PH_STORE;
         if (spread(op, PC_COPY))
@@ -987,7 +987,7 @@ static void bcast_progress(struct obd_op *op)
         }
         int sent = !forwards || c->send_seg == nseg;
         int received = c->pos == 0 || c->recv_seg == nseg;
-        if (!sent || !received || op->refs > 0)
+        if (!sent || !received || !obd_op_idle(op))
             return;
         c->phase = PH_STORE;
         if (spread(op, PC_COPY))

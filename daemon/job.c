@@ -2,6 +2,7 @@
 
 #include <obcomm.h>
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +69,13 @@ static int op_send(struct obd_op *op, int to, uint32_t step, uint32_t segment,
                    const void *payload, uint32_t len);
 static int op_all_reported(const struct obd_op *op);
 
+static int svc_idle(const struct obd_op *op)
+{
+    return op->refs == 0;
+}
+
 static const struct obd_opsvc op_svc = {
+    .idle = svc_idle,
     .fail = svc_fail,
     .finish = op_finish,
     .send = op_send,
@@ -214,12 +221,28 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     return 0;
 }
 
-/* ---- ops: references and the ready queue ---- */
+/* ---- ops: states, references and the ready queue ---- */
+
+/* legal[from][to]: the transitions of job.h's life of an op. */
+static const unsigned char legal[OBD_OP_STATES][OBD_OP_STATES] = {
+    [OBD_OP_COLLECT] = {[OBD_OP_LOCAL] = 1, [OBD_OP_DONE] = 1},
+    [OBD_OP_LOCAL] = {[OBD_OP_AGREED] = 1, [OBD_OP_DONE] = 1},
+    [OBD_OP_AGREED] = {[OBD_OP_RUN] = 1, [OBD_OP_DONE] = 1},
+    [OBD_OP_RUN] = {[OBD_OP_DONE] = 1},
+    [OBD_OP_DONE] = {[OBD_OP_RETIRED] = 1},
+    [OBD_OP_RETIRED] = {[OBD_OP_FREEING] = 1},
+};
+
+static void op_enter(struct obd_op *op, enum obd_op_state to)
+{
+    assert(legal[op->state][to]);
+    op->state = to;
+}
 
 void obd_op_schedule(struct obd_op *op)
 {
-    if (!op->timer_live)
-        return; /* being freed: nothing is left to run */
+    if (op->state == OBD_OP_FREEING)
+        return; /* nothing is left to run */
     obd_runq_post(&op->job->d->runq, &op->ready);
 }
 
@@ -267,7 +290,7 @@ static void on_timer_closed(uv_handle_t *h)
     struct obd_op *op = container_of(h, struct obd_op, deadline);
     struct obd_job *job = op->job;
     struct obd_algo const *algo = obd_coll_algo(op->desc.kind);
-    if (op->status != 0 && op->failed_agreed && op->local_done &&
+    if (op->status != 0 && op->failed_agreed && op->ended_in >= OBD_OP_LOCAL &&
         algo != NULL && algo->failed != NULL)
         algo->failed(op);
     if (op->coll != NULL && algo != NULL)
@@ -289,7 +312,7 @@ static void job_advance_seq(struct obd_job *job)
 {
     uint64_t next = UINT64_MAX;
     for (struct obd_op *o = job->ops; o; o = o->next)
-        if (o->state != OBD_OP_DONE && o->seq < next)
+        if (obd_op_open(o) && o->seq < next)
             next = o->seq;
     /* Without open ops the next op is one past the newest known one. */
     if (next == UINT64_MAX) {
@@ -325,9 +348,6 @@ static void trace_op(const struct obd_op *op)
 static void account_done(struct obd_op *op)
 {
     struct obd_daemon *d = op->job->d;
-    if (op->accounted)
-        return;
-    op->accounted = 1;
     op->done_ns = uv_hrtime();
     uint64_t us = (op->done_ns - op->created_ns) / 1000;
     trace_op(op);
@@ -349,7 +369,8 @@ static void account_done(struct obd_op *op)
 /* Marks the op DONE with its verdict; the ready queue does the rest. */
 static void op_done(struct obd_op *op)
 {
-    op->state = OBD_OP_DONE;
+    op->ended_in = op->state;
+    op_enter(op, OBD_OP_DONE);
     uv_timer_stop(&op->deadline);
     account_done(op);
     obd_op_schedule(op);
@@ -357,7 +378,7 @@ static void op_done(struct obd_op *op)
 
 static void op_finish(struct obd_op *op)
 {
-    if (op->state == OBD_OP_DONE)
+    if (!obd_op_open(op))
         return;
     op->status = 0;
     op->message[0] = '\0';
@@ -370,7 +391,7 @@ static void op_answer(struct obd_op *op)
 {
     struct obd_job *job = op->job;
     struct obd_daemon *d = job->d;
-    if (op->state != OBD_OP_DONE || op->tasks > 0)
+    if (obd_op_open(op) || op->tasks > 0)
         return;
     int answered = 0;
     for (int i = 0; i < job->local_size; i++)
@@ -393,7 +414,7 @@ static void op_answer(struct obd_op *op)
 static int op_retirable(const struct obd_op *op)
 {
     const struct obd_job *job = op->job;
-    if (op->state != OBD_OP_DONE || op->tasks > 0)
+    if (obd_op_open(op) || op->tasks > 0)
         return 0;
     for (int i = 0; i < job->local_size; i++)
         if (job->trainer[i] != NULL && !op->answered[i])
@@ -410,7 +431,7 @@ static void op_unlink(struct obd_op *op)
             break;
         }
     op->next = NULL;
-    op->linked = 0;
+    op_enter(op, OBD_OP_RETIRED);
 }
 
 /* Runs an op that was posted: its algorithm's progress while it runs;
@@ -424,7 +445,7 @@ static void op_run(struct obd_ready *r)
 
     if (op->state == OBD_OP_RUN && op->coll != NULL)
         obd_coll_algo(op->desc.kind)->progress(op);
-    if (op->state != OBD_OP_DONE)
+    if (obd_op_open(op))
         return;
     op_answer(op);
     /* A later 1-bit op may wait for this one to announce (op_announce). */
@@ -432,14 +453,14 @@ static void op_run(struct obd_ready *r)
     /* Advanced while the op is still linked, so that it counts as the
      * newest op the job has seen. */
     job_advance_seq(job);
-    if (op->linked && op_retirable(op)) {
+    if (op->state == OBD_OP_DONE && op_retirable(op)) {
         op_unlink(op);
         obd_runq_post(&job->d->runq, &job->ready);
     }
-    if (!op->linked && op->refs == 0 && op->timer_live) {
+    if (op->state == OBD_OP_RETIRED && op->refs == 0) {
         /* It may have posted itself while it ran (its finish does). */
         obd_runq_cancel(&job->d->runq, &op->ready);
-        op->timer_live = 0;
+        op_enter(op, OBD_OP_FREEING);
         uv_close((uv_handle_t *)&op->deadline, on_timer_closed);
     }
 }
@@ -541,7 +562,7 @@ static void on_report(struct obd_daemon *d, int from,
 {
     struct obd_job *job = obd_job_find(d, m->job);
     struct obd_op *op = job ? obd_job_op(d, job->id, m->seq) : NULL;
-    if (op == NULL || op->state == OBD_OP_DONE || op->ann[from].reported)
+    if (op == NULL || !obd_op_open(op) || op->ann[from].reported)
         return;
     op->ann[from].reported = 1;
     op->ann[from].report_status = m->status;
@@ -555,14 +576,14 @@ void obd_job_on_peer_up(struct obd_daemon *d, int node)
 {
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next)
-            if (op->state == OBD_OP_COLLECT && op->ann[d->cfg.rank].have)
+            if (op->state < OBD_OP_RUN && op->ann[d->cfg.rank].have)
                 announce_to(op, &op->ann[d->cfg.rank], node);
 }
 
 static void op_fail(struct obd_op *op, int status, int announce,
                     const char *fmt, ...)
 {
-    if (op->state == OBD_OP_DONE)
+    if (!obd_op_open(op))
         return;
     struct obd_daemon *d = op->job->d;
 
@@ -578,7 +599,7 @@ static void op_fail(struct obd_op *op, int status, int announce,
     obd_log_warn(&d->log, "job %s op %llu failed: %s", op->job->name,
                  (unsigned long long)op->seq, op->message);
 
-    if (op->agreed)
+    if (op->state == OBD_OP_AGREED || op->state == OBD_OP_RUN)
         op->failed_agreed = 1;
     char what[sizeof(op->job->stopped)];
     snprintf(what, sizeof(what),
@@ -609,7 +630,7 @@ static void describe_waiting(const struct obd_op *op, char *buf, size_t len)
     const struct obd_job *job = op->job;
     const struct obd_daemon *d = job->d;
     for (const struct obd_op *o = job->ops; o && o->seq < op->seq; o = o->next)
-        if (o->state != OBD_OP_DONE) {
+        if (obd_op_open(o)) {
             snprintf(buf, len,
                      "nobody (every rank arrived); the op waits for op %llu "
                      "of the job, still %s",
@@ -618,9 +639,9 @@ static void describe_waiting(const struct obd_op *op, char *buf, size_t len)
             return;
         }
     snprintf(buf, len, "nobody (every rank arrived); the op %s on node %d",
-             op->state == OBD_OP_RUN ? "runs"
-             : op->agreed            ? "was agreed and waits to start"
-                                     : "waits for the nodes' verdict",
+             op->state == OBD_OP_RUN      ? "runs"
+             : op->state == OBD_OP_AGREED ? "was agreed and waits to start"
+                                          : "waits for the nodes' verdict",
              (int)d->cfg.rank);
 }
 
@@ -662,7 +683,7 @@ static void on_deadline(uv_timer_t *t)
     struct obd_op *op = container_of(t, struct obd_op, deadline);
     struct obd_job *job = op->job;
     char who[320];
-    if (op->state == OBD_OP_DONE)
+    if (!obd_op_open(op))
         return;
 
     if (op->state == OBD_OP_RUN && op->coll != NULL) {
@@ -677,7 +698,7 @@ static void on_deadline(uv_timer_t *t)
                 (int)job->d->cfg.rank, who);
         return;
     }
-    if (op->local_done && !op->grace) {
+    if (op->state >= OBD_OP_LOCAL && !op->grace) {
         /* Every local trainer is here: the missing ranks are on other
          * nodes, and the node that misses a trainer can name it. Give its
          * report a moment to arrive before failing with a coarser one. */
@@ -738,7 +759,6 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
     op->ready.run = op_run;
     op->created_ns = uv_hrtime();
     uv_timer_init(&d->loop, &op->deadline);
-    op->timer_live = 1;
     uv_timer_start(&op->deadline, on_deadline, (uint64_t)job->timeout_ms, 0);
     job->live++;
 
@@ -747,7 +767,6 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
         pp = &(*pp)->next;
     op->next = *pp;
     *pp = op;
-    op->linked = 1;
 
     /* Once the run stopped (an op failed, a rank left), every later op
      * fails at once instead of on its deadline; so does an op that needs
@@ -899,8 +918,7 @@ static void op_check_local(struct obd_op *op)
     struct obd_job *job = op->job;
     struct obd_daemon *d = job->d;
     int ls = job->local_size;
-    if (op->local_done || op->state != OBD_OP_COLLECT || ls == 0 ||
-        op->nsubmitted < ls)
+    if (op->state != OBD_OP_COLLECT || ls == 0 || op->nsubmitted < ls)
         return;
 
     const struct obd_opdesc *descs[OBD_MAX_LOCAL];
@@ -916,7 +934,7 @@ static void op_check_local(struct obd_op *op)
     if (fail_if_differ(op, descs, labels, ls, 1))
         return;
 
-    op->local_done = 1;
+    op_enter(op, OBD_OP_LOCAL);
     op->desc = op->sub[0];
     op_announce(op);
 }
@@ -926,7 +944,7 @@ static int earlier_open(const struct obd_op *op)
 {
     for (const struct obd_op *o = op->job->ops; o && o->seq < op->seq;
          o = o->next)
-        if (o->state != OBD_OP_DONE)
+        if (obd_op_open(o))
             return 1;
     return 0;
 }
@@ -940,7 +958,7 @@ static void op_announce(struct obd_op *op)
     struct obd_job *job = op->job;
     struct obd_daemon *d = job->d;
     struct obd_announce *mine = &op->ann[d->cfg.rank];
-    if (!op->local_done || mine->have || op->state != OBD_OP_COLLECT)
+    if (op->state != OBD_OP_LOCAL || mine->have)
         return;
     int onebit = op->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT;
     if (onebit && earlier_open(op))
@@ -1045,7 +1063,7 @@ static void op_check_ready(struct obd_op *op)
     struct obd_job *job = op->job;
     struct obd_daemon *d = job->d;
     int nodes = d->cfg.nodes;
-    if (op->state != OBD_OP_COLLECT || !op->local_done || op->nann < nodes)
+    if (op->state != OBD_OP_LOCAL || op->nann < nodes)
         return;
 
     for (int n = 0; n < nodes; n++)
@@ -1080,7 +1098,7 @@ static void op_check_ready(struct obd_op *op)
         check_ef(op))
         return;
     op->fingerprint = obd_coll_fingerprint(&op->desc);
-    op->agreed = 1;
+    op_enter(op, OBD_OP_AGREED);
     obd_runq_post(&d->runq, &job->ready);
 }
 
@@ -1090,9 +1108,9 @@ static void job_start_next(struct obd_job *job)
 {
     struct obd_daemon *d = job->d;
     for (struct obd_op *o = job->ops; o; o = o->next) {
-        if (o->state == OBD_OP_DONE)
+        if (!obd_op_open(o))
             continue;
-        if (o->state == OBD_OP_RUN || !o->agreed)
+        if (o->state != OBD_OP_AGREED)
             return;
         const struct obd_algo *algo = obd_coll_algo(o->desc.kind);
         if (algo == NULL) {
@@ -1102,7 +1120,7 @@ static void job_start_next(struct obd_job *job)
         }
         if (algo->can_start != NULL && !algo->can_start(o))
             return;
-        o->state = OBD_OP_RUN;
+        op_enter(o, OBD_OP_RUN);
         o->start_ns = uv_hrtime();
         algo->start(o);
         if (d->hooks.ops_changed != NULL)
@@ -1156,7 +1174,7 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
         op->outbuf[local_rank] = outbuf;
     }
 
-    if (op->state == OBD_OP_DONE) {
+    if (!obd_op_open(op)) {
         /* The op failed before this trainer arrived: it gets the same
          * answer as everybody else, from the ready queue. */
         obd_op_schedule(op);
@@ -1223,7 +1241,7 @@ static void on_announce(struct obd_daemon *d, int from,
     obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
     if (op != NULL && a.status != 0 && m->agreed)
         op->failed_agreed = 1; /* also when it failed here before */
-    if (op == NULL || op->state == OBD_OP_DONE)
+    if (op == NULL || !obd_op_open(op))
         return;
     if (a.status != 0) {
         if (!op->ann[from].reported)
@@ -1249,7 +1267,7 @@ static void fail_open(struct obd_job *job, uint64_t from, int status,
                       int announce, const char *reason)
 {
     for (struct obd_op *op = job->ops; op; op = op->next)
-        if (op->state != OBD_OP_DONE && op->seq >= from)
+        if (obd_op_open(op) && op->seq >= from)
             op_fail(op, status, announce, "op %llu of job %s: %s",
                     (unsigned long long)op->seq, job->name, reason);
 }
@@ -1341,12 +1359,12 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
      * here, ops from it on can never complete. */
     uint64_t from = job->next_seq;
     for (struct obd_op *op = job->ops; op; op = op->next)
-        if (op->state != OBD_OP_DONE || !op->answered[local_rank]) {
+        if (obd_op_open(op) || !op->answered[local_rank]) {
             from = op->seq < from ? op->seq : from;
             break;
         }
     for (struct obd_op *op = job->ops; op; op = op->next)
-        if (op->state != OBD_OP_DONE)
+        if (obd_op_open(op))
             op_fail(op, OBCOMM_E_PEER_LOST, 1,
                     "op %llu of job %s: rank %d (node %d local %d) "
                     "vanished: %s",
@@ -1377,7 +1395,7 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
     snprintf(reason, sizeof(reason), "node %d was lost: %s", node, why);
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next) {
-            if (op->state == OBD_OP_DONE)
+            if (!obd_op_open(op))
                 continue;
             const struct obd_algo *algo = obd_coll_algo(op->desc.kind);
             if (op->state == OBD_OP_RUN && op->coll != NULL && algo &&
@@ -1395,7 +1413,7 @@ void obd_job_shutdown(struct obd_daemon *d)
              (int)d->cfg.rank);
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next)
-            if (op->state == OBD_OP_COLLECT)
+            if (op->state < OBD_OP_RUN)
                 op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
                         (unsigned long long)op->seq, job->name, reason);
 }
@@ -1405,7 +1423,7 @@ int obd_job_busy(const struct obd_daemon *d)
     int busy = d->pool_tasks;
     for (const struct obd_job *job = d->jobs; job; job = job->next)
         for (const struct obd_op *op = job->ops; op; op = op->next)
-            busy += op->state != OBD_OP_DONE;
+            busy += obd_op_open(op);
     return busy;
 }
 
@@ -1424,14 +1442,14 @@ enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
     struct obd_op *op = obd_job_op(d, f->job, f->seq);
     if (op == NULL)
         return OBD_DATA_DISCARD;
-    if (op->state == OBD_OP_COLLECT && !op->local_done)
+    if (op->state == OBD_OP_COLLECT)
         /* The sender runs an op this node never announced: it holds an
          * announce of ours that this op never made, so its data belongs to
          * an earlier incarnation of the job (dropped here, the op re-created
          * by the sender's late announce). Parking would stop this link, and
          * every other job's frames behind it, until the op's deadline. */
         return OBD_DATA_DISCARD;
-    if (op->state == OBD_OP_COLLECT)
+    if (op->state < OBD_OP_RUN)
         /* The sender has every announce, this node not yet: the op starts
          * here soon (or fails on its deadline). Until then the link stops
          * reading, which pushes back on the sender through TCP. */

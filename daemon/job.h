@@ -2,16 +2,22 @@
  * nodes, deadlines, completion and failure.
  *
  * An op is identified by (job, seq), seq being every trainer's own op
- * counter. Life of an op on a node:
- *   COLLECT  local trainers submit; when all have, their descriptors are
- *            compared and the node announces its view (or why it failed)
- *            to every other node;
- *            when every node's announce is in, all nodes compare the same
- *            set and reach the same verdict;
+ * counter. Life of an op on a node (enum obd_op_state; job.c's table
+ * `legal` holds every transition, op_enter checks it):
+ *   COLLECT  local trainers submit;
+ *   LOCAL    all have, with the same descriptor: the node announces its
+ *            view to every other node (a failure is announced instead);
+ *   AGREED   every node's announce is in and all nodes, comparing the same
+ *            set, reached the same verdict; the op waits for its turn (a
+ *            job runs its ops one at a time, in order);
  *   RUN      the algorithm (coll.h) moves data;
- *   DONE     finished or failed; every local trainer gets its Complete
- *            once no pool task touches the op's memory any more, and the
- *            op is freed once nothing refers to it.
+ *   DONE     finished or failed (from any state before); every local
+ *            trainer gets its Complete once no pool task touches the op's
+ *            memory any more;
+ *   RETIRED  every trainer still joined has its answer: the op left the
+ *            job's list and waits for its last callbacks (refs);
+ *   FREEING  nothing refers to it: its deadline timer closes, then it is
+ *            freed.
  * A failure anywhere (mismatch, deadline, lost peer or trainer) is
  * announced to every node, so the op fails on every rank with the same
  * message.
@@ -77,7 +83,16 @@ struct obd_announce {
     int agreed;
 };
 
-enum obd_op_state { OBD_OP_COLLECT, OBD_OP_RUN, OBD_OP_DONE };
+enum obd_op_state {
+    OBD_OP_COLLECT,
+    OBD_OP_LOCAL,
+    OBD_OP_AGREED,
+    OBD_OP_RUN,
+    OBD_OP_DONE,
+    OBD_OP_RETIRED,
+    OBD_OP_FREEING,
+    OBD_OP_STATES
+};
 
 struct obd_op {
     struct obd_job *job; /* valid while the op exists */
@@ -98,15 +113,15 @@ struct obd_op {
     /* Allgather and reduce-scatter: where each trainer's result goes. */
     void *out[OBD_MAX_LOCAL];
     struct obd_shm *outbuf[OBD_MAX_LOCAL];
-    int local_done; /* all local trainers in and agreed */
 
     /* One announce per node, ours included. */
     struct obd_announce *ann;
     int nann;
 
-    struct obd_opdesc desc; /* what everybody agreed on */
-    uint64_t fingerprint;
-    int agreed; /* every node announced the same op */
+    struct obd_opdesc desc; /* from LOCAL on: what the trainers asked for */
+    uint64_t fingerprint;   /* from AGREED on */
+    /* The state the op was in when it became DONE. */
+    enum obd_op_state ended_in;
     /* Failed after agreeing, here or on the node that says so: the op may
      * have begun on any node (algo->failed runs when it is freed). */
     int failed_agreed;
@@ -114,9 +129,8 @@ struct obd_op {
     uint64_t value; /* answered with success: a snapshot's id, */
     uint64_t bytes; /* ... and the bytes of this node's part */
 
-    uv_timer_t deadline;
-    int timer_live;
-    int grace; /* the deadline was extended once; see on_deadline */
+    uv_timer_t deadline; /* closed in FREEING */
+    int grace;           /* the deadline was extended once; see on_deadline */
     int status;
     char message[512];
 
@@ -124,13 +138,17 @@ struct obd_op {
     /* What job hands the algorithm (coll.h): its only way to the job and
      * the daemon. */
     const struct obd_opsvc *svc;
-    int refs;      /* callbacks to come: writes, reads, pool tasks */
-    int tasks;     /* pool tasks in flight (among refs) */
-    int linked;    /* in job->ops; unlinked once every trainer has its answer */
-    int accounted; /* DONE was counted in the metrics */
-    int stall_warned; /* logged once by stall.c */
-    struct obd_op *next;
+    int refs;            /* callbacks to come: writes, reads, pool tasks */
+    int tasks;           /* pool tasks in flight (among refs) */
+    int stall_warned;    /* logged once by stall.c */
+    struct obd_op *next; /* in job->ops until RETIRED */
 };
+
+/* 1 while the op has no verdict yet (before DONE). */
+static inline int obd_op_open(const struct obd_op *op)
+{
+    return op->state < OBD_OP_DONE;
+}
 
 struct obd_job {
     struct obd_daemon *d;

@@ -26,7 +26,7 @@ int obd_stall_scan(struct obd_daemon *d, uint64_t now_ms)
     for (struct obd_job *j = d->jobs; j; j = j->next) {
         for (struct obd_op *o = j->ops; o; o = o->next) {
             uint64_t age = now_ms - o->created_ns / 1000000;
-            if (o->state == OBD_OP_DONE || o->stall_warned || age < limit)
+            if (!obd_op_open(o) || o->stall_warned || age < limit)
                 continue;
             /* Before every node agreed, desc is not set yet: name what a
              * local trainer asked for. */

@@ -164,7 +164,7 @@ static void fill_jobs(struct obd_daemon *d, uid_t uid, Obcomm__StatusReply *r,
         fill_run(d, j, m, s, nj, &nk);
         m->ops = &s->op[no];
         for (struct obd_op *o = j->ops; o; o = o->next) {
-            if (o->state == OBD_OP_DONE)
+            if (!obd_op_open(o))
                 continue;
             if (m->n_ops == OBD_STATUS_OPS_MAX || no == OBD_STATUS_OPS_TOTAL) {
                 m->ops_omitted++;
