@@ -1,4 +1,4 @@
-/* 1-bit Adam on top of the public collectives (DESIGN.md section 1). */
+/* 1-bit Adam on top of the public collectives (docs/design.md, "The idea"). */
 #include <obcomm.h>
 
 #include <errno.h>

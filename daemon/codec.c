@@ -1,6 +1,6 @@
 /* The 1-bit codec: the portable implementation, the run-time dispatch and
- * the whole-tensor helpers. See codec.h for the contract and DESIGN.md
- * section 2 for the algorithm.
+ * the whole-tensor helpers. See codec.h for the contract and
+ * docs/design.md, "The compressed allreduce, exactly", for the algorithm.
  *
  * The portable functions are written in the same lane structure as the
  * AVX2 ones (16 double accumulators for a norm, 8 elements per packed

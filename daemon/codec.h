@@ -1,4 +1,5 @@
-/* The 1-bit codec: DESIGN.md section 2 as plain functions over memory.
+/* The 1-bit codec: docs/design.md, "The compressed allreduce, exactly", as
+ * plain functions over memory.
  *
  * Nothing here knows about sockets, threads or libuv. A tensor of `count`
  * fp32 elements is padded with zeros to `padded` elements

@@ -1,6 +1,7 @@
-/* The 1-bit compressed allreduce among nodes (DESIGN.md sections 2 and 3),
- * as an explicit state machine on the loop thread. The codec passes it
- * schedules are plain tasks (onebit_task.h) run on the worker pool.
+/* The 1-bit compressed allreduce among nodes (docs/design.md, "The
+ * compressed allreduce, exactly" and "The system"), as an explicit state
+ * machine on the loop thread. The codec passes it schedules are plain
+ * tasks (onebit_task.h) run on the worker pool.
  *
  * On every node, for op (job, key, count), the op moves through phases:
  *   NORM      WORKER tasks, one pass over each segment of the tensor (the

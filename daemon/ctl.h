@@ -72,8 +72,8 @@ void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
 
 /* Marks the client dead and stops reading it; leaving its job, releasing
  * its buffers and closing the socket happen from the ready queue on a
- * later turn (DESIGN.md section 5: no drop inside the call that found the
- * problem). Idempotent. */
+ * later turn (docs/design.md, "Lifetimes and trust": no drop inside the
+ * call that found the problem). Idempotent. */
 void obd_ctl_drop(struct obd_client *c, const char *why);
 
 #endif

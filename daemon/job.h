@@ -22,7 +22,7 @@
  * announced to every node, so the op fails on every rank with the same
  * message.
  *
- * Lifetime rules (DESIGN.md section 5):
+ * Lifetime rules (docs/design.md, "Lifetimes and trust"):
  *   - Nothing here completes, frees or calls back synchronously. obd_op_fail
  *     and obd_op_finish only record the verdict and post the op to the
  *     daemon's ready queue (runq.h); answers to trainers, retiring, the
@@ -176,8 +176,9 @@ struct obd_job {
     uint64_t *node_run; /* nodes entries */
     /* Once an op of the run failed anywhere, or a rank left, the run is
      * stopped: ops from stopped_seq on fail at once with `stopped`, on
-     * every node, until the trainers start a new run (DESIGN.md section
-     * 7; NCCL and Gloo abort the communicator likewise). */
+     * every node, until the trainers start a new run (docs/design.md,
+     * "The 1-bit state's lifecycle and failures"; NCCL and Gloo abort the
+     * communicator likewise). */
     char stopped[400];
     uint64_t stopped_seq;
     int stopped_status; /* the first failure's */

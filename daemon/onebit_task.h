@@ -4,8 +4,9 @@
  * the loop side (coll_onebit.c) guarantees no one else touches meanwhile.
  * Pure: no libuv, no sockets, testable on its own.
  *
- * The passes (DESIGN.md section 2, codec.h "Lazy error feedback"; n nodes,
- * padded length N, chunk C), each touching every element once:
+ * The passes (docs/design.md, "The compressed allreduce, exactly"; codec.h
+ * "Lazy error feedback"; n nodes, padded length N, chunk C), each touching
+ * every element once:
  *   WORKER    the lazy worker step over whole codec blocks [begin, end)
  *             of the padded tensor: b = avg(trainers) + the error of the
  *             key's worker state, read from and written back to that

@@ -3,8 +3,9 @@
 # chaos test (tests/chaos/chaos.py: loss, one-way drops, partitions of 5 s
 # and 60 s, a flapping link, kill -9 of a daemon, damaged snapshots) on 3
 # obcomm nodes in network namespaces until SECONDS pass, checking the
-# failure contract of DESIGN.md section 7 after each. Prints a summary per
-# scenario and at the end; exit 0 only when every check passed. Needs root.
+# failure contract of docs/design.md, "The 1-bit state's lifecycle and
+# failures", after each. Prints a summary per scenario and at the end;
+# exit 0 only when every check passed. Needs root.
 #
 #   deploy/chaos.sh SECONDS [--seed S] [--keep] [--workdir DIR]
 #

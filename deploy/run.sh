@@ -10,7 +10,8 @@
 #
 # --out DIR keeps DIR/<mode>.json, .csv and .log; without it they go to a
 # temporary directory that is removed at the end. The old allreduce demo is
-# build/client/obcomm-allreduce (README, "A 4-node cluster on loopback").
+# build/client/obcomm-allreduce (docs/operations.md, "A 4-node cluster on
+# loopback, by hand").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=1000 mode=onebit nodes=2 trainers=2 out="" extra=()

@@ -275,7 +275,7 @@ OBCOMM_API void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on);
  *
  * By default the mask is automatic: coordinate i is masked when
  * sqrt(v_i) <= ratio * sqrt(mean v) over the frozen v, with ratio
- * OBCOMM_ADAM_AUTO_MASK_RATIO (README, "1-bit Adam on Fashion-MNIST", has
+ * OBCOMM_ADAM_AUTO_MASK_RATIO (docs/convergence.md, "The momentum mask", has
  * the measurements behind the rule and the value). Without a warm-up
  * (freeze_step 0) v is 0 everywhere and every coordinate is masked:
  * 1-bit Adam needs the warm-up to estimate v. */

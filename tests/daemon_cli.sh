@@ -24,7 +24,7 @@ grep -q '^codec \(portable\|avx2\) (built: ' <<<"$out" || fail "codec: $out"
 grep -q '^build buildtype=' <<<"$out" || fail "build: $out"
 
 # One default socket everywhere: --help, the public header, and what the
-# README, the manual pages and the Python package tell.
+# README, docs/, the manual pages and the Python package tell.
 src=$(dirname "$0")/..
 want=$(sed -n 's/^#define OBCOMM_DEFAULT_SOCKET "\(.*\)"$/\1/p' "$src/include/obcomm.h")
 [ "$want" = /run/obcomm/obcommd.sock ] || fail "OBCOMM_DEFAULT_SOCKET is $want"
@@ -32,8 +32,8 @@ want=$(sed -n 's/^#define OBCOMM_DEFAULT_SOCKET "\(.*\)"$/\1/p' "$src/include/ob
 # SIGPIPE would fail the pipeline under pipefail.)
 "$obcommd" --help | grep -F -- "(default: $want)" >/dev/null ||
     fail "--help lacks $want"
-stale=$(grep -rn '/tmp/obcommd\.sock' "$src/README.md" "$src/deploy/man" \
-    "$src/client/python/obcomm" "$src/include" || true)
+stale=$(grep -rn '/tmp/obcommd\.sock' "$src/README.md" "$src/docs" \
+    "$src/deploy/man" "$src/client/python/obcomm" "$src/include" || true)
 [ -z "$stale" ] || fail "another default socket: $stale"
 
 # A directory given as config file: exit 2, no daemon on defaults.

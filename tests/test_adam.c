@@ -3,12 +3,13 @@
  * The problem: every rank r minimises 0.5 * |p - target_r(step)|^2, so its
  * gradient p - target depends on the parameters, as in real training.
  * With one node every collective is exact, so a naive reference of
- * DESIGN.md section 1 (written here) must match bit for bit: warm-up steps
- * are plain Adam on the averaged gradient; from freeze_step on each rank
- * updates its momentum with its own gradient, the momenta are averaged, and
- * v stays frozen. With several nodes the momentum is compressed, so the
- * test checks what must hold exactly: every rank holds bitwise the same
- * parameters after every step, and a save/load continues bit for bit.
+ * docs/design.md, "The idea" (written here), must match bit for bit:
+ * warm-up steps are plain Adam on the averaged gradient; from freeze_step
+ * on each rank updates its momentum with its own gradient, the momenta are
+ * averaged, and v stays frozen. With several nodes the momentum is
+ * compressed, so the test checks what must hold exactly: every rank holds
+ * bitwise the same parameters after every step, and a save/load continues
+ * bit for bit.
  *
  * The momentum mask (obcomm_adam_set_mask, _set_auto_mask) is part of the
  * reference: in the "dead" variant of the problem every fifth coordinate

@@ -1,12 +1,13 @@
 /* Tests of the 1-bit codec (daemon/codec.c, daemon/codec_avx2.c).
  *
- * The reference below is written from DESIGN.md section 2 and the exact
- * arithmetic in codec.h, deliberately naively: one plain double loop for a
- * norm, one element at a time for everything else. The implementations sum
- * squares in a different (lane-structured, blocked) order, so their scales
- * may differ from the reference by rounding; everything that does not
- * depend on the scale (b, m, the signs) must match exactly. Between the
- * portable and the AVX2 implementation everything must match bit for bit.
+ * The reference below is written from docs/design.md, "The compressed
+ * allreduce, exactly", and the exact arithmetic in codec.h, deliberately
+ * naively: one plain double loop for a norm, one element at a time for
+ * everything else. The implementations sum squares in a different
+ * (lane-structured, blocked) order, so their scales may differ from the
+ * reference by rounding; everything that does not depend on the scale (b,
+ * m, the signs) must match exactly. Between the portable and the AVX2
+ * implementation everything must match bit for bit.
  */
 #include <check.h>
 
@@ -96,7 +97,7 @@ static int impls(const struct obd_codec_impl *out[2])
     return k;
 }
 
-/* ---- The naive reference of DESIGN.md section 2 ---------------------- */
+/* ---- Naive reference: docs/design.md, "The compressed allreduce, exactly" */
 
 static size_t ref_padded(size_t count, int n)
 {

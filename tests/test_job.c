@@ -3,8 +3,8 @@
  * messages and data frames between them in order, and fake trainers that
  * record their answers. It checks matching, the deferred completion rule
  * (no answer from inside the call that decided it), a rank that leaves,
- * and the 1-bit op's phases end to end against the algorithm of DESIGN.md
- * section 2. */
+ * and the 1-bit op's phases end to end against the algorithm of
+ * docs/design.md, "The compressed allreduce, exactly". */
 #include <check.h>
 
 #include "ck_run.h"
@@ -79,7 +79,8 @@ static void answer(struct obd_client *c, uint64_t seq, int status,
     (void)value;
     (void)bytes;
     struct fake *t = (struct fake *)c;
-    /* DESIGN.md section 5: never from inside the call that caused it. */
+    /* docs/design.md, "Lifetimes and trust": never from inside the call
+     * that caused it. */
     ck_assert_int_eq(in_call, 0);
     if (answer_after_tasks)
         ck_assert_int_eq(nodes[(t - &trainers[0][0]) / MAXL].pool_tasks, 0);
@@ -606,8 +607,9 @@ START_TEST(leave_fails_remote_ops)
 }
 END_TEST
 
-/* The reference of DESIGN.md section 2 for one op among n nodes, keeping
- * every node's worker error and every server's error. */
+/* The reference of docs/design.md, "The compressed allreduce, exactly",
+ * for one op among n nodes, keeping every node's worker error and every
+ * server's error. */
 static void reference(int n, size_t count, float *const *x, float **werr,
                       float **serr, float *out)
 {

@@ -1,7 +1,8 @@
-/* Liveness through real daemons (DESIGN.md section 7, "Faults end in
- * seconds"): a node that dies or goes silent ends the ops that need it
- * with OBCOMM_E_PEER_LOST naming it, also ops submitted after the link
- * went down, and a node that comes back serves a new run.
+/* Liveness through real daemons (docs/design.md, "The 1-bit state's
+ * lifecycle and failures": "Faults end in seconds"): a node that dies or
+ * goes silent ends the ops that need it with OBCOMM_E_PEER_LOST naming it,
+ * also ops submitted after the link went down, and a node that comes back
+ * serves a new run.
  *
  * Every op here has a 60 s deadline while peer_timeout_ms is 2 s: an
  * answer of OBCOMM_E_PEER_LOST (and not OBCOMM_E_TIMEOUT) is the proof

@@ -1,8 +1,9 @@
 /* The 1-bit allreduce through real daemons, against an independent scalar
- * simulation of all n nodes written here from DESIGN.md section 2: every
- * node averages its trainers, compresses with worker error feedback, every
- * server compresses its chunk with server error feedback, and everybody
- * decompresses the servers' chunks.
+ * simulation of all n nodes written here from docs/design.md, "The
+ * compressed allreduce, exactly": every node averages its trainers,
+ * compresses with worker error feedback, every server compresses its chunk
+ * with server error feedback, and everybody decompresses the servers'
+ * chunks.
  *
  * Tolerance. The simulation sums squares in plain sequential double order;
  * the daemon sums them in 16 lanes per 65536-element block. Both sums are

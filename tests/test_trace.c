@@ -1,7 +1,8 @@
 /* The timeline (trace_file): two real daemons trace an fp32 allreduce, a
  * 1-bit allreduce and a broadcast; after a clean shutdown each file is a
  * complete JSON array of Chrome trace events whose pid is the node's rank,
- * with every phase the README names, each inside its op. */
+ * with every phase docs/operations.md ("Timeline") names, each inside its
+ * op. */
 #include <check.h>
 
 #include "ck_run.h"

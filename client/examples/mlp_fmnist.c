@@ -688,7 +688,8 @@ int main(int argc, char **argv)
                      .freeze_frac = 0.15,
                      /* DeepSpeed's eps: the optimizer's automatic mask
                       * keeps coordinates with a frozen v of 0 from
-                      * exploding (README, "1-bit Adam on Fashion-MNIST");
+                      * exploding (docs/convergence.md, "1-bit Adam on
+                      * Fashion-MNIST");
                       * --mask off shows what happens without it. */
                      .eps = 1e-8,
                      .mask = "auto",

@@ -18,8 +18,8 @@ Aggregation, per (contender, nodes, MiB):
               the barrier before each op). Largest over the ranks.
   wire limit  bytes each node must send / link rate, with S = MiB * 2^20:
               fp32 ring (obcomm fp32, OpenMPI, Gloo): 2(n-1)/n * S
-              1-bit: 2(n-1)/n * S/32 (DESIGN.md section 2; scales and frame
-              headers ignored)
+              1-bit: 2(n-1)/n * S/32 (docs/design.md, "The compressed
+              allreduce, exactly"; scales and frame headers ignored)
               tbf counts frame bytes, so with MTU 1500 even a perfect
               sender reaches only ratio 1514/1448 = 1.046.
   algbw       S / median time (GB/s = 1e9 bytes/s)

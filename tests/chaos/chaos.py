@@ -484,9 +484,10 @@ class Driver:
     def note_resets(self, res):
         """The daemons log and count every reset of a key's error feedback
         (ef_resets); nodes that count differently now hold different 1-bit
-        state for the job: a silent mix (DESIGN.md section 7 wants the
-        same reset on every node). Noted, not a check of its own: (2) and
-        (3) are where it shows."""
+        state for the job: a silent mix (docs/design.md, "The 1-bit
+        state's lifecycle and failures", wants the same reset on every
+        node). Noted, not a check of its own: (2) and (3) are where it
+        shows."""
         d = res.get("metrics_delta", {}).get("ef_resets")
         if d and len(set(d)) > 1 and not res.get("restarted"):
             res["notes"].append(f"WARNING: nodes reset 1-bit error feedback "

@@ -22,8 +22,9 @@
  * do); after 20 failures in a row it slows to one op per 50 ms.
  *
  *   --restore  first obcomm_adam_load of one optimizer per 1-bit key from
- *              --save-dir (the explicit resume of DESIGN.md section 7); a
- *              failed load ends the trainer there, as it would a real one
+ *              --save-dir (the explicit resume of docs/design.md, "The
+ *              1-bit state's lifecycle and failures"); a failed load ends
+ *              the trainer there, as it would a real one
  *   --save     after the stream, obcomm_adam_save of those optimizers
  *              (--save-dir/rankR.keyK.adam, and obcomm_snapshot_1bit)
  *   --verify   after the stream a barrier, a pause with nothing in flight

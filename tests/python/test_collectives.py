@@ -28,10 +28,11 @@ def expected(dt, op):
 
 
 def onebit_expected():
-    """DESIGN.md section 2 by hand for the inputs of workers.onebit_input,
-    2 nodes: each node's average is c * s_node, so the worker scale is c
-    and no worker error remains. Server m = (c s0 + c s1) / 2 is +-c where
-    the signs agree (i % 4 == 0, a quarter of every chunk) and 0 elsewhere:
+    """docs/design.md, "The compressed allreduce, exactly", by hand for
+    the inputs of workers.onebit_input, 2 nodes: each node's average is
+    c * s_node, so the worker scale is c and no worker error remains.
+    Server m = (c s0 + c s1) / 2 is +-c where the signs agree (i % 4 == 0,
+    a quarter of every chunk) and 0 elsewhere:
     sscale = sqrt(c^2 / 4) = c / 2, the result is +-c/2 where they agree
     and +c/2 elsewhere (0 counts as +), and the server error is m - that:
     +-c/2 or -c/2. The second op on the key: m = +-3c/2 (agree) or -c/2,

@@ -1,5 +1,6 @@
-"""The daemons' 1-bit error feedback over its lifecycle (DESIGN.md section
-7), 2 nodes x 2 trainers, real daemons and real trainer processes:
+"""The daemons' 1-bit error feedback over its lifecycle (docs/design.md,
+"The 1-bit state's lifecycle and failures"), 2 nodes x 2 trainers, real
+daemons and real trainer processes:
 
 - a run (first trainer of the job joins .. last one leaves) owns the state:
   a new run starts from zero on every node;

@@ -1,5 +1,5 @@
 """obcomm.Communicator: a trainer's handle on its node's obcommd, with torch
-tensors in shared memory (DESIGN.md section 6)."""
+tensors in shared memory (docs/design.md, "Public surface")."""
 
 import bisect
 import ctypes
@@ -318,9 +318,10 @@ class Communicator:
         return self._run(t, lambda h, p: lib.obcomm_allreduce(h, p, n, d, o))
 
     def allreduce_1bit(self, key, t):
-        """In place: the 1-bit compressed average of float32 t (DESIGN.md
-        section 2), identical on every rank; the daemons keep the error
-        feedback per (job, key). Returns t."""
+        """In place: the 1-bit compressed average of float32 t
+        (docs/design.md, "The compressed allreduce, exactly"), identical on
+        every rank; the daemons keep the error feedback per (job, key).
+        Returns t."""
         if t.dtype != torch.float32:
             raise TypeError(f"obcomm: allreduce_1bit takes float32, not "
                             f"{t.dtype}")

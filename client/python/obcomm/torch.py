@@ -45,7 +45,7 @@ class OneBitAdam(torch.optim.Optimizer):
     whose frozen variance is 0 (their gradient was exactly 0 through the
     warm-up) or tiny have their momentum masked to 0 in the compression
     stage, so that with eps = 1e-8 they do not move by lr * scale / eps
-    (set_auto_mask, set_mask; the project README has the measurements).
+    (set_auto_mask, set_mask; docs/convergence.md has the measurements).
 
     Construct it on every rank with the same parameters (shapes) and
     arguments; it broadcasts rank 0's parameters so every rank starts
