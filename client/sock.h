@@ -1,7 +1,8 @@
 /* The Unix-socket side of the client protocol, shared by libobcomm and
  * obcommctl: connect, send one framed ClientMsg (optionally carrying a file
- * descriptor), receive one framed DaemonMsg. Every wait has a deadline on the
- * monotonic clock; nothing here blocks past it.
+ * descriptor), receive one framed DaemonMsg, or read DaemonMsgs
+ * incrementally without ever blocking (struct obc_rx). Every wait has a
+ * deadline on the monotonic clock; nothing here blocks past it.
  *
  * Errors are returned as negative codes and explained in `err` (a buffer of
  * `errlen` bytes owned by the caller). A transport error (timeout, lost
