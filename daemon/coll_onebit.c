@@ -20,7 +20,13 @@
  *             state commits; the servers' chunks travel around the ring
  *             (allgather) and every segment is decoded into the trainers'
  *             buffers as it arrives;
- *   DONE      everything sent, received and decoded.
+ *   COMMIT    everything sent, received and decoded here; the node
+ *             reports so to every node and answers success only once every
+ *             node has. A node that meets a bad scale or a NaN fails the op
+ *             before it reports, and its failure reaches every node before
+ *             any answers: the op has one outcome on every rank (only a
+ *             link lost after a node's report can still split it);
+ *   DONE      every node reported.
  * Segments have states of their own (sign_seg, srv_seg, res_seg below).
  *
  * Error feedback on failure (the RESET policy, codec.h and efstate.h):
@@ -68,7 +74,7 @@
 #include "reduce.h"
 #include "ring.h"
 
-enum phase { PH_NORM, PH_SCALES, PH_EXCHANGE, PH_DONE };
+enum phase { PH_NORM, PH_SCALES, PH_EXCHANGE, PH_COMMIT, PH_DONE };
 
 /* A segment of our signs of one chunk. */
 enum sign_seg { SG_PACKING, SG_PACKED };
@@ -498,6 +504,12 @@ static void step(struct obd_op *op)
             return;
         if (!exchange_done(op, decoded))
             return;
+        ob->phase = PH_COMMIT;
+        obd_op_report(op, 0, "");
+        /* fall through */
+    case PH_COMMIT:
+        if (!obd_op_all_reported(op))
+            return;
         ob->phase = PH_DONE;
         obd_metric_add(&ob->d->metrics, OBD_M_ONEBIT_OPS, 1);
         obd_op_finish(op);
@@ -591,6 +603,15 @@ static void onebit_waiting_on(const struct obd_op *op, char *buf, size_t len)
         snprintf(buf, len, "this node's codec work");
         return;
     }
+    if (ob->phase == PH_COMMIT) {
+        size_t off = (size_t)snprintf(buf, len, "the reports of node");
+        for (int k = 0; k < ob->n && off < len; k++)
+            if (!op->ann[k].reported)
+                off += (size_t)snprintf(buf + off, len - off, " %d", k);
+        if (off < len)
+            snprintf(buf + off, len - off, " that they decoded everything");
+        return;
+    }
     for (int k = 0; k < ob->n; k++)
         if (k != ob->r && ob->ps_recv[k] <= ob->nseg) {
             snprintf(buf, len, "node %d's bits of chunk %d", k, ob->r);
@@ -609,6 +630,8 @@ static int onebit_needs_node(const struct obd_op *op, int k)
     const struct onebit *ob = op->coll;
     if (ob->phase == PH_DONE)
         return 0;
+    if (ob->phase == PH_COMMIT)
+        return !op->ann[k].reported;
     if (ob->ps_recv[k] <= ob->nseg || ob->ps_sent[k] <= ob->nseg)
         return 1;
     return (k == obd_ring_mod(ob->r - 1, ob->n) &&
