@@ -742,54 +742,39 @@ int obd_codec_lazy_server(const struct obd_codec_impl *impl,
     return obd_codec_scale(&sum, 1, chunk, sscale);
 }
 
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
-                               enum obd_codec_lazy_policy policy, float *v0,
-                               float *v1)
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v)
 {
-    *s = (struct obd_codec_lazy_state){
-        .policy = policy,
-        .v = {v0, policy == OBD_CODEC_LAZY_ROLLBACK ? v1 : NULL},
-        .mode = {OBD_CODEC_LAZY_ZERO, OBD_CODEC_LAZY_ZERO},
-    };
+    *s = (struct obd_codec_lazy_state){.v = v, .mode = OBD_CODEC_LAZY_ZERO};
 }
 
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n)
 {
-    if (e != s->v[s->cur])
-        memcpy(s->v[s->cur], e, n * sizeof(float));
-    s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
-    s->scale[s->cur] = 0.0f;
+    if (e != s->v)
+        memcpy(s->v, e, n * sizeof(float));
+    s->mode = OBD_CODEC_LAZY_EAGER;
+    s->scale = 0.0f;
 }
 
 struct obd_codec_lazy
 obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s)
 {
-    return (struct obd_codec_lazy){s->mode[s->cur], s->scale[s->cur],
-                                   s->v[s->cur]};
+    return (struct obd_codec_lazy){s->mode, s->scale, s->v};
 }
 
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s)
 {
-    if (s->policy == OBD_CODEC_LAZY_RESET)
-        return s->v[s->cur];
-    return s->v[1 - s->cur];
+    return s->v;
 }
 
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale)
 {
-    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
-        s->cur = 1 - s->cur;
-    s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
-    s->scale[s->cur] = scale;
+    s->mode = OBD_CODEC_LAZY_DEFERRED;
+    s->scale = scale;
 }
 
-int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
+void obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
 {
-    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
-        return 0;
-    /* The buffer holds part of a step that never happened. */
-    s->mode[s->cur] = OBD_CODEC_LAZY_ZERO;
-    s->scale[s->cur] = 0.0f;
-    return 1;
+    s->mode = OBD_CODEC_LAZY_ZERO;
+    s->scale = 0.0f;
 }

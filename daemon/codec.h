@@ -108,63 +108,55 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * of that pass, the scale right after it.
  *
  * State model the daemon keeps, per key and per role (worker: padded
- * elements; server: one chunk): struct obd_codec_lazy_state below, whose
- * functions are the only transitions. Two policies differ only in what a
- * failed step costs:
+ * elements; server: one chunk): struct obd_codec_lazy_state below, one
+ * buffer v that every step rewrites in place (next == v); its functions
+ * are the only transitions. A step that fails once its pass has begun
+ * (this node's own NaN/Inf, another node's, a peer's bad scale, a
+ * timeout) has overwritten v with a b that never became a step, and
+ * b = a + e cannot be undone exactly (fp32 addition is not invertible):
+ * the state is reset to ZERO, as for a new key, and the daemon counts the
+ * reset. A failed step leaves no trace of its data, but the key loses its
+ * accumulated error.
  *
- *   RESET     one buffer v, every step writes it in place (next == v).
- *             A step that fails once its pass has begun (this node's own
- *             NaN/Inf, another node's, a peer's bad scale, a timeout)
- *             has overwritten v with a b that never became a step, and
- *             b = a + e cannot be undone exactly (fp32 addition is not
- *             invertible): the state is reset to ZERO, as for a new key,
- *             and the daemon counts the reset. A failed step leaves no
- *             trace of its data, but the key loses its accumulated error.
- *   ROLLBACK  two buffers, a step reads v[cur] and writes v[1 - cur];
- *             commit flips. A failed step leaves no trace at all, however
- *             late the failure is learned: v[cur], its scale and mode
- *             were only read.
- *
- * Transitions (the same calls for both policies):
- *   init:      mode ZERO, cur = 0 (the buffers need no contents)
+ * Transitions:
+ *   init:      mode ZERO (the buffer needs no contents)
  *   restore:   an error snapshot e (the format the eager code writes) is
- *              copied into v[cur], mode EAGER: exact, so old snapshots
- *              load unchanged
+ *              copied into v, mode EAGER: exact, so old snapshots load
+ *              unchanged
  *   snapshot:  between steps, lazy_error over prev (any ranges, e.g.
  *              chunk by chunk into a staging buffer) writes the eager e
  *              byte for byte, so the snapshot format does not change
  *   step:      prev = obd_codec_lazy_state_prev(), next =
- *              obd_codec_lazy_state_next(); the blocks, on any threads,
- *              then obd_codec_scale over their sums
+ *              obd_codec_lazy_state_next() (v itself); the blocks, on any
+ *              threads, then obd_codec_scale over their sums
  *   commit:    the op succeeded on every node: obd_codec_lazy_state_commit
  *              with the step's scale (mode DEFERRED)
  *   abort:     the op failed after the step's pass began on this state
  *              (worker and server state each on its own):
- *              obd_codec_lazy_state_abort, which resets a RESET state (and
- *              says so, for the count) and leaves a ROLLBACK state as it
- *              was. A state whose pass never began needs nothing.
+ *              obd_codec_lazy_state_abort, mode ZERO. A state whose pass
+ *              never began needs nothing.
  *
- * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
- * "ROLLBACK, 2 buffers" rows; one thread, medians of 15 runs at 16 Mi
- * floats and 10 at 64 Mi on a shared 2-core machine under load): ROLLBACK
- * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
- * and its passes take 4-21% longer: worker 0.99x memcpy against 0.82x in
- * place (64 Mi: 0.99x against 0.95x), server step with 4 inputs 1.20x
- * against 1.04x (64 Mi: 1.11x against 1.05x), although they move the same
- * bytes: the separate next buffer is written with streaming stores, but
- * reading one region while writing another costs the memory system more
- * than writing back the lines just read.
+ * Why in place: the kernels can also write next to a second buffer and
+ * leave prev as it was, so that a failed step would leave no trace at
+ * all, however late the failure is learned. That doubles the
+ * error-feedback memory, 4 * (N + N/n) bytes more per key, and makes the
+ * passes 4-21% slower, measured by tests/bench/bench_codec (its "in
+ * place" and "2 buffers" rows; one thread, medians of 15 runs at 16 Mi
+ * floats and 10 at 64 Mi on a shared 2-core machine under load): worker
+ * 0.99x memcpy against 0.82x in place (64 Mi: 0.99x against 0.95x),
+ * server step with 4 inputs 1.20x against 1.04x (64 Mi: 1.11x against
+ * 1.05x), although both move the same bytes: the separate next buffer is
+ * written with streaming stores, but reading one region while writing
+ * another costs the memory system more than writing back the lines just
+ * read. In place meets the codec's targets (<= 1.1x memcpy per pass)
+ * where two buffers miss the server's, and halves the memory; what it
+ * gives up is the error of a key whose op failed anyway, which restarts
+ * from zero, counted.
  *
- * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
- * pass) where ROLLBACK's server step does not, and it halves the memory;
- * what it gives up is the error of a key whose op failed anyway, which
- * restarts from zero, counted. ROLLBACK remains one init call away for a
- * deployment that wants a failed op to leave the error feedback exactly
- * as it was.
- *
- * Allocate the buffers 64-byte aligned (aligned_alloc), like the
- * trainers' page-aligned shared memory: the streaming stores of ROLLBACK
- * need 16 bytes at least (32 for whole-vector stores), and a next buffer
+ * State buffers are allocated 64-byte aligned (aligned_alloc), like the
+ * trainers' page-aligned shared memory, so that vector loads never split
+ * a cache line. A next buffer apart from prev is written with streaming
+ * stores, which need 16 bytes at least (32 for whole-vector stores); one
  * whose offset within a page differed slightly from the input's was
  * measured up to 2x slower (4 KiB aliasing between loads and stores).
  */
@@ -182,51 +174,39 @@ struct obd_codec_lazy {
     const float *v;
 };
 
-/* What a failed step costs a state; see the state model above. */
-enum obd_codec_lazy_policy {
-    OBD_CODEC_LAZY_RESET,    /* one buffer, in place; failure resets */
-    OBD_CODEC_LAZY_ROLLBACK, /* two buffers; failure leaves no trace */
-};
-
-/* The lazy state of one key and role. The buffers (the same number of
- * floats each) are owned by the caller, who frees them; the struct only
- * borrows them. Fields are read-only outside the functions below. */
+/* The lazy state of one key and role, over one buffer that the caller
+ * owns and frees; the struct only borrows it. Fields are read-only
+ * outside the functions below. */
 struct obd_codec_lazy_state {
-    enum obd_codec_lazy_policy policy;
-    float *v[2]; /* v[1] is NULL under RESET */
-    float scale[2];
-    enum obd_codec_lazy_mode mode[2];
-    int cur;
+    float *v;
+    float scale; /* DEFERRED only */
+    enum obd_codec_lazy_mode mode;
 };
 
-/* No step taken yet: mode ZERO, cur = 0. v1 is the second buffer under
- * ROLLBACK and must be NULL under RESET. */
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
-                               enum obd_codec_lazy_policy policy, float *v0,
-                               float *v1);
+/* No step taken yet: mode ZERO. */
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v);
 
 /* Restore an error snapshot: e (n floats, the state's length) is copied
- * into the current buffer, whose mode becomes EAGER. e may be the current
- * buffer itself (a snapshot read in place): nothing is copied then. */
+ * into v, and the mode becomes EAGER. e may be v itself (a snapshot read
+ * in place): nothing is copied then. */
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n);
 
-/* What a step reads (borrows the current buffer). */
+/* What a step reads (borrows v). */
 struct obd_codec_lazy
 obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s);
 
-/* Where a step writes: the current buffer under RESET, the other one
- * under ROLLBACK. */
+/* Where a step writes: v itself, in place. */
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s);
 
-/* The step (its b or m in obd_codec_lazy_state_next(), its scale
- * `scale`) succeeded on every node: it becomes the current state. */
+/* The step (its b or m in v, its scale `scale`) succeeded on every node:
+ * mode DEFERRED. */
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale);
 
-/* The op failed after the step's pass began. RESET: the state becomes
- * ZERO and this returns 1 (count it); ROLLBACK: nothing changes, returns
- * 0. */
-int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
+/* The op failed after the step's pass began: v holds part of a step that
+ * never happened, and the state becomes ZERO (the caller counts the
+ * reset). */
+void obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
 
 /* Function table of one implementation. All pointers borrow their buffers
  * for the duration of the call only. `x` may be shorter than the padded

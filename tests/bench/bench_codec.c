@@ -31,16 +31,17 @@
  *   lazy compress / lazy server (n=4)
  *                            the single-pass lazy steps (codec.h, "Lazy
  *                            error feedback") from a DEFERRED state, with
- *                            the state in place (policy RESET) and
- *                            double-buffered (policy ROLLBACK), committed
- *                            after every step through obd_codec_lazy_state
+ *                            the state in place (as the daemon keeps it)
+ *                            and on two buffers used in turn (next apart
+ *                            from prev), committed after every step
+ *                            through obd_codec_lazy_state
  *   lazy_error               materialising the eager e of a lazy state
  *   decompress, decompress_add, decompress_stream (streaming stores)
  *   compress_avg (nsrc=2)    the eager compress of the average of AVG_NSRC
  *                            local buffers (obd_codec_compress_avg); it
  *                            moves (AVG_NSRC + 4) * 4 bytes per element, a
  *                            ratio of 3.0 to memcpy at equal bandwidth
- *   lazy compress_avg (nsrc=2, ROLLBACK)
+ *   lazy compress_avg (nsrc=2, 2 buffers)
  *                            the lazy step over the same average (no
  *                            scratch b: (AVG_NSRC + 2) * 4 bytes)
  *
@@ -65,12 +66,14 @@
 #define SERVER_N    4
 #define AVG_NSRC    2
 
-/* A lazy state as the daemon keeps it (codec.h): RESET (one buffer, in
- * place) or ROLLBACK (two buffers). */
+/* A lazy state in place (one buffer, as the daemon keeps it) or on two
+ * buffers used in turn: a step reads st[cur] and writes st[1 - cur],
+ * the kernels' mode with next apart from prev (codec.h says why the
+ * daemon does not use it). */
 struct lazy_state {
     float *buf[2];
-    enum obd_codec_lazy_policy policy;
-    struct obd_codec_lazy_state st;
+    int two, cur;
+    struct obd_codec_lazy_state st[2];
 };
 
 struct bench {
@@ -110,17 +113,17 @@ static const struct {
     enum kind kind;
 } ops[NOPS] = {
     [OP_COMPRESS] = {"compress", TWO_PASS},
-    [OP_LAZY_COMPRESS_1] = {"lazy compress (RESET, in place)", LAZY},
-    [OP_LAZY_COMPRESS] = {"lazy compress (ROLLBACK, 2 buffers)", LAZY},
+    [OP_LAZY_COMPRESS_1] = {"lazy compress (in place)", LAZY},
+    [OP_LAZY_COMPRESS] = {"lazy compress (2 buffers)", LAZY},
     [OP_SERVER] = {"server (n=4)", TWO_PASS},
-    [OP_LAZY_SERVER_1] = {"lazy server (n=4, RESET, in place)", LAZY},
-    [OP_LAZY_SERVER] = {"lazy server (n=4, ROLLBACK, 2 buffers)", LAZY},
+    [OP_LAZY_SERVER_1] = {"lazy server (n=4, in place)", LAZY},
+    [OP_LAZY_SERVER] = {"lazy server (n=4, 2 buffers)", LAZY},
     [OP_LAZY_ERROR] = {"lazy_error", PLAIN},
     [OP_DECOMPRESS] = {"decompress", PLAIN},
     [OP_DECOMPRESS_ADD] = {"decompress_add", PLAIN},
     [OP_DECOMPRESS_STREAM] = {"decompress_stream", PLAIN},
     [OP_COMPRESS_AVG] = {"compress_avg (nsrc=2)", TWO_PASS},
-    [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, ROLLBACK)", LAZY},
+    [OP_LAZY_COMPRESS_AVG] = {"lazy compress_avg (nsrc=2, 2 buffers)", LAZY},
 };
 
 /* One thread's share of an operation: blocks [b0, b1). */
@@ -180,14 +183,16 @@ static struct lazy_state *op_state(struct bench *b, int op)
 static void lazy_prev(const struct lazy_state *st, struct obd_codec_lazy *prev,
                       float **next)
 {
-    *prev = obd_codec_lazy_state_prev(&st->st);
-    *next = obd_codec_lazy_state_next(&st->st);
+    *prev = obd_codec_lazy_state_prev(&st->st[st->cur]);
+    *next = obd_codec_lazy_state_next(&st->st[st->two ? 1 - st->cur : st->cur]);
 }
 
 /* The step succeeded. */
 static void lazy_commit(struct lazy_state *st, float scale)
 {
-    obd_codec_lazy_state_commit(&st->st, scale);
+    if (st->two)
+        st->cur = 1 - st->cur;
+    obd_codec_lazy_state_commit(&st->st[st->cur], scale);
 }
 
 static void *run_job(void *arg)
@@ -383,8 +388,10 @@ static float rng_unit(uint64_t *s)
 /* A lazy state holding the eager error e (restored from a snapshot). */
 static void lazy_from(struct lazy_state *st, const float *e, size_t n)
 {
-    obd_codec_lazy_state_init(&st->st, st->policy, st->buf[0], st->buf[1]);
-    obd_codec_lazy_state_restore(&st->st, e, n);
+    obd_codec_lazy_state_init(&st->st[0], st->buf[0]);
+    obd_codec_lazy_state_init(&st->st[1], st->buf[1]);
+    st->cur = 0;
+    obd_codec_lazy_state_restore(&st->st[0], e, n);
 }
 
 /* Fresh deterministic inputs; also touches every page of every buffer. */
@@ -535,7 +542,7 @@ static void do_floor2(struct bench *b)
 
 static void lazy_alloc(struct lazy_state *st, size_t elems, int inplace)
 {
-    st->policy = inplace ? OBD_CODEC_LAZY_RESET : OBD_CODEC_LAZY_ROLLBACK;
+    st->two = !inplace;
     st->buf[0] = xmalloc(elems * sizeof(float));
     st->buf[1] = inplace ? NULL : xmalloc(elems * sizeof(float));
 }
