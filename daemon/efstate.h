@@ -125,7 +125,7 @@ void obd_ef_abort(struct obd_ef *ef);
 void obd_ef_restored(struct obd_ef *ef);
 /* The errors the states hold, elements [begin, end) of the worker error
  * (serr_part 0) or of the server error (1), into e: what a snapshot
- * stores, byte for byte the eager codec's errors. */
+ * stores, byte for byte the errors e of codec.h's arithmetic. */
 void obd_ef_error(const struct obd_ef *ef, int serr_part, float *e,
                   size_t begin, size_t end);
 /* Memory the state holds, work buffers included. */
