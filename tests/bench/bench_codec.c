@@ -331,7 +331,7 @@ static float rng_unit(uint64_t *s)
     return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0);
 }
 
-/* A lazy state holding the eager error e (restored from a snapshot). */
+/* A lazy state holding the error e (mode EAGER, as a snapshot restores). */
 static void lazy_from(struct lazy_state *st, const float *e, size_t n)
 {
     obd_codec_lazy_state_init(&st->st[0], st->buf[0]);
