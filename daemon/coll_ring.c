@@ -1,5 +1,6 @@
 /* Full-precision collectives among nodes: pipelined ring allreduce
- * (reduce-scatter then allgather), pipelined chain broadcast, barrier.
+ * (reduce-scatter then allgather), reduce-scatter (the allreduce's first
+ * half), allgather, pipelined chain broadcast, barrier.
  *
  * The local trainers' buffers are reduced exactly into an accumulation
  * buffer first (one read of each), only that buffer travels, and the
@@ -74,6 +75,9 @@ struct obd_coll {
     size_t pieces;     /* load, store or copy pieces not yet done */
     size_t acc_queued; /* reduce-scatter reductions on the pool */
     int nsteps;
+    /* A reduce-scatter turns the ring by one chunk (chunk_range), so that
+     * each node ends with the reduction of its own ranks' block. */
+    int rot;
     int send_step, recv_step;
     size_t send_seg, recv_seg;
     /* Reduce-scatter segment (s, j), s < n-1, has index s * maxseg + j.
@@ -164,9 +168,9 @@ static void piece_run(struct piece *p)
     case PC_DIV:
         obd_reduce_div_in_place(p->dtype, p->acc, p->count, p->divisor);
         break;
-    case PC_COPY:
+    case PC_COPY: /* an allgather's part may be in place: memmove */
         for (int i = 0; i < p->nptr; i++)
-            memcpy(p->ptr[i], p->acc, p->count);
+            memmove(p->ptr[i], p->acc, p->count);
         break;
     }
     p->end_ns = uv_hrtime();
@@ -288,13 +292,15 @@ static int spread(struct obd_op *op, enum piece_kind kind)
     size_t unit = pool ? c->seg : c->count;
     int nptr = 0;
     void *ptr[OBD_MAX_LOCAL];
+    void *const *dst =
+        op->desc.kind == OBCOMM_KIND_ALLGATHER ? op->out : op->data;
     if (kind == PC_STORE)
         for (int i = 0; i < ls; i++)
-            ptr[nptr++] = op->data[i];
+            ptr[nptr++] = dst[i];
     if (kind == PC_COPY)
         for (int i = 0; i < ls; i++)
-            if (op->data[i] != c->src)
-                ptr[nptr++] = op->data[i];
+            if (dst[i] != c->src)
+                ptr[nptr++] = dst[i];
     if (kind == PC_COPY && nptr == 0)
         return 0;
     for (size_t b = 0; b < c->count; b += unit) {
@@ -409,7 +415,18 @@ static uint8_t *buf_get(struct obd_coll *c)
     return p;
 }
 
-/* ---- ring allreduce ---- */
+/* ---- ring allreduce and reduce-scatter ---- */
+
+/* Element range [*b, *e) of ring chunk `chunk` (ring.h). A reduce-scatter
+ * (rot = n - 1) maps ring chunk k to block k - 1: its count is a multiple
+ * of n, so every chunk has the same size, and node r, which ends the
+ * reduce-scatter holding ring chunk r + 1, holds block r, the part of its
+ * own ranks. */
+static void chunk_range(const struct obd_coll *c, int chunk, size_t *b,
+                        size_t *e)
+{
+    obd_ring_chunk(c->count, c->n, obd_ring_mod(chunk + c->rot, c->n), b, e);
+}
 
 static size_t step_chunk_elems(const struct obd_coll *c, int s, int sending,
                                size_t *begin)
@@ -417,7 +434,7 @@ static size_t step_chunk_elems(const struct obd_coll *c, int s, int sending,
     size_t b, e;
     int chunk = sending ? obd_ring_send_chunk(c->r, c->n, s)
                         : obd_ring_recv_chunk(c->r, c->n, s);
-    obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+    chunk_range(c, chunk, &b, &e);
     *begin = b;
     return e - b;
 }
@@ -468,7 +485,7 @@ static int load_seg(struct obd_op *op, int chunk, size_t j, int pool)
     int ls = op->job->local_size;
     size_t dsz = obd_dtype_size(op->desc.dtype);
     size_t b, e;
-    obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+    chunk_range(c, chunk, &b, &e);
     b += j * c->seg;
     struct piece *p = piece_new(op, PC_LOAD, ls);
     if (p != NULL) {
@@ -499,7 +516,7 @@ static int load_more(struct obd_op *op)
         int chunk = obd_ring_mod(c->r - c->load_k, c->n);
         size_t j = c->load_j;
         size_t b, e;
-        obd_ring_chunk(c->count, c->n, chunk, &b, &e);
+        chunk_range(c, chunk, &b, &e);
         if (++c->load_k == c->n) {
             c->load_k = 0;
             c->load_j++;
@@ -588,9 +605,43 @@ static int ring_send(struct obd_op *op)
         if (send_or_fail(op, right, (uint32_t)s, (uint32_t)j,
                          c->acc + off * c->esz, len * c->esz))
             return 1;
-        obd_metric_add(&d->metrics, OBD_M_ALLREDUCE_BYTES_SENT, len * c->esz);
+        obd_metric_add(&d->metrics,
+                       op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER
+                           ? OBD_M_REDUCE_SCATTER_BYTES_SENT
+                           : OBD_M_ALLREDUCE_BYTES_SENT,
+                       len * c->esz);
         c->send_seg++;
         settle(c, &c->send_step, &c->send_seg, 1);
+    }
+    return 0;
+}
+
+/* A reduce-scatter's store: trainer i of node r gets the m = desc.count
+ * elements of acc from (r * local_size + i) * m on, converted (and AVG's
+ * division) as the allreduce's store does; in pieces of one segment on
+ * the pool when large. On failure fails the op and returns non-zero. */
+static int store_blocks(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    int ls = op->job->local_size;
+    size_t m = op->desc.count;
+    size_t dsz = obd_dtype_size(op->desc.dtype);
+    int pool = use_pool(c, m * (size_t)ls * c->esz);
+    size_t unit = pool ? c->seg : m;
+    for (int i = 0; i < ls; i++) {
+        size_t first = ((size_t)c->r * (size_t)ls + (size_t)i) * m;
+        for (size_t b = 0; b < m; b += unit) {
+            struct piece *p = piece_new(op, PC_STORE, 1);
+            if (p != NULL) {
+                p->begin = first + b;
+                p->count = m - b < unit ? m - b : unit;
+                p->divisor = c->n * ls;
+                p->acc = c->acc + (first + b) * c->esz;
+                p->ptr[0] = (uint8_t *)op->out[i] + b * dsz;
+            }
+            if (piece_go(op, p, pool))
+                return 1;
+        }
     }
     return 0;
 }
@@ -616,8 +667,9 @@ static void ring_progress(struct obd_op *op)
             c->recv_step < c->nsteps || op->refs > 0)
             return;
         c->phase = PH_STORE;
-        if (c->zero_copy ? op->desc.redop == OBCOMM_AVG && spread(op, PC_DIV)
-                         : spread(op, PC_STORE))
+        if (op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER ? store_blocks(op)
+            : c->zero_copy ? op->desc.redop == OBCOMM_AVG && spread(op, PC_DIV)
+                           : spread(op, PC_STORE))
             return;
     }
     store_progress(op);
@@ -629,11 +681,20 @@ static int ring_start(struct obd_op *op)
     struct obd_daemon *d = job->d;
     obcomm_dtype_t dt = (obcomm_dtype_t)op->desc.dtype;
     size_t esz = obd_dtype_acc_size(dt);
-    struct obd_coll *c = coll_new(op, op->desc.count, esz);
+    /* A reduce-scatter reduces world * count elements and stops after the
+     * allreduce's first half (nsteps below). */
+    int rs = op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER;
+    size_t count = op->desc.count;
+    if (rs)
+        count *= (size_t)d->cfg.nodes * (size_t)job->local_size;
+    struct obd_coll *c = coll_new(op, count, esz);
+    if (c != NULL && rs)
+        c->rot = c->n - 1;
     /* One trainer and a dtype that accumulates in itself: the ring runs in
      * the trainer's shared memory, with no copy in or out. The op's
-     * reference keeps the buffer mapped even if the trainer leaves. */
-    if (c != NULL && job->local_size == 1 && c->n > 1 &&
+     * reference keeps the buffer mapped even if the trainer leaves. A
+     * reduce-scatter only reads its input. */
+    if (c != NULL && !rs && job->local_size == 1 && c->n > 1 &&
         esz == obd_dtype_size(dt)) {
         c->acc = op->data[0];
         c->zero_copy = 1;
@@ -652,14 +713,14 @@ static int ring_start(struct obd_op *op)
         (c->load = calloc(nidx, 1)) == NULL) {
         obd_op_fail(op, OBCOMM_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
-                    (unsigned long long)op->seq, job->name,
-                    (size_t)op->desc.count, c ? c->r : -1);
+                    (unsigned long long)op->seq, job->name, count,
+                    c ? c->r : -1);
         return OBCOMM_E_NOMEM;
     }
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES,
                    c->count * obd_dtype_size(dt));
 
-    c->nsteps = c->n > 1 ? 2 * (c->n - 1) : 0;
+    c->nsteps = c->n > 1 ? (rs ? 1 : 2) * (c->n - 1) : 0;
     settle(c, &c->send_step, &c->send_seg, 1);
     settle(c, &c->recv_step, &c->recv_seg, 0);
     settle(c, &c->red_step, &c->red_seg, 0);
@@ -668,7 +729,7 @@ static int ring_start(struct obd_op *op)
     c->load_ns = uv_hrtime();
     for (int k = 0; k < c->n; k++) {
         size_t b, e;
-        obd_ring_chunk(c->count, c->n, k, &b, &e);
+        chunk_range(c, k, &b, &e);
         size_t nseg = obd_ring_nseg(e - b, c->seg);
         c->load_left += c->zero_copy ? 0 : nseg;
         if (c->zero_copy)
@@ -756,6 +817,162 @@ static int ring_needs_node(const struct obd_op *op, int node)
     const struct obd_coll *c = op->coll;
     return (node == obd_ring_mod(c->r - 1, c->n) && c->recv_step < c->nsteps) ||
            (node == obd_ring_mod(c->r + 1, c->n) && c->send_step < c->nsteps);
+}
+
+/* ---- allgather ----
+ *
+ * Bytes, whatever the dtype. The result is world blocks of one rank's part
+ * each; node r's trainers own the consecutive parts of block r (count / n
+ * bytes). The ring runs in the first local trainer's result buffer: its
+ * node's parts are copied there (in place when a part already is), then at
+ * step s (0 .. n-2) node r sends block r - s to r + 1, segment by segment,
+ * and receives block r - s - 1 from r - 1 straight to its place; segment j
+ * of step s leaves once it arrived at step s - 1. At the end the other
+ * local trainers copy the whole result. */
+
+static size_t ag_block_bytes(const struct obd_coll *c)
+{
+    return c->count / (size_t)c->n;
+}
+
+/* Segment j of the block sent (or received) at step s: its offset in the
+ * result and its length. */
+static size_t ag_seg(const struct obd_coll *c, int s, size_t j, int sending,
+                     size_t *off)
+{
+    size_t bb = ag_block_bytes(c);
+    int block = obd_ring_mod(c->r - s - (sending ? 0 : 1), c->n);
+    size_t first = j * c->seg;
+    *off = (size_t)block * bb + first;
+    return bb - first < c->seg ? bb - first : c->seg;
+}
+
+static void ag_advance(const struct obd_coll *c, int *step, size_t *seg)
+{
+    if (++*seg == obd_ring_nseg(ag_block_bytes(c), c->seg)) {
+        (*step)++;
+        *seg = 0;
+    }
+}
+
+static void ag_progress(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    struct obd_daemon *d = op->job->d;
+    int right = obd_ring_mod(c->r + 1, c->n);
+    if (c->phase == PH_RING) {
+        if (c->pieces > 0)
+            return; /* the local parts are still being copied */
+        if (!c->load_traced) {
+            c->load_traced = 1;
+            obd_trace_span(d, "local gather", "ring",
+                           (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
+                           uv_hrtime(), NULL);
+        }
+        while (c->send_step < c->nsteps &&
+               (c->send_step == 0 || passed(c->recv_step, c->recv_seg,
+                                            c->send_step - 1, c->send_seg))) {
+            size_t off;
+            size_t len = ag_seg(c, c->send_step, c->send_seg, 1, &off);
+            if (send_or_fail(op, right, (uint32_t)c->send_step,
+                             (uint32_t)c->send_seg, c->acc + off, len))
+                return;
+            obd_metric_add(&d->metrics, OBD_M_ALLGATHER_BYTES_SENT, len);
+            ag_advance(c, &c->send_step, &c->send_seg);
+        }
+        if (c->send_step < c->nsteps || c->recv_step < c->nsteps ||
+            op->refs > 0)
+            return;
+        c->phase = PH_STORE;
+        if (spread(op, PC_COPY))
+            return;
+    }
+    store_progress(op);
+}
+
+static int ag_start(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    struct obd_daemon *d = job->d;
+    int ls = job->local_size;
+    size_t part = op->desc.count * obd_dtype_size(op->desc.dtype);
+    struct obd_coll *c =
+        coll_new(op, part * (size_t)ls * (size_t)d->cfg.nodes, 1);
+    if (c == NULL) {
+        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
+        return OBCOMM_E_NOMEM;
+    }
+    obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
+    c->zero_copy = 1;
+    c->acc = op->out[0];
+    c->src = c->acc;
+    c->nsteps = c->n - 1;
+    c->load_ns = uv_hrtime();
+    int pool = use_pool(c, part);
+    size_t unit = pool ? c->seg : part;
+    for (int i = 0; i < ls; i++) {
+        uint8_t *to = c->acc + ((size_t)c->r * (size_t)ls + (size_t)i) * part;
+        for (size_t b = 0; b < part; b += unit) {
+            struct piece *p = piece_new(op, PC_COPY, 1);
+            if (p != NULL) {
+                p->begin = b;
+                p->count = part - b < unit ? part - b : unit;
+                p->acc = (uint8_t *)op->data[i] + b;
+                p->ptr[0] = to + b;
+            }
+            if (piece_go(op, p, pool))
+                return OBCOMM_E_NOMEM;
+        }
+    }
+    ag_progress(op);
+    return 0;
+}
+
+static void *ag_recv_dest(struct obd_op *op, int from,
+                          const struct obd_frame *f, const char **why)
+{
+    struct obd_coll *c = op->coll;
+    if (from != obd_ring_mod(c->r - 1, c->n)) {
+        *why = "data from a node that is not the left neighbour";
+        return NULL;
+    }
+    if (c->recv_step >= c->nsteps || f->step != (uint32_t)c->recv_step ||
+        f->segment != c->recv_seg) {
+        *why = "step or segment out of order";
+        return NULL;
+    }
+    size_t off;
+    size_t len = ag_seg(c, c->recv_step, c->recv_seg, 0, &off);
+    if (f->len != len) {
+        *why = "payload length differs from the segment's";
+        return NULL;
+    }
+    return c->acc + off;
+}
+
+static void ag_recv_done(struct obd_op *op, int from, const struct obd_frame *f)
+{
+    struct obd_coll *c = op->coll;
+    (void)from;
+    (void)f;
+    ag_advance(c, &c->recv_step, &c->recv_seg);
+}
+
+static void ag_waiting_on(const struct obd_op *op, char *buf, size_t len)
+{
+    const struct obd_coll *c = op->coll;
+    if (c->phase == PH_RING && c->pieces > 0)
+        snprintf(buf, len, "the local copies on node %d's worker pool", c->r);
+    else if (c->phase >= PH_STORE)
+        snprintf(buf, len,
+                 "the copies to the local trainers on node %d's worker pool",
+                 c->r);
+    else if (c->recv_step < c->nsteps)
+        snprintf(buf, len, "data from node %d (step %d, segment %zu)",
+                 obd_ring_mod(c->r - 1, c->n), c->recv_step, c->recv_seg);
+    else
+        snprintf(buf, len, "node %d to take our data",
+                 obd_ring_mod(c->r + 1, c->n));
 }
 
 /* ---- broadcast along the chain root, root+1, ..., root-1 ---- */
@@ -941,6 +1158,24 @@ static const struct obd_algo algos[] = {
      .progress = ring_progress,
      .free = coll_free,
      .waiting_on = ring_waiting_on,
+     .needs_node = ring_needs_node},
+    {.kind = OBCOMM_KIND_REDUCE_SCATTER,
+     .name = "ring reduce-scatter",
+     .start = ring_start,
+     .recv_dest = ring_recv_dest,
+     .recv_done = ring_recv_done,
+     .progress = ring_progress,
+     .free = coll_free,
+     .waiting_on = ring_waiting_on,
+     .needs_node = ring_needs_node},
+    {.kind = OBCOMM_KIND_ALLGATHER,
+     .name = "ring allgather",
+     .start = ag_start,
+     .recv_dest = ag_recv_dest,
+     .recv_done = ag_recv_done,
+     .progress = ag_progress,
+     .free = coll_free,
+     .waiting_on = ag_waiting_on,
      .needs_node = ring_needs_node},
     {.kind = OBCOMM_KIND_BROADCAST,
      .name = "chain broadcast",

@@ -597,12 +597,26 @@ static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
 
 /* Resolves and checks a submission. Errors fail the op on every rank, so
  * that the others do not wait for a trainer whose request was refused. */
+/* An allgather's send may lie apart from its recv, or exactly at this
+ * rank's place in it (MPI's in place); any other overlap would have the
+ * ring overwrite data that is still to be sent. */
+static int gather_alias_ok(const struct obd_client *c, const void *send,
+                           uint64_t bytes, const void *recv,
+                           uint64_t recv_bytes)
+{
+    const uint8_t *s = send, *r = recv;
+    if (s + bytes <= r || r + recv_bytes <= s)
+        return 1;
+    int rank = obd_job_rank(c->job, (int)c->d->cfg.rank, c->local_rank);
+    return s == r + (uint64_t)rank * bytes;
+}
+
 static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
 {
     char why[256] = "";
     int status = 0;
-    void *data = NULL;
-    struct obd_shm *buf = NULL;
+    void *data = NULL, *out = NULL;
+    struct obd_shm *buf = NULL, *outbuf = NULL;
     struct obd_opdesc desc = {
         .kind = s->kind,
         .dtype = s->dtype,
@@ -627,26 +641,45 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     /* Every argument is checked here, naming the one that is wrong, so
      * that a bad op fails at once on every rank instead of waiting for
      * the deadline (libobcomm checks the same before it sends). */
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, out_bytes = 0;
     int size = (int)c->d->cfg.nodes * c->job->local_size;
     switch (s->kind) {
     case OBCOMM_KIND_ALLREDUCE:
+    case OBCOMM_KIND_ALLGATHER:
+    case OBCOMM_KIND_REDUCE_SCATTER: {
+        const char *name = s->kind == OBCOMM_KIND_ALLREDUCE ? "allreduce"
+                           : s->kind == OBCOMM_KIND_ALLGATHER
+                               ? "allgather"
+                               : "reduce-scatter";
+        /* The larger of the op's two buffers holds world * count. */
+        uint64_t n = s->kind == OBCOMM_KIND_ALLREDUCE ? 1 : (uint64_t)size;
+        if (s->kind == OBCOMM_KIND_ALLGATHER)
+            desc.redop = 0;
         status = OBCOMM_E_INVAL;
         if (!obd_dtype_valid((int)s->dtype))
             snprintf(why, sizeof(why), "unknown dtype %u", s->dtype);
-        else if (!obd_op_valid((int)s->redop))
+        else if (s->kind != OBCOMM_KIND_ALLGATHER &&
+                 !obd_op_valid((int)s->redop))
             snprintf(why, sizeof(why), "unknown reduction %u", s->redop);
         else if (s->count == 0)
-            snprintf(why, sizeof(why), "allreduce of 0 elements");
+            snprintf(why, sizeof(why), "%s of 0 elements", name);
         else if (s->count >
-                 UINT64_MAX / obd_dtype_size((obcomm_dtype_t)s->dtype))
-            snprintf(why, sizeof(why), "allreduce of %llu elements overflows",
+                 UINT64_MAX / n / obd_dtype_size((obcomm_dtype_t)s->dtype))
+            snprintf(why, sizeof(why), "%s of %llu elements overflows", name,
                      (unsigned long long)s->count);
         else
             status = 0;
-        if (status == 0)
-            bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
+        if (status != 0)
+            break;
+        bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
+        if (s->kind == OBCOMM_KIND_ALLGATHER)
+            out_bytes = bytes * n;
+        if (s->kind == OBCOMM_KIND_REDUCE_SCATTER) {
+            out_bytes = bytes;
+            bytes *= n;
+        }
         break;
+    }
     case OBCOMM_KIND_BROADCAST:
         desc.dtype = 0;
         desc.redop = 0;
@@ -715,6 +748,26 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
                      (unsigned long long)s->offset, (unsigned long long)bytes);
         }
     }
+    if (status == 0 && out_bytes > 0) {
+        outbuf = find_buf(c, s->recv_buffer_id);
+        out = outbuf ? obd_shm_range(outbuf, s->recv_offset, out_bytes) : NULL;
+        if (out == NULL) {
+            outbuf = NULL;
+            status = OBCOMM_E_NOTREG;
+            snprintf(why, sizeof(why),
+                     "result (buffer %llu, offset %llu, %llu bytes) is not "
+                     "inside a registered buffer",
+                     (unsigned long long)s->recv_buffer_id,
+                     (unsigned long long)s->recv_offset,
+                     (unsigned long long)out_bytes);
+        } else if (s->kind == OBCOMM_KIND_ALLGATHER &&
+                   !gather_alias_ok(c, data, bytes, out, out_bytes)) {
+            status = OBCOMM_E_INVAL;
+            snprintf(why, sizeof(why),
+                     "allgather: send overlaps recv other than at this "
+                     "rank's own place in it");
+        }
+    }
     if (status != 0) {
         int rank = obd_job_rank(c->job, (int)c->d->cfg.rank, c->local_rank);
         char msg[320];
@@ -722,7 +775,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         snprintf(why, sizeof(why), "%s", msg);
     }
     int rc = obd_job_submit(c->job, c->local_rank, s->seq, &desc, buf, data,
-                            status, why, sizeof(why));
+                            outbuf, out, status, why, sizeof(why));
     if (rc != 0)
         obd_ctl_complete(c, s->seq, rc, why, 0, 0);
 }

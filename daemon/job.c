@@ -213,8 +213,10 @@ static void on_timer_closed(uv_handle_t *h)
         algo->failed(op);
     if (op->coll != NULL && algo != NULL)
         algo->free(op);
-    for (int i = 0; i < OBD_MAX_LOCAL; i++)
+    for (int i = 0; i < OBD_MAX_LOCAL; i++) {
         obd_shm_unref(op->buf[i]);
+        obd_shm_unref(op->outbuf[i]);
+    }
     free(op->ann);
     free(op);
     job->live--;
@@ -1051,7 +1053,8 @@ static void job_start_next(struct obd_job *job)
 
 int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
                    const struct obd_opdesc *desc, struct obd_shm *buf,
-                   void *data, int status, char *why, size_t whylen)
+                   void *data, struct obd_shm *outbuf, void *out, int status,
+                   char *why, size_t whylen)
 {
     struct obd_op *op = op_get(job, seq);
     if (op == NULL && job->stopped[0] != '\0' && seq >= job->stopped_seq) {
@@ -1086,6 +1089,11 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
     if (buf != NULL) {
         obd_shm_ref(buf);
         op->buf[local_rank] = buf;
+    }
+    op->out[local_rank] = out;
+    if (outbuf != NULL) {
+        obd_shm_ref(outbuf);
+        op->outbuf[local_rank] = outbuf;
     }
 
     if (op->state == OBD_OP_DONE) {

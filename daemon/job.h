@@ -95,7 +95,10 @@ struct obd_op {
     struct obd_opdesc sub[OBD_MAX_LOCAL];
     void *data[OBD_MAX_LOCAL];          /* into the trainers' shared memory */
     struct obd_shm *buf[OBD_MAX_LOCAL]; /* holding data; a reference each */
-    int local_done;                     /* all local trainers in and agreed */
+    /* Allgather and reduce-scatter: where each trainer's result goes. */
+    void *out[OBD_MAX_LOCAL];
+    struct obd_shm *outbuf[OBD_MAX_LOCAL];
+    int local_done; /* all local trainers in and agreed */
 
     /* One announce per node, ours included. */
     struct obd_announce *ann;
@@ -179,15 +182,17 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason);
 
 /* A trainer submits op `seq`; data points into its shared memory buffer
  * buf (both NULL for ops without data; the op takes its own reference on
- * buf). A non-zero status means the daemon refused the request (reason in
- * why): the op then fails on every rank with that message. Returns 0, or a
- * negative code when the submission itself is invalid (outside the op
- * window, twice) or answered already (an op of a stopped run that is over
- * here: the run's first failure): the caller answers that trainer
- * directly with the code and why. */
+ * buf), and out into outbuf where an allgather or reduce-scatter writes
+ * its result (else both NULL). A non-zero status means the daemon refused the
+ * request (reason in why): the op then fails on every rank with that message.
+ * Returns 0, or a negative code when the submission itself is invalid (outside
+ * the op window, twice) or answered already (an op of a stopped run that is
+ * over here: the run's first failure): the caller answers that trainer directly
+ * with the code and why. */
 int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
                    const struct obd_opdesc *desc, struct obd_shm *buf,
-                   void *data, int status, char *why, size_t whylen);
+                   void *data, struct obd_shm *outbuf, void *out, int status,
+                   char *why, size_t whylen);
 
 /* The hooks peers.c calls through (struct obd_hooks). */
 void obd_job_on_peer_up(struct obd_daemon *d, int node);

@@ -115,6 +115,12 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                              "Peer links declared down after nothing "
                              "arrived for peer_timeout_ms",
                              "counter"},
+    [OBD_M_ALLGATHER_BYTES_SENT] = {"allgather_bytes_sent",
+                                    "Payload bytes sent for allgather",
+                                    "counter"},
+    [OBD_M_REDUCE_SCATTER_BYTES_SENT] =
+        {"reduce_scatter_bytes_sent", "Payload bytes sent for reduce-scatter",
+         "counter"},
 };
 
 const struct obd_metric_desc obd_hist_desc = {
@@ -132,6 +138,8 @@ const char *const obd_hist_kind_names[OBD_HK_COUNT] = {
     [OBD_HK_ALLREDUCE_1BIT] = "allreduce_1bit",
     [OBD_HK_BROADCAST] = "broadcast",
     [OBD_HK_BARRIER] = "barrier",
+    [OBD_HK_ALLGATHER] = "allgather",
+    [OBD_HK_REDUCE_SCATTER] = "reduce_scatter",
 };
 
 const char *const obd_size_class_names[OBD_SC_COUNT] = {
@@ -155,6 +163,8 @@ static const struct {
     {OBCOMM_KIND_SNAPSHOT_1BIT, "snapshot_1bit", -1},
     {OBCOMM_KIND_RESTORE_1BIT, "restore_1bit", -1},
     {OBCOMM_KIND_EXPORT_1BIT, "export_1bit", -1},
+    {OBCOMM_KIND_ALLGATHER, "allgather", OBD_HK_ALLGATHER},
+    {OBCOMM_KIND_REDUCE_SCATTER, "reduce_scatter", OBD_HK_REDUCE_SCATTER},
 };
 
 #define NKINDS (sizeof(kinds) / sizeof(kinds[0]))
@@ -178,7 +188,8 @@ void obd_metrics_observe(struct obd_metrics *m, uint32_t kind, uint32_t dtype,
     if (hk < 0)
         return;
     uint64_t bytes = count;
-    if (kind == OBCOMM_KIND_ALLREDUCE)
+    if (kind == OBCOMM_KIND_ALLREDUCE || kind == OBCOMM_KIND_ALLGATHER ||
+        kind == OBCOMM_KIND_REDUCE_SCATTER) /* one rank's part */
         bytes = count * obd_dtype_size((obcomm_dtype_t)dtype);
     else if (kind == OBCOMM_KIND_ALLREDUCE_1BIT)
         bytes = count * sizeof(float);

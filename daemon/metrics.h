@@ -43,6 +43,8 @@ enum obd_metric_id {
     OBD_M_RUNS_STOPPED,
     OBD_M_EF_LIMIT_REFUSALS,
     OBD_M_PEER_TIMEOUTS,
+    OBD_M_ALLGATHER_BYTES_SENT,
+    OBD_M_REDUCE_SCATTER_BYTES_SENT,
     OBD_M_COUNT
 };
 
@@ -67,6 +69,8 @@ enum obd_hist_kind {
     OBD_HK_ALLREDUCE_1BIT,
     OBD_HK_BROADCAST,
     OBD_HK_BARRIER,
+    OBD_HK_ALLGATHER,
+    OBD_HK_REDUCE_SCATTER,
     OBD_HK_COUNT
 };
 /* Label values name the upper bound: "1MiB" is 64 KiB < bytes <= 1 MiB. */

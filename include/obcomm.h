@@ -150,11 +150,18 @@ OBCOMM_API int obcomm_barrier(obcomm_t *c);
 
 /* Allgather (MPI's argument order): every rank contributes `count`
  * elements from `send`; `recv` (world * count elements) gets rank r's at
- * element r * count, on every rank. Reduce-scatter: `send` holds world *
- * recv_count elements on every rank; rank r's `recv` gets elements [r *
- * recv_count, (r + 1) * recv_count) of their reduction, the same values
- * as that part of an allreduce of `send`. Both buffers lie inside buffers
- * from obcomm_alloc; send is only read; recv may overlap send. */
+ * element r * count, on every rank. send may also lie at exactly this
+ * rank's place in recv (MPI_IN_PLACE); any other overlap is refused.
+ * Reduce-scatter: `send` holds world * recv_count elements on every rank;
+ * rank r's `recv` gets elements [r * recv_count, (r + 1) * recv_count) of
+ * their reduction, exact and computed as the ring allreduce's first half
+ * (fp16 and bf16 accumulated in fp32, AVG divided once at the end). On 2
+ * nodes, and for MAX, MIN and integer sums on any number, the values equal
+ * that part of an obcomm_allreduce of send bit for bit; on more nodes a
+ * float sum may differ in the last bits, because the ring starts each
+ * block's sum one node later so that the block ends on its own node.
+ * send is only read; recv may overlap it. Both lie inside buffers from
+ * obcomm_alloc. */
 OBCOMM_API int obcomm_allgather(obcomm_t *c, const void *send, void *recv,
                                 size_t count, obcomm_dtype_t dtype);
 OBCOMM_API int obcomm_reduce_scatter(obcomm_t *c, const void *send,

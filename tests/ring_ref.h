@@ -87,6 +87,13 @@ static inline void rr_fill(obcomm_dtype_t t, void *buf, size_t count,
         case OBCOMM_BFLOAT16:
             ((uint16_t *)buf)[i] = rr_bf16(f);
             break;
+        case OBCOMM_FLOAT64:
+            ((double *)buf)[i] =
+                (double)(r >> 11) / 9007199254740992.0 * 8.0 - 4.0;
+            break;
+        case OBCOMM_INT64:
+            ((int64_t *)buf)[i] = (int64_t)r;
+            break;
         default: /* OBCOMM_INT32 */
             ((int32_t *)buf)[i] = (int32_t)(uint32_t)(r >> 17);
             break;
@@ -169,6 +176,115 @@ static inline void rr_expect(obcomm_dtype_t t, obcomm_op_t op, int nodes,
                 ((float *)out)[i] = part;
         }
     }
+}
+
+/* One element of a ring reduction, every dtype: out[o] (of dtype t) =
+ * the reduction of x[k * local + l][i] over node k's trainers l (in
+ * order), the nodes' loads grouped as the ring does for a chunk that node
+ * `first` sends first: partial = load(first), then partial =
+ * load(first + m) op partial for m = 1 .. nodes-1, in the accumulator
+ * type (fp32 for fp16, bf16 and fp32; fp64; integers wrapping), AVG
+ * dividing by nodes * local (truncating for integers). */
+static inline void rr_reduce_at(obcomm_dtype_t t, obcomm_op_t op, int nodes,
+                                int local, const void *const *x, size_t i,
+                                int first, void *out, size_t o)
+{
+    int world = nodes * local;
+    if (t == OBCOMM_INT32 || t == OBCOMM_INT64) {
+        int wide = t == OBCOMM_INT64;
+        uint64_t part = 0;
+        for (int m = 0; m < nodes; m++) {
+            int k = (first + m) % nodes;
+            uint64_t ld = 0;
+            for (int l = 0; l < local; l++) {
+                const void *p = x[k * local + l];
+                uint64_t v = wide ? (uint64_t)((const int64_t *)p)[i]
+                                  : (uint64_t)(uint32_t)((const int32_t *)p)[i];
+                if (l == 0) {
+                    ld = v;
+                    continue;
+                }
+                if (wide) {
+                    int64_t a = (int64_t)ld, b = (int64_t)v;
+                    ld = op == OBCOMM_MAX   ? (uint64_t)(a > b ? a : b)
+                         : op == OBCOMM_MIN ? (uint64_t)(a < b ? a : b)
+                                            : ld + v;
+                } else {
+                    ld = rr_op_i(op, (uint32_t)ld, (uint32_t)v);
+                }
+            }
+            if (m == 0) {
+                part = ld;
+            } else if (wide) {
+                int64_t a = (int64_t)ld, b = (int64_t)part;
+                part = op == OBCOMM_MAX   ? (uint64_t)(a > b ? a : b)
+                       : op == OBCOMM_MIN ? (uint64_t)(a < b ? a : b)
+                                          : ld + part;
+            } else {
+                part = rr_op_i(op, (uint32_t)ld, (uint32_t)part);
+            }
+        }
+        if (wide) {
+            int64_t v = (int64_t)part;
+            ((int64_t *)out)[o] = op == OBCOMM_AVG ? v / world : v;
+        } else {
+            int32_t v = (int32_t)(uint32_t)part;
+            ((int32_t *)out)[o] = op == OBCOMM_AVG ? v / world : v;
+        }
+        return;
+    }
+    if (t == OBCOMM_FLOAT64) {
+        double part = 0;
+        for (int m = 0; m < nodes; m++) {
+            int k = (first + m) % nodes;
+            double ld = ((const double *)x[k * local])[i];
+            for (int l = 1; l < local; l++) {
+                double v = ((const double *)x[k * local + l])[i];
+                ld = op == OBCOMM_MAX   ? (ld > v ? ld : v)
+                     : op == OBCOMM_MIN ? (ld < v ? ld : v)
+                                        : ld + v;
+            }
+            part = m == 0             ? ld
+                   : op == OBCOMM_MAX ? (ld > part ? ld : part)
+                   : op == OBCOMM_MIN ? (ld < part ? ld : part)
+                                      : ld + part;
+        }
+        ((double *)out)[o] = op == OBCOMM_AVG ? part / (double)world : part;
+        return;
+    }
+    float part = 0;
+    for (int m = 0; m < nodes; m++) {
+        int k = (first + m) % nodes;
+        float ld = rr_get(t, x[k * local], i);
+        for (int l = 1; l < local; l++)
+            ld = rr_op_f(op, ld, rr_get(t, x[k * local + l], i));
+        part = m == 0 ? ld : rr_op_f(op, ld, part);
+    }
+    if (op == OBCOMM_AVG)
+        part = part / (float)world;
+    if (t == OBCOMM_FLOAT16)
+        ((uint16_t *)out)[o] = rr_f16(part);
+    else if (t == OBCOMM_BFLOAT16)
+        ((uint16_t *)out)[o] = rr_bf16(part);
+    else
+        ((float *)out)[o] = part;
+}
+
+/* out (recv_count elements): what rank `rank` (node rank / local) gets
+ * from a reduce-scatter of x (world * recv_count elements each). Node b's
+ * block (its ranks' parts) is reduced in the ring's grouping with node
+ * b + 1 first: the ring is the allreduce's first half turned by one
+ * chunk, so that each node ends with its own block (coll_ring.c). With 2
+ * nodes (float addition commutes) and for MAX and MIN this equals the
+ * allreduce's values bit for bit. */
+static inline void rr_expect_rs(obcomm_dtype_t t, obcomm_op_t op, int nodes,
+                                int local, const void *const *x,
+                                size_t recv_count, int rank, void *out)
+{
+    int node = rank / local;
+    for (size_t j = 0; j < recv_count; j++)
+        rr_reduce_at(t, op, nodes, local, x, (size_t)rank * recv_count + j,
+                     (node + 1) % nodes, out, j);
 }
 
 #endif

@@ -322,8 +322,19 @@ static void submit(int node, int local, uint64_t seq,
 {
     char why[256];
     in_call++;
-    int rc = obd_job_submit(jobs[node], local, seq, desc, NULL, data, 0, why,
-                            sizeof(why));
+    int rc = obd_job_submit(jobs[node], local, seq, desc, NULL, data, NULL,
+                            NULL, 0, why, sizeof(why));
+    in_call--;
+    ck_assert_int_eq(rc, 0);
+}
+
+static void submit_out(int node, int local, uint64_t seq,
+                       const struct obd_opdesc *desc, void *data, void *out)
+{
+    char why[256];
+    in_call++;
+    int rc = obd_job_submit(jobs[node], local, seq, desc, NULL, data, NULL, out,
+                            0, why, sizeof(why));
     in_call--;
     ck_assert_int_eq(rc, 0);
 }
@@ -831,6 +842,169 @@ START_TEST(allreduce_on_the_pool_exact)
 }
 END_TEST
 
+/* Elements of one rank's part in gather_and_scatter_exact: odd, so that
+ * chunks and segments end short. */
+enum { GS_COUNT = 40009, GS_RANKS = 6 };
+
+static void first_difference(const uint8_t *got, const uint8_t *want, size_t n,
+                             size_t es, const char *what)
+{
+    if (memcmp(got, want, n * es) == 0)
+        return;
+    size_t i = 0;
+    while (memcmp(got + i * es, want + i * es, es) == 0)
+        i++;
+    ck_abort_msg("%s: element %zu differs", what, i);
+}
+
+/* Reduce-scatter (every dtype and op) and allgather (every dtype, in place
+ * on odd ranks) against ring_ref.h bit for bit, on 1-3 nodes x 1-3
+ * trainers. With 1 MiB segments everything runs inline; with 8 KiB
+ * segments the load, the store and the copies of large ops go to the pool
+ * in pieces while frames arrive. Each op's inputs are new random data. */
+START_TEST(gather_and_scatter_exact)
+{
+    static const int shape[][2] = {{1, 1}, {1, 3}, {2, 1},
+                                   {2, 3}, {3, 1}, {3, 2}};
+    static const char *const segs[] = {NULL, "8192"};
+    static const obcomm_dtype_t dtypes[] = {OBCOMM_FLOAT32, OBCOMM_FLOAT64,
+                                            OBCOMM_FLOAT16, OBCOMM_BFLOAT16,
+                                            OBCOMM_INT32,   OBCOMM_INT64};
+    static const obcomm_op_t ops[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX,
+                                      OBCOMM_MIN};
+    int n = shape[_i % 6][0], ls = shape[_i % 6][1], world = n * ls;
+    segment_bytes = segs[_i / 6];
+    start(n, ls);
+    segment_bytes = NULL;
+    static uint8_t in[GS_RANKS][GS_RANKS * GS_COUNT * 8];
+    static uint8_t out[GS_RANKS][GS_RANKS * GS_COUNT * 8];
+    static uint8_t want[GS_RANKS * GS_COUNT * 8];
+    const void *x[GS_RANKS];
+    char what[128];
+    uint64_t seq = 0;
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        obcomm_dtype_t t = dtypes[d];
+        size_t es = rr_size(t);
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++, seq++) {
+            for (int k = 0; k < world; k++) {
+                rr_fill(t, in[k], (size_t)world * GS_COUNT,
+                        seq * 64 + (uint64_t)k + 1);
+                x[k] = in[k];
+            }
+            struct obd_opdesc a = {.kind = OBCOMM_KIND_REDUCE_SCATTER,
+                                   .dtype = t,
+                                   .redop = ops[o],
+                                   .count = GS_COUNT};
+            reset_answers();
+            for (int k = 0; k < world; k++)
+                submit_out(k / ls, k % ls, seq, &a, in[k], out[k]);
+            pump_until(all_answered);
+            for (int k = 0; k < world; k++) {
+                ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+                rr_expect_rs(t, ops[o], n, ls, x, GS_COUNT, k, want);
+                snprintf(what, sizeof(what),
+                         "reduce-scatter dtype %d op %d (%d x %d, segments "
+                         "%s) rank %d",
+                         t, ops[o], n, ls, segs[_i / 6], k);
+                first_difference(out[k], want, GS_COUNT, es, what);
+            }
+        }
+        /* Allgather: odd ranks' parts already sit at their place in their
+         * result (MPI's in place). */
+        for (int k = 0; k < world; k++) {
+            rr_fill(t, in[k], GS_COUNT, seq * 64 + (uint64_t)k + 1);
+            memcpy(want + (size_t)k * GS_COUNT * es, in[k], GS_COUNT * es);
+            memset(out[k], 0xa5, (size_t)world * GS_COUNT * es);
+            if (k % 2)
+                memcpy(out[k] + (size_t)k * GS_COUNT * es, in[k],
+                       GS_COUNT * es);
+        }
+        struct obd_opdesc g = {
+            .kind = OBCOMM_KIND_ALLGATHER, .dtype = t, .count = GS_COUNT};
+        reset_answers();
+        for (int k = 0; k < world; k++)
+            submit_out(k / ls, k % ls, seq, &g,
+                       k % 2 ? out[k] + (size_t)k * GS_COUNT * es : in[k],
+                       out[k]);
+        pump_until(all_answered);
+        for (int k = 0; k < world; k++) {
+            ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+            snprintf(what, sizeof(what),
+                     "allgather dtype %d (%d x %d, segments %s) rank %d", t, n,
+                     ls, segs[_i / 6], k);
+            first_difference(out[k], want, (size_t)world * GS_COUNT, es, what);
+        }
+        seq++;
+    }
+    stop();
+}
+END_TEST
+
+static int all_answered_twice(void)
+{
+    for (int n = 0; n < nnodes; n++)
+        for (int l = 0; l < nlocal; l++)
+            if (trainers[n][l].answers < 2)
+                return 0;
+    return 1;
+}
+
+/* With 2 nodes (float addition commutes) a reduce-scatter's part equals
+ * the allreduce's bit for bit, AVG and fp16 included. */
+START_TEST(reduce_scatter_is_the_allreduce_part)
+{
+    start(2, 2);
+    static uint8_t in[4][4 * GS_COUNT * 2], red[4][4 * GS_COUNT * 2];
+    static uint8_t out[4][GS_COUNT * 2];
+    struct obd_opdesc rs = {.kind = OBCOMM_KIND_REDUCE_SCATTER,
+                            .dtype = OBCOMM_FLOAT16,
+                            .redop = OBCOMM_AVG,
+                            .count = GS_COUNT};
+    struct obd_opdesc ar = rs;
+    ar.kind = OBCOMM_KIND_ALLREDUCE;
+    ar.count = 4 * GS_COUNT;
+    for (int k = 0; k < 4; k++) {
+        rr_fill(OBCOMM_FLOAT16, in[k], 4 * GS_COUNT, (uint64_t)k + 7);
+        memcpy(red[k], in[k], sizeof(red[k]));
+    }
+    for (int k = 0; k < 4; k++)
+        submit_out(k / 2, k % 2, 0, &rs, in[k], out[k]);
+    for (int k = 0; k < 4; k++)
+        submit(k / 2, k % 2, 1, &ar, red[k]);
+    pump_until(all_answered_twice);
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(trainers[k / 2][k % 2].status, 0);
+        first_difference(out[k], red[k] + (size_t)k * GS_COUNT * 2, GS_COUNT, 2,
+                         "reduce-scatter vs allreduce");
+    }
+    stop();
+}
+END_TEST
+
+/* The kinds are named in a mismatch, and a count that differs names both
+ * ranks. */
+START_TEST(gather_mismatch_names_kinds)
+{
+    start(2, 1);
+    static float x[64], y[128];
+    struct obd_opdesc a = {
+        .kind = OBCOMM_KIND_ALLGATHER, .dtype = OBCOMM_FLOAT32, .count = 10};
+    struct obd_opdesc b = a;
+    b.kind = OBCOMM_KIND_REDUCE_SCATTER;
+    submit_out(0, 0, 0, &a, x, y);
+    submit_out(1, 0, 0, &b, x, y);
+    pump_until(all_answered);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(trainers[k][0].status, OBCOMM_E_MISMATCH);
+        ck_assert_str_eq(trainers[k][0].message,
+                         "op 0 of job j: ranks issued different ops: op "
+                         "differs: rank 0 (node 0) has allgather, rank 1 "
+                         "(node 1) has reduce_scatter");
+    }
+    stop();
+}
+END_TEST
+
 /* A gate over libuv's worker pool: while closed, every pool thread waits
  * in a task of ours, so the daemons' tasks stay queued (in flight for the
  * op) whatever the loops do. main() sizes the pool to GATE_THREADS. */
@@ -971,9 +1145,9 @@ START_TEST(snapshot_write_on_the_pool_does_not_stall_other_jobs)
         for (int i = 0; i < 16; i++)
             x[n][i] = (float)(n + 1);
         in_call++;
-        ck_assert_int_eq(
-            obd_job_submit(kj[n], 0, 0, &sum, NULL, x[n], 0, why, sizeof(why)),
-            0);
+        ck_assert_int_eq(obd_job_submit(kj[n], 0, 0, &sum, NULL, x[n], NULL,
+                                        NULL, 0, why, sizeof(why)),
+                         0);
         in_call--;
     }
     pump_until(k_answered);
@@ -1148,6 +1322,9 @@ int main(void)
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
     tcase_add_loop_test(tc, bad_scales_fail_everywhere, 0, 4);
     tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);
+    tcase_add_loop_test(tc, gather_and_scatter_exact, 0, 12);
+    tcase_add_test(tc, reduce_scatter_is_the_allreduce_part);
+    tcase_add_test(tc, gather_mismatch_names_kinds);
     tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
     tcase_add_test(tc, late_announce_does_not_stall_the_link);
     suite_add_tcase(s, tc);
