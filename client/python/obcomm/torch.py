@@ -1,5 +1,7 @@
 """obcomm for PyTorch: OneBitAdam, a torch.optim.Optimizer over libobcomm's
-1-bit Adam, and allreduce_hook, a DDP communication hook."""
+1-bit Adam; allreduce_hook, a DDP communication hook; and, registered by
+importing this module, the torch.distributed backend "obcomm"
+(backend.py)."""
 
 import ctypes
 import os
@@ -10,8 +12,9 @@ import torch
 
 from ._lib import lib, AdamConfig, AdamFileHeader, ADAM_MAGIC, ADAM_VERSION
 from .comm import Communicator, ObcommError, E_INVAL
+from .backend import ProcessGroupObcomm, process_group
 
-__all__ = ["OneBitAdam", "allreduce_hook"]
+__all__ = ["OneBitAdam", "allreduce_hook", "ProcessGroupObcomm"]
 
 # OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
 AUTO_MASK_RATIO = 0.01
@@ -47,10 +50,12 @@ class OneBitAdam(torch.optim.Optimizer):
     stage, so that with eps = 1e-8 they do not move by lr * scale / eps
     (set_auto_mask, set_mask; the project README has the measurements).
 
-    comm=None uses obcomm.Communicator(): the process's connection.
-    Construct it on every rank with the same parameters (shapes) and
-    arguments; it broadcasts rank 0's parameters so every rank starts
-    equal, and it averages the gradients itself (no DDP needed). Each param
+    comm=None uses obcomm.Communicator(): the process's connection, shared
+    with the process group when torch.distributed.init_process_group
+    ("obcomm") ran. Construct it on every rank with the same parameters
+    (shapes) and arguments; it broadcasts rank 0's parameters so every
+    rank starts equal, and it averages the gradients itself (no DDP
+    needed). Each param
     group's parameters and gradients are moved into one flat float32
     shared-memory buffer each and re-pointed as views into it; the
     gradients stay those views (zero_grad zeroes them in place).
@@ -381,16 +386,36 @@ class OneBitAdam(torch.optim.Optimizer):
             pass
 
 
-def allreduce_hook(comm, bucket):
+def _hook_comm(state):
+    if isinstance(state, Communicator):
+        return state
+    if isinstance(state, ProcessGroupObcomm):
+        return state.comm
+    if state is None:
+        pg = process_group()
+        if pg is not None:
+            return pg.comm
+        raise ValueError("allreduce_hook: with state None it needs "
+                         "torch.distributed.init_process_group(\"obcomm\"); "
+                         "else pass an obcomm.Communicator as the state")
+    raise TypeError(f"allreduce_hook: the state is {type(state).__name__}; "
+                    "want None, the obcomm process group or an "
+                    "obcomm.Communicator")
+
+
+def allreduce_hook(state, bucket):
     """DDP communication hook: averages each gradient bucket over obcomm
-    (fp32 ring between the nodes, exact inside a node).
+    (fp32 ring between the nodes, exact inside a node) without blocking:
+    it returns as soon as the bucket is sent, and the connection's progress
+    thread completes the future when the daemon answers, so buckets cross
+    the network while backward computes the next ones.
 
-        model.register_comm_hook(obcomm.Communicator(), obcomm.torch.allreduce_hook)
+        model.register_comm_hook(None, obcomm.torch.allreduce_hook)
 
-    The bucket is copied through the communicator's shared staging buffer.
+    state: None or the obcomm process group (its connection), or an
+    obcomm.Communicator (DDP over another backend, e.g. Gloo). The bucket
+    is staged through a shared-memory buffer of the connection.
     """
+    comm = _hook_comm(state)
     t = bucket.buffer()
-    comm.allreduce(t, op="avg")
-    fut = torch.futures.Future()
-    fut.set_result(t)
-    return fut
+    return comm._iallreduce(t, "avg", t).future
