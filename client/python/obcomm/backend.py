@@ -5,14 +5,15 @@ imported:
     torch.distributed.init_process_group("obcomm")   # under torchrun
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-ProcessGroupObcomm is a ProcessGroup written in Python (torch calls a
-subclass's methods since 1.11). It serves all_reduce (SUM, AVG, MAX, MIN
-on float32, float64, float16, bfloat16, int32, int64), broadcast,
-all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor
-and barrier on CPU tensors, over the process's obcomm connection (the one
-obcomm.Communicator() shares), so OneBitAdam and the process group
-use one join of the job. Every op is non-blocking underneath: its Work's
-future is completed by the connection's progress thread (progress.py).
+ProcessGroupObcomm is a ProcessGroup written in Python (torch's bindings
+call a Python subclass's methods, from Python and from C++). It serves
+all_reduce (SUM, AVG, MAX, MIN on float32, float64, float16, bfloat16,
+int32, int64), broadcast, all_gather, all_gather_into_tensor,
+reduce_scatter, reduce_scatter_tensor and barrier on CPU tensors, over the
+process's obcomm connection (the one obcomm.Communicator() shares), so
+OneBitAdam and the process group use one join of the job. Every op is
+non-blocking underneath: its Work's future is completed by the
+connection's progress thread (progress.py).
 
 What a method returns depends on who calls it, because of how torch 1.13
 keeps Python objects that C++ holds. torch.distributed's Python functions
@@ -23,7 +24,10 @@ and checks) get a Work made in C++ around the same future
 (_create_work_from_future): torch 1.13 lets go of a Python Work that only
 C++ holds, after which C++ would see the base class (wait() never returns,
 get_future() throws). There a failure reaches DDP as the RuntimeError that
-torch makes of the ObcommError ("... ObcommError: ...").
+torch makes of the ObcommError ("... ObcommError: ..."), when DDP reads
+the future's value: that Work's wait() in torch 1.13 returns even when its
+future failed (DDP's broadcast of the parameters at construction waits
+that way; the first backward then raises).
 """
 
 import inspect
