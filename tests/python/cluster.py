@@ -155,11 +155,12 @@ class Cluster:
         return False
 
     def run(self, job, func, trainers, args=None, env=None, timeout=120,
-            expect_ok=True):
-        """Runs workers.func on `trainers` trainers per node (processes),
-        with torchrun's environment. Returns the list of results (the
-        worker's return values, by global rank order of launch); with
-        expect_ok=False, a list of (exit code, result or None, stderr)."""
+            expect_ok=True, script=WORKERS):
+        """Runs func of `script` (workers.py) on `trainers` trainers per
+        node (processes), with torchrun's environment. Returns the list of
+        results (the worker's return values, by global rank order of
+        launch); with expect_ok=False, a list of (exit code, result or
+        None, stderr)."""
         procs = []
         for n in range(self.k):
             for t in range(trainers):
@@ -173,7 +174,7 @@ class Cluster:
                 with open(argf, "wb") as f:
                     pickle.dump(args, f)
                 p = subprocess.Popen(
-                    [sys.executable, WORKERS, func, argf, out],
+                    [sys.executable, script, func, argf, out],
                     env=trainer_env(e), stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE)
                 procs.append((p, out))

@@ -6,7 +6,9 @@ for PyTorch.
                                   freeze_step=1000)
 
 A Communicator joins the node's obcommd (one per node) as a trainer of a
-job; under torchrun every argument comes from the environment. The C
+job; under torchrun every argument comes from the environment. Importing
+obcomm.torch registers the torch.distributed backend "obcomm"
+(init_process_group("obcomm"), backend.py), which shares that join. The C
 library libobcomm does the work (see the project README and
 include/obcomm.h); this package reaches it through ctypes.
 """

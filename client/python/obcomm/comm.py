@@ -1,7 +1,9 @@
 """obcomm.Communicator: a trainer's handle on its node's obcommd, with torch
 tensors in shared memory (docs/design.md, "Public surface")."""
 
+import atexit
 import bisect
+import contextlib
 import ctypes
 import os
 import re
@@ -27,6 +29,7 @@ E_NOTREG = -1010
 E_STATE = -1011
 E_IO = -1012
 E_CORRUPT = -1013
+E_DENIED = -1014
 
 # torch dtype -> obcomm_dtype_t
 DTYPES = {
@@ -38,6 +41,8 @@ DTYPES = {
     torch.int64: 5,
 }
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in
+             list(DTYPES) + [torch.uint8, torch.bool]}
 
 
 # The calls of obcomm.torch.OneBitAdam behind each op kind the daemons
@@ -89,6 +94,21 @@ def strerror(code):
     return lib.obcomm_strerror(code).decode(errors="replace")
 
 
+def _resolve(socket, job, local_rank, local_size):
+    """Communicator's arguments, the unset ones from torchrun's
+    environment."""
+    if socket is None:
+        socket = os.environ.get("OBCOMM_SOCKET") or None
+    if job is None:
+        job = (os.environ.get("OBCOMM_JOB") or
+               os.environ.get("TORCHELASTIC_RUN_ID") or "default")
+    if local_rank is None:
+        local_rank = _env_int("LOCAL_RANK", 0)
+    if local_size is None:
+        local_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    return socket, job, int(local_rank), int(local_size)
+
+
 def _env_int(name, default):
     v = os.environ.get(name)
     if v is None or v == "":
@@ -101,59 +121,80 @@ def _env_int(name, default):
 
 class _Buffer:
     """One obcomm_alloc buffer: [ptr, ptr + nbytes)."""
-    __slots__ = ("ptr", "nbytes")
+    __slots__ = ("ptr", "nbytes", "_bytes")
 
     def __init__(self, ptr, nbytes):
         self.ptr, self.nbytes = ptr, nbytes
+        self._bytes = None
+
+    def view(self, dtype, shape):
+        """A tensor of dtype and shape over the start of the buffer."""
+        if self._bytes is None:
+            arr = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+            self._bytes = torch.frombuffer(arr, dtype=torch.uint8)
+        n = 1
+        for s in shape:
+            n *= s
+        item = _ITEMSIZE.get(dtype)
+        if item is None:
+            item = torch.empty((), dtype=dtype).element_size()
+        return self._bytes[:n * item].view(dtype).view(shape)
 
 
-class Communicator:
-    """A trainer of a job on its node's daemon.
+def _nbytes(t):
+    return t.numel() * t.element_size()
 
-    Unset arguments come from the environment, so the same code runs
-    unchanged under torchrun: socket from $OBCOMM_SOCKET (else the
-    library's default /run/obcomm/obcommd.sock), job from $OBCOMM_JOB, else
-    $TORCHELASTIC_RUN_ID, else "default"; local_rank and local_size from
-    $LOCAL_RANK and $LOCAL_WORLD_SIZE (else 0 and 1). When $WORLD_SIZE is
-    set it must equal the daemons' world (nodes x local_size).
 
-    Collectives take torch CPU tensors. A tensor from .empty() lies in
-    shared memory and is reduced where it is; any other contiguous tensor
-    is copied into a kept shared staging buffer and back. Tensors from
-    .empty() must not be used after .close(): their memory is unmapped.
-    One thread at a time may use a communicator.
-    """
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
 
-    def __init__(self, socket=None, job=None, local_rank=None, local_size=None,
-                 timeout_ms=0):
-        if socket is None:
-            socket = os.environ.get("OBCOMM_SOCKET") or None
-        if job is None:
-            job = (os.environ.get("OBCOMM_JOB") or
-                   os.environ.get("TORCHELASTIC_RUN_ID") or "default")
-        if local_rank is None:
-            local_rank = _env_int("LOCAL_RANK", 0)
-        if local_size is None:
-            local_size = _env_int("LOCAL_WORLD_SIZE", 1)
-        self._h = None
-        self._bufs = []        # sorted by ptr
-        self._starts = []      # the ptrs, for bisect
-        self._pending = []     # ptrs whose tensors died, freed on our thread
-        self._pending_lock = threading.Lock()
-        self._staging = None   # (ptr, nbytes) of the kept staging buffer
+
+# Staging buffers of finished non-blocking ops are kept for the next ones
+# (DDP sends buckets of the same sizes every step), at most this many; sizes
+# are powers of two from STAGE_MIN_BYTES so that buckets of nearby sizes
+# reuse each other's buffers.
+STAGE_KEEP = 64
+STAGE_MIN_BYTES = 1 << 16
+
+
+class _Conn:
+    """One trainer joined to its node's daemon: libobcomm's handle, the
+    shared buffers allocated through it, and `lock`, which every call on the
+    handle holds. libobcomm wants a handle used by one thread at a time;
+    here the user's threads and the progress thread (progress.py) share
+    it. ctypes releases the GIL inside each call, so a blocking collective
+    holds the lock, never the interpreter.
+
+    The daemon takes one join per local rank of a job, so the Communicators
+    of one process that name the same socket, job and local rank share one
+    _Conn (_open), and so does the torch.distributed backend; it leaves the
+    job when the last of them lets go (release)."""
+
+    def __init__(self, key, socket, job, local_rank, local_size, timeout_ms):
+        self.key = key
+        self.lock = threading.RLock()
+        self.users = 0
+        self.h = None
+        self.bufs = []          # sorted by ptr
+        self.starts = []        # the ptrs, for bisect
+        self.pending = []       # ptrs whose tensors died, freed under lock
+        self.pending_lock = threading.Lock()
+        self.staging = None     # the blocking calls' staging buffer
+        self.stages = []        # free staging buffers of non-blocking ops
+        self.progress = None    # progress.Progress, from the first i-op on
         self.job = job
-        self.local_rank = int(local_rank)
-        self.local_size = int(local_size)
-        self.timeout_ms = int(timeout_ms)
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.timeout_ms = timeout_ms
 
         o = Options(socket.encode() if socket else None, job.encode(),
-                    self.local_rank, self.local_size, self.timeout_ms)
+                    local_rank, local_size, timeout_ms)
         h = ctypes.c_void_p()
         rc = lib.obcomm_connect(ctypes.byref(o), ctypes.byref(h))
         if rc != 0:
             raise ObcommError(rc, lib.obcomm_last_error(None).decode(
                 errors="replace"))
-        self._h = h
+        self.h = h
         self.rank = lib.obcomm_rank(h)
         self.size = lib.obcomm_size(h)
         ws = os.environ.get("WORLD_SIZE")
@@ -167,6 +208,323 @@ class Communicator:
                 f"{self.local_size}): start one obcommd per node with every "
                 f"node in its peers, and as many trainers per node as "
                 f"LOCAL_WORLD_SIZE says")
+
+    # -- lifetime (lock order: _conns_lock, then a _Conn's lock) ----------
+
+    def release(self):
+        """One holder lets go; the last one closes the connection."""
+        with _conns_lock:
+            with self.lock:
+                self.users -= 1
+                last = self.users <= 0
+            if last and _conns.get(self.key) is self:
+                del _conns[self.key]
+        if last:
+            self.close()
+
+    def close(self):
+        """Leaves the job and unmaps every buffer. Ops in flight fail with
+        ObcommError (E_PEER_LOST, libobcomm's "closed with the op in
+        flight"); ops already over are copied back first, so no result
+        that arrived is lost. Safe from any thread, the progress thread
+        (a future's callback) included. Idempotent."""
+        with self.lock:
+            if self.h is None:
+                return
+            p = self.progress
+            done = []
+            if p is not None:
+                done = p.stop_locked()
+            lib.obcomm_close(self.h)
+            self.h = None
+            self.bufs, self.starts = [], []
+            self.staging, self.stages = None, []
+            if p is not None:
+                done += p.reap_closed()
+        if p is not None:
+            p.complete(done)
+            p.join()
+
+    def handle(self):
+        """The handle, for a call made with the lock held."""
+        if self.h is None:
+            raise ObcommError(E_INVAL, "the communicator is closed")
+        self.free_pending()
+        return self.h
+
+    def check(self, rc):
+        """Raises the ObcommError of a failed call (lock held: the message
+        is the handle's last error)."""
+        if rc != 0:
+            msg = lib.obcomm_last_error(self.h).decode(errors="replace")
+            raise ObcommError(rc, msg)
+
+    def kick(self):
+        """After a blocking call: it may have read the answers of earlier
+        non-blocking ops from the socket, which then is no longer readable,
+        so the progress thread is told to look (lock held)."""
+        if self.progress is not None and self.progress.ops:
+            self.progress.wake()
+
+    # -- shared memory (lock held) ----------------------------------------
+
+    def alloc(self, nbytes):
+        h = self.handle()
+        p = ctypes.c_void_p()
+        self.check(lib.obcomm_alloc(h, max(nbytes, 1), ctypes.byref(p)))
+        b = _Buffer(p.value, nbytes)
+        i = bisect.bisect(self.starts, b.ptr)
+        self.starts.insert(i, b.ptr)
+        self.bufs.insert(i, b)
+        return b
+
+    def release_buf(self, ptr):
+        i = bisect.bisect_left(self.starts, ptr)
+        if i < len(self.starts) and self.starts[i] == ptr:
+            del self.starts[i], self.bufs[i]
+            lib.obcomm_free(self.h, ctypes.c_void_p(ptr))
+
+    def dead_tensor(self, ptr):
+        # Runs wherever the garbage collector runs (any thread, maybe with
+        # the lock held): only queue; the next call frees.
+        with self.pending_lock:
+            self.pending.append(ptr)
+
+    def free_pending(self):
+        if not self.pending:
+            return
+        with self.pending_lock:
+            ptrs, self.pending = self.pending, []
+        for p in ptrs:
+            self.release_buf(p)
+
+    def is_shared(self, t):
+        if t.device.type != "cpu" or not t.is_contiguous():
+            return False
+        start = t.data_ptr()
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i < 0:
+            return False
+        b = self.bufs[i]
+        return start + _nbytes(t) <= b.ptr + b.nbytes
+
+    def staged(self, t):
+        """The blocking calls' staging buffer as a tensor like t (grown
+        when too small)."""
+        nbytes = _nbytes(t)
+        if self.staging is None or self.staging.nbytes < nbytes:
+            if self.staging is not None:
+                self.release_buf(self.staging.ptr)
+                self.staging = None
+            self.staging = self.alloc(max(nbytes, STAGE_MIN_BYTES))
+        return self.staging.view(t.dtype, t.shape)
+
+    def take_stage(self, nbytes):
+        """A staging buffer of at least nbytes for a non-blocking op."""
+        best = None
+        for i, b in enumerate(self.stages):
+            if b.nbytes >= nbytes and (
+                    best is None or b.nbytes < self.stages[best].nbytes):
+                best = i
+        if best is not None:
+            return self.stages.pop(best)
+        size = max(STAGE_MIN_BYTES, 1 << max(nbytes - 1, 0).bit_length())
+        return self.alloc(size)
+
+    def give_stages(self, bufs):
+        """Staging buffers back to the pool (dropped when closed)."""
+        if self.h is None:
+            return
+        self.stages.extend(bufs)
+        while len(self.stages) > STAGE_KEEP:
+            b = min(self.stages, key=lambda b: b.nbytes)
+            self.stages.remove(b)
+            self.release_buf(b.ptr)
+
+    # -- collectives ----------------------------------------------------------
+
+    def run(self, t, call, copy_in=True):
+        """Blocking: call(h, ptr) on t's memory, staged through shared
+        memory when t is not in it. Returns t."""
+        if t.device.type != "cpu":
+            raise TypeError("obcomm: collectives take CPU tensors, not "
+                            f"{t.device}")
+        with self.lock:
+            h = self.handle()
+            if t.numel() == 0:
+                return t
+            try:
+                if self.is_shared(t):
+                    self.check(call(h, _ptr(t)))
+                    return t
+                s = self.staged(t)
+                if copy_in:
+                    s.copy_(t)
+                self.check(call(h, _ptr(s)))
+                t.copy_(s)
+                return t
+            finally:
+                self.kick()
+
+    def place(self, op, t, copy_in, copy_out):
+        """Non-blocking: the memory the op uses for t. t itself when it
+        lies in shared memory (kept alive by the op), else a staging buffer
+        that t is copied into first (copy_in) and that is copied back into
+        t when the op succeeds (copy_out). Lock held."""
+        if t.device.type != "cpu":
+            raise TypeError("obcomm: collectives take CPU tensors, not "
+                            f"{t.device}")
+        if self.is_shared(t):
+            op.keep.append(t)
+            return t
+        b = self.take_stage(_nbytes(t))
+        op.stages.append(b)
+        s = b.view(t.dtype, t.shape)
+        if copy_in:
+            s.copy_(t)
+        if copy_out:
+            op.copies.append((t, s))
+        return s
+
+    def stage(self, op, nbytes):
+        """A staging buffer of nbytes that only the op uses. Lock held."""
+        b = self.take_stage(nbytes)
+        op.stages.append(b)
+        return b
+
+    def start(self, op, call):
+        """Sends the op: call(h, req) is its obcomm_i* call. From then on
+        the progress thread completes it. Raises ObcommError when the call
+        fails (nothing was sent). Lock held."""
+        if call is not None:
+            req = ctypes.c_void_p()
+            rc = call(self.handle(), ctypes.byref(req))
+            if rc != 0:
+                msg = lib.obcomm_last_error(self.h).decode(errors="replace")
+                self.abandon(op)
+                raise ObcommError(rc, msg)
+            op.req = req
+        if self.progress is None:
+            from .progress import Progress
+            self.progress = Progress(self)
+        self.progress.add(op)
+        return op
+
+    def abandon(self, op):
+        """An op that was never sent: its staging buffers go back."""
+        self.give_stages(op.stages)
+        op.stages, op.copies, op.keep = [], [], []
+
+
+# Open connections by (socket, job, local_rank, local_size).
+_conns = {}
+# Reentrant: a Communicator's __del__ may run (garbage collection) inside
+# _open on the same thread.
+_conns_lock = threading.RLock()
+
+
+def _open(socket, job, local_rank, local_size, timeout_ms, strict=True):
+    """The process's connection for (socket, job, local rank): the one that
+    is open, or a new join with timeout_ms. An open one is shared when
+    timeout_ms is 0 or its own, or whatever its timeout unless strict."""
+    key = (socket or "", job, local_rank, local_size)
+    with _conns_lock:
+        c = _conns.get(key)
+        if c is not None:
+            with c.lock:
+                if c.h is not None:
+                    if strict and timeout_ms not in (0, c.timeout_ms):
+                        raise ObcommError(
+                            E_BUSY,
+                            f"this process holds local rank {local_rank} of "
+                            f"job {job!r} with timeout_ms {c.timeout_ms}; a "
+                            f"Communicator for the same socket, job and local "
+                            f"rank shares that connection, so its timeout_ms "
+                            f"must be 0 or {c.timeout_ms}, not {timeout_ms}")
+                    c.users += 1
+                    return c
+        c = _Conn(key, socket, job, local_rank, local_size, timeout_ms)
+        c.users = 1
+        _conns[key] = c
+        return c
+
+
+@atexit.register
+def _close_all():
+    """At exit, every connection leaves its job and its progress thread
+    stops before the interpreter goes away under it."""
+    with _conns_lock:
+        conns = list(_conns.values())
+        _conns.clear()
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
+class Communicator:
+    """A trainer of a job on its node's daemon.
+
+    Unset arguments come from the environment, so the same code runs
+    unchanged under torchrun: socket from $OBCOMM_SOCKET (else the
+    library's default /run/obcomm/obcommd.sock), job from $OBCOMM_JOB, else
+    $TORCHELASTIC_RUN_ID, else "default"; local_rank and local_size from
+    $LOCAL_RANK and $LOCAL_WORLD_SIZE (else 0 and 1). When $WORLD_SIZE is
+    set it must equal the daemons' world (nodes x local_size).
+
+    A process joins a job once per local rank: Communicators (and the
+    torch.distributed backend "obcomm") that resolve to the same socket,
+    job and local rank share one connection, which leaves the job when the
+    last of them is closed. A second one's timeout_ms must be 0 or the
+    first one's.
+
+    Collectives take torch CPU tensors. A tensor from .empty() lies in
+    shared memory and is reduced where it is; any other contiguous tensor
+    is copied into a kept shared staging buffer and back. Tensors from
+    .empty() must not be used after the connection closes: their memory
+    is unmapped. Calls from several threads are serialized.
+    """
+
+    def __init__(self, socket=None, job=None, local_rank=None, local_size=None,
+                 timeout_ms=0):
+        self._conn = None
+        self._attach(_open(*_resolve(socket, job, local_rank, local_size),
+                           int(timeout_ms)))
+
+    @classmethod
+    def _from_env(cls, timeout_ms):
+        """Communicator() for the torch.distributed backend: it shares the
+        process's open connection whatever that one's timeout, else joins
+        with timeout_ms."""
+        self = cls.__new__(cls)
+        self._conn = None
+        self._attach(_open(*_resolve(None, None, None, None), timeout_ms,
+                           strict=False))
+        return self
+
+    def _share(self):
+        """Another Communicator on this one's connection (closed on its
+        own)."""
+        c = self._c()
+        with _conns_lock:
+            with c.lock:
+                if c.h is None:
+                    raise ObcommError(E_INVAL, "the communicator is closed")
+                c.users += 1
+        other = Communicator.__new__(Communicator)
+        other._conn = None
+        other._attach(c)
+        return other
+
+    def _attach(self, c):
+        self._conn = c
+        self.job = c.job
+        self.local_rank = c.local_rank
+        self.local_size = c.local_size
+        self.timeout_ms = c.timeout_ms
+        self.rank = c.rank
+        self.size = c.size
 
     # -- lifetime ---------------------------------------------------------
 
@@ -184,64 +542,43 @@ class Communicator:
             pass
 
     def close(self):
-        """Leaves the job and unmaps every buffer. Idempotent."""
-        if self._h is not None:
-            lib.obcomm_close(self._h)
-            self._h = None
-            self._bufs, self._starts, self._staging = [], [], None
+        """Lets go of the connection; the last holder leaves the job and
+        unmaps every buffer. Idempotent."""
+        c, self._conn = self._conn, None
+        if c is not None:
+            c.release()
 
     @property
     def closed(self):
-        return self._h is None
+        return self._conn is None or self._conn.h is None
 
-    def _handle(self):
-        if self._h is None:
+    def _c(self):
+        if self._conn is None:
             raise ObcommError(E_INVAL, "the communicator is closed")
-        self._free_pending()
-        return self._h
+        return self._conn
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The handle, for C calls on it (obcomm_adam_*): the connection's
+        lock is held inside the block."""
+        c = self._c()
+        with c.lock:
+            try:
+                yield c.handle()
+            finally:
+                c.kick()
 
     def _check(self, rc):
-        if rc != 0:
-            msg = lib.obcomm_last_error(self._h).decode(errors="replace")
-            raise ObcommError(rc, msg)
+        """Raises the ObcommError of a call made inside _locked()."""
+        self._c().check(rc)
 
     # -- shared memory ----------------------------------------------------
-
-    def _alloc(self, nbytes):
-        h = self._handle()
-        p = ctypes.c_void_p()
-        self._check(lib.obcomm_alloc(h, max(nbytes, 1), ctypes.byref(p)))
-        b = _Buffer(p.value, nbytes)
-        i = bisect.bisect(self._starts, b.ptr)
-        self._starts.insert(i, b.ptr)
-        self._bufs.insert(i, b)
-        return b
-
-    def _release(self, ptr):
-        i = bisect.bisect_left(self._starts, ptr)
-        if i < len(self._starts) and self._starts[i] == ptr:
-            del self._starts[i], self._bufs[i]
-            lib.obcomm_free(self._h, ctypes.c_void_p(ptr))
-
-    def _dead_tensor(self, ptr):
-        # Runs wherever the garbage collector runs (maybe another thread):
-        # only queue; the owner thread frees at its next call.
-        with self._pending_lock:
-            self._pending.append(ptr)
-
-    def _free_pending(self):
-        if not self._pending:
-            return
-        with self._pending_lock:
-            ptrs, self._pending = self._pending, []
-        for p in ptrs:
-            self._release(p)
 
     def empty(self, shape, dtype=torch.float32):
         """A tensor of `shape` in shared memory (zero-filled), contiguous.
         Collectives on it (or on a contiguous view of it) copy nothing.
         Its memory returns to the daemon when the tensor and all its views
-        are gone, or at close()."""
+        are gone, or when the connection closes."""
         if isinstance(shape, int):
             shape = (shape,)
         shape = tuple(int(s) for s in shape)
@@ -252,55 +589,19 @@ class Communicator:
         nbytes = numel * item
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        b = self._alloc(nbytes)
+        c = self._c()
+        with c.lock:
+            b = c.alloc(nbytes)
         arr = (ctypes.c_char * nbytes).from_address(b.ptr)
-        weakref.finalize(arr, self._dead_tensor, b.ptr)
+        weakref.finalize(arr, c.dead_tensor, b.ptr)
         return torch.frombuffer(arr, dtype=dtype, count=numel).view(shape)
 
     def is_shared(self, t):
-        """Whether t's memory lies inside one of this communicator's
-        shared buffers (then collectives use it in place)."""
-        if t.device.type != "cpu" or not t.is_contiguous():
-            return False
-        start = t.data_ptr()
-        n = t.numel() * t.element_size()
-        i = bisect.bisect_right(self._starts, start) - 1
-        if i < 0:
-            return False
-        b = self._bufs[i]
-        return start + n <= b.ptr + b.nbytes
-
-    def _staged(self, t):
-        """A shared-memory tensor with t's shape and dtype over the kept
-        staging buffer (grown when too small)."""
-        nbytes = t.numel() * t.element_size()
-        if self._staging is None or self._staging.nbytes < nbytes:
-            if self._staging is not None:
-                self._release(self._staging.ptr)
-                self._staging = None
-            self._staging = self._alloc(max(nbytes, 1 << 16))
-        arr = (ctypes.c_char * nbytes).from_address(self._staging.ptr)
-        return torch.frombuffer(arr, dtype=t.dtype,
-                                count=t.numel()).view(t.shape)
-
-    def _run(self, t, call, copy_in=True):
-        """call(ptr) on t's memory, staged through shared memory when t is
-        not in it. Returns t."""
-        if t.device.type != "cpu":
-            raise TypeError("obcomm: collectives take CPU tensors, not "
-                            f"{t.device}")
-        h = self._handle()
-        if t.numel() == 0:
-            return t
-        if self.is_shared(t):
-            self._check(call(h, ctypes.c_void_p(t.data_ptr())))
-            return t
-        s = self._staged(t)
-        if copy_in:
-            s.copy_(t)
-        self._check(call(h, ctypes.c_void_p(s.data_ptr())))
-        t.copy_(s)
-        return t
+        """Whether t's memory lies inside one of the connection's shared
+        buffers (then collectives use it in place)."""
+        c = self._c()
+        with c.lock:
+            return c.is_shared(t)
 
     # -- collectives --------------------------------------------------------
 
@@ -309,13 +610,9 @@ class Communicator:
         op: "sum", "avg" (sum / size; integers truncate toward 0), "max",
         "min". dtypes: float32, float64, float16 and bfloat16 (both
         accumulated in fp32), int32, int64. Returns t."""
-        if t.dtype not in DTYPES:
-            raise TypeError(f"obcomm: allreduce has no {t.dtype}; it takes "
-                            + ", ".join(str(d) for d in DTYPES))
-        if op not in OPS:
-            raise ValueError(f"obcomm: op {op!r}: want one of {list(OPS)}")
-        n, d, o = t.numel(), DTYPES[t.dtype], OPS[op]
-        return self._run(t, lambda h, p: lib.obcomm_allreduce(h, p, n, d, o))
+        n, d, o = t.numel(), _dtype(t), _op(op)
+        return self._c().run(
+            t, lambda h, p: lib.obcomm_allreduce(h, p, n, d, o))
 
     def allreduce_1bit(self, key, t):
         """In place: the 1-bit compressed average of float32 t
@@ -326,18 +623,21 @@ class Communicator:
             raise TypeError(f"obcomm: allreduce_1bit takes float32, not "
                             f"{t.dtype}")
         n, k = t.numel(), int(key)
-        return self._run(t, lambda h, p: lib.obcomm_allreduce_1bit(h, k, p, n))
+        return self._c().run(
+            t, lambda h, p: lib.obcomm_allreduce_1bit(h, k, p, n))
 
     def reset_1bit(self, key):
         """Collective: forgets the error feedback of key on every node."""
-        self._check(lib.obcomm_reset_1bit(self._handle(), int(key)))
+        with self._locked() as h:
+            self._check(lib.obcomm_reset_1bit(h, int(key)))
 
     def save_1bit(self):
         """Collective: every daemon saves the error feedback of this run of
         the job as one snapshot set; returns its id (the same on every
         rank). Raises on every rank unless every node saved it."""
         sid = ctypes.c_uint64(0)
-        self._check(lib.obcomm_save_1bit(self._handle(), ctypes.byref(sid)))
+        with self._locked() as h:
+            self._check(lib.obcomm_save_1bit(h, ctypes.byref(sid)))
         return sid.value
 
     def snapshot_1bit(self):
@@ -349,19 +649,169 @@ class Communicator:
         or, if any node misses it or holds it damaged, every node's error
         feedback of the run restarts at zero and every rank raises,
         naming the nodes."""
-        self._check(lib.obcomm_restore_1bit(self._handle(), int(snapshot)))
+        with self._locked() as h:
+            self._check(lib.obcomm_restore_1bit(h, int(snapshot)))
 
     def broadcast(self, t, root=0):
         """In place: every rank ends with root's t (any dtype). Returns t."""
-        nbytes, r = t.numel() * t.element_size(), int(root)
-        return self._run(t, lambda h, p: lib.obcomm_broadcast(h, p, nbytes, r),
-                         copy_in=(self.rank == r))
+        nbytes, r = _nbytes(t), int(root)
+        return self._c().run(
+            t, lambda h, p: lib.obcomm_broadcast(h, p, nbytes, r),
+            copy_in=(self.rank == r))
 
     def barrier(self):
-        self._check(lib.obcomm_barrier(self._handle()))
+        with self._locked() as h:
+            self._check(lib.obcomm_barrier(h))
+
+    # -- non-blocking (obcomm.torch's backend and allreduce_hook) -------------
+    #
+    # Each returns a progress.Op whose .future the progress thread
+    # completes with `value` (or an ObcommError) once the daemon answered,
+    # after copying the results into the caller's tensors.
+
+    def _iallreduce(self, t, op, value):
+        n, d, o = t.numel(), _dtype(t), _op(op)
+
+        def build(c, op_):
+            p = _ptr(c.place(op_, t, True, True))
+            return lambda h, req: lib.obcomm_iallreduce(h, p, n, d, o, req)
+
+        return self._start(value, n == 0, build)
+
+    def _ibroadcast(self, t, root, value):
+        nbytes, r = _nbytes(t), int(root)
+        mine = self.rank == r
+
+        def build(c, op_):
+            p = _ptr(c.place(op_, t, mine, not mine))
+            return lambda h, req: lib.obcomm_ibroadcast(h, p, nbytes, r, req)
+
+        return self._start(value, nbytes == 0, build)
+
+    def _iallgather(self, outs, t, value):
+        """Rank r's t lands in outs[r] (a list of size tensors of t's numel
+        and dtype) or, when outs is one contiguous tensor, in its elements
+        [r*n, (r+1)*n)."""
+        n, size = t.numel(), self.size
+        one = isinstance(outs, torch.Tensor)
+        if one:
+            if (outs.numel() != size * n or outs.dtype != t.dtype or
+                    not outs.is_contiguous()):
+                raise ValueError(
+                    f"obcomm: all_gather_into_tensor: output has "
+                    f"{outs.numel()} {outs.dtype} elements, want a contiguous "
+                    f"{size} x {n} {t.dtype}")
+        elif len(outs) != size or any(
+                o.numel() != n or o.dtype != t.dtype for o in outs):
+            raise ValueError(
+                f"obcomm: all_gather: want {size} output tensors of {n} "
+                f"{t.dtype} elements, got "
+                f"{[(o.numel(), o.dtype) for o in outs]}")
+        native = t.dtype in DTYPES
+        if native:
+            d, count, item = DTYPES[t.dtype], n, t.element_size()
+        else:
+            # Any other dtype (bool, uint8: all_gather_object) travels as
+            # 8-byte words, each rank's bytes padded to a multiple of 8:
+            # an allgather only copies.
+            d, count, item = DTYPES[torch.int64], -(-_nbytes(t) // 8), 8
+        block = count * item
+
+        def build(c, op_):
+            if native:
+                send = c.place(op_, t, True, False)
+            else:
+                send = c.stage(op_, block).view(torch.uint8, (block,))
+                send[:_nbytes(t)].copy_(_as_bytes(t))
+            if one and native:
+                recv = c.place(op_, outs, False, True)
+            else:
+                recv = c.stage(op_, size * block).view(torch.uint8,
+                                                     (size * block,))
+                dsts = outs.view(size, n).unbind(0) if one else outs
+                for r, o in enumerate(dsts):
+                    src = recv[r * block:r * block + _nbytes(t)]
+                    op_.copies.append((o, src.view(t.dtype).view(o.shape)))
+            ps, pr = _ptr(send), _ptr(recv)
+            return lambda h, req: lib.obcomm_iallgather(h, ps, pr, count, d,
+                                                        req)
+
+        return self._start(value, n == 0, build)
+
+    def _ireduce_scatter(self, out, ins, op, value):
+        """out gets this rank's part of the reduction: ins is a list of size
+        tensors of out's numel (part r is ins[r]) or one tensor of size x
+        out.numel() elements."""
+        n, d, o = out.numel(), _dtype(out), _op(op)
+        size = self.size
+        one = isinstance(ins, torch.Tensor)
+        if one:
+            if ins.numel() != size * n or ins.dtype != out.dtype:
+                raise ValueError(
+                    f"obcomm: reduce_scatter_tensor: input has "
+                    f"{ins.numel()} {ins.dtype} elements, want {size} x {n} "
+                    f"{out.dtype}")
+        elif len(ins) != size or any(
+                i.numel() != n or i.dtype != out.dtype for i in ins):
+            raise ValueError(
+                f"obcomm: reduce_scatter: want {size} input tensors of {n} "
+                f"{out.dtype} elements, got "
+                f"{[(i.numel(), i.dtype) for i in ins]}")
+
+        def build(c, op_):
+            if one:
+                send = c.place(op_, ins, True, False)
+            else:
+                b = c.stage(op_, size * _nbytes(out))
+                send = b.view(out.dtype, (size * n,))
+                for r, i in enumerate(ins):
+                    send[r * n:(r + 1) * n].copy_(i.reshape(-1))
+            recv = c.place(op_, out, False, True)
+            ps, pr = _ptr(send), _ptr(recv)
+            return lambda h, req: lib.obcomm_ireduce_scatter(h, ps, pr, n, d,
+                                                             o, req)
+
+        return self._start(value, n == 0, build)
+
+    def _ibarrier(self, value):
+        return self._start(value, False,
+                           lambda c, op_: lib.obcomm_ibarrier)
+
+    def _start(self, value, empty, build):
+        """Builds the op's buffers with build(conn, op) (which returns the
+        obcomm_i* call) and sends it; an empty op sends nothing and
+        completes in its turn."""
+        from .progress import Op
+        c = self._c()
+        op = Op(value)
+        with c.lock:
+            c.handle()
+            try:
+                call = None if empty else build(c, op)
+            except BaseException:
+                c.abandon(op)
+                raise
+            return c.start(op, call)
 
     def __repr__(self):
-        state = "closed" if self._h is None else (
+        state = "closed" if self.closed else (
             f"rank {self.rank} of {self.size}")
         return (f"<obcomm.Communicator job={self.job!r} {state}, local "
                 f"{self.local_rank}/{self.local_size}>")
+
+
+def _dtype(t):
+    if t.dtype not in DTYPES:
+        raise TypeError(f"obcomm: no reduction on {t.dtype}; it takes "
+                        + ", ".join(str(d) for d in DTYPES))
+    return DTYPES[t.dtype]
+
+
+def _as_bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _op(op):
+    if op not in OPS:
+        raise ValueError(f"obcomm: op {op!r}: want one of {list(OPS)}")
+    return OPS[op]

@@ -1,5 +1,7 @@
 """obcomm for PyTorch: OneBitAdam, a torch.optim.Optimizer over libobcomm's
-1-bit Adam, and allreduce_hook, a DDP communication hook."""
+1-bit Adam; allreduce_hook, a DDP communication hook; and, registered by
+importing this module, the torch.distributed backend "obcomm"
+(backend.py)."""
 
 import ctypes
 import os
@@ -10,8 +12,9 @@ import torch
 
 from ._lib import lib, AdamConfig, AdamFileHeader, ADAM_MAGIC, ADAM_VERSION
 from .comm import Communicator, ObcommError, E_INVAL
+from .backend import ProcessGroupObcomm, process_group
 
-__all__ = ["OneBitAdam", "allreduce_hook"]
+__all__ = ["OneBitAdam", "allreduce_hook", "ProcessGroupObcomm"]
 
 # OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
 AUTO_MASK_RATIO = 0.01
@@ -47,9 +50,12 @@ class OneBitAdam(torch.optim.Optimizer):
     stage, so that with eps = 1e-8 they do not move by lr * scale / eps
     (set_auto_mask, set_mask; docs/convergence.md has the measurements).
 
-    Construct it on every rank with the same parameters (shapes) and
-    arguments; it broadcasts rank 0's parameters so every rank starts
-    equal, and it averages the gradients itself (no DDP needed). Each param
+    comm=None uses obcomm.Communicator(): the process's connection, shared
+    with the process group when torch.distributed.init_process_group
+    ("obcomm") ran. Construct it on every rank with the same parameters
+    (shapes) and arguments; it broadcasts rank 0's parameters so every
+    rank starts equal, and it averages the gradients itself (no DDP
+    needed). Each param
     group's parameters and gradients are moved into one flat float32
     shared-memory buffer each and re-pointed as views into it; the
     gradients stay those views (zero_grad zeroes them in place).
@@ -76,8 +82,10 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError(f"invalid eps {eps}")
         if not weight_decay >= 0.0 or not freeze_step >= 0:
             raise ValueError("invalid weight_decay or freeze_step")
-        self._own_comm = comm is None
-        self.comm = comm if comm is not None else Communicator()
+        # The optimizer holds its own share of the connection, so that it
+        # outlives whichever of the process group, the caller's
+        # Communicator and this optimizer is closed first.
+        self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
         self._groups = []
         self._auto_ratio = AUTO_MASK_RATIO
@@ -129,8 +137,10 @@ class OneBitAdam(torch.optim.Optimizer):
             p.grad = g.flat_g[o:o + n].view_as(p)
         h = ctypes.c_void_p()
         cfg = self._config(group)
-        comm._check(lib.obcomm_adam_create(comm._handle(), g.key, g.count,
-                                           ctypes.byref(cfg), ctypes.byref(h)))
+        with comm._locked() as ch:
+            comm._check(lib.obcomm_adam_create(ch, g.key, g.count,
+                                               ctypes.byref(cfg),
+                                               ctypes.byref(h)))
         g.handle = h
         g.hyper = tuple(group[k] for k in _HYPER)
         lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
@@ -162,7 +172,6 @@ class OneBitAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         comm = self.comm
-        comm._handle()
         for g, group in zip(self._groups, self.param_groups):
             hyper = tuple(group[k] for k in _HYPER)
             if hyper != g.hyper:
@@ -172,9 +181,10 @@ class OneBitAdam(torch.optim.Optimizer):
                     f"{dict(zip(_HYPER, hyper))})")
             self._repoint(g)
             lib.obcomm_adam_set_lr(g.handle, float(group["lr"]))
-            comm._check(lib.obcomm_adam_step(
-                g.handle, ctypes.c_void_p(g.flat_p.data_ptr()),
-                ctypes.c_void_p(g.flat_g.data_ptr())))
+            with comm._locked():
+                comm._check(lib.obcomm_adam_step(
+                    g.handle, ctypes.c_void_p(g.flat_p.data_ptr()),
+                    ctypes.c_void_p(g.flat_g.data_ptr())))
         return loss
 
     def zero_grad(self, set_to_none=False):
@@ -220,7 +230,9 @@ class OneBitAdam(torch.optim.Optimizer):
                     continue
                 if keep is None:
                     g.keep = None
-                    self.comm._check(lib.obcomm_adam_set_mask(g.handle, None))
+                    with self.comm._locked():
+                        self.comm._check(lib.obcomm_adam_set_mask(g.handle,
+                                                                  None))
                     return
                 keep = torch.as_tensor(keep)
                 if keep.shape != p.shape:
@@ -229,8 +241,9 @@ class OneBitAdam(torch.optim.Optimizer):
                 if g.keep is None:
                     g.keep = torch.ones(g.count, dtype=torch.uint8)
                 g.keep[o:o + n] = (keep.reshape(-1) != 0).to(torch.uint8)
-                self.comm._check(lib.obcomm_adam_set_mask(
-                    g.handle, ctypes.c_void_p(g.keep.data_ptr())))
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_adam_set_mask(
+                        g.handle, ctypes.c_void_p(g.keep.data_ptr())))
                 return
         raise ValueError("set_mask: not a parameter of this optimizer")
 
@@ -242,7 +255,8 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def _save_group(self, g, d):
         path = os.path.join(d, f"group{g.key}.adam")
-        self.comm._check(lib.obcomm_adam_save(g.handle, path.encode()))
+        with self.comm._locked():
+            self.comm._check(lib.obcomm_adam_save(g.handle, path.encode()))
         with open(path, "rb") as f:
             raw = f.read()
         h = AdamFileHeader.from_buffer_copy(raw)
@@ -329,7 +343,9 @@ class OneBitAdam(torch.optim.Optimizer):
                     f.write(v.numpy().tobytes())
                     if part is not None:
                         f.write(part)
-                self.comm._check(lib.obcomm_adam_load(g.handle, path.encode()))
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_adam_load(g.handle,
+                                                          path.encode()))
                 g.hyper = tuple(group[k] for k in _HYPER)
         finally:
             shutil.rmtree(d, ignore_errors=True)
@@ -340,43 +356,66 @@ class OneBitAdam(torch.optim.Optimizer):
     # -- lifetime -----------------------------------------------------------------
 
     def close(self):
-        """Frees the C optimizers (and the communicator if this optimizer
-        made it). Parameters keep their values: they are copied out of
-        shared memory first."""
+        """Frees the C optimizers and lets go of the connection (which
+        stays open while the process group or a Communicator holds it).
+        Parameters keep their values: they are copied out of shared memory
+        first. Idempotent."""
         for g in self._groups:
             if g.handle is not None:
                 with torch.no_grad():
                     for p in g.params:
                         p.data = p.data.clone()
                         p.grad = None
-                if not self.comm.closed:
-                    lib.obcomm_adam_destroy(g.handle)
-                g.handle = None
+                self._destroy(g)
         self._groups = []
-        if self._own_comm:
-            self.comm.close()
+        self.comm.close()
+
+    def _destroy(self, g):
+        if not self.comm.closed:
+            with self.comm._locked():
+                lib.obcomm_adam_destroy(g.handle)
+        g.handle = None
 
     def __del__(self):
         try:
-            if not self.comm.closed:
-                for g in self._groups:
-                    if g.handle is not None:
-                        lib.obcomm_adam_destroy(g.handle)
-                        g.handle = None
+            for g in self._groups:
+                if g.handle is not None:
+                    self._destroy(g)
+            self.comm.close()
         except Exception:
             pass
 
 
-def allreduce_hook(comm, bucket):
+def _hook_comm(state):
+    if isinstance(state, Communicator):
+        return state
+    if isinstance(state, ProcessGroupObcomm):
+        return state.comm
+    if state is None:
+        pg = process_group()
+        if pg is not None:
+            return pg.comm
+        raise ValueError("allreduce_hook: with state None it needs "
+                         "torch.distributed.init_process_group(\"obcomm\"); "
+                         "else pass an obcomm.Communicator as the state")
+    raise TypeError(f"allreduce_hook: the state is {type(state).__name__}; "
+                    "want None, the obcomm process group or an "
+                    "obcomm.Communicator")
+
+
+def allreduce_hook(state, bucket):
     """DDP communication hook: averages each gradient bucket over obcomm
-    (fp32 ring between the nodes, exact inside a node).
+    (fp32 ring between the nodes, exact inside a node) without blocking:
+    it returns as soon as the bucket is sent, and the connection's progress
+    thread completes the future when the daemon answers, so buckets cross
+    the network while backward computes the next ones.
 
-        model.register_comm_hook(obcomm.Communicator(), obcomm.torch.allreduce_hook)
+        model.register_comm_hook(None, obcomm.torch.allreduce_hook)
 
-    The bucket is copied through the communicator's shared staging buffer.
+    state: None or the obcomm process group (its connection), or an
+    obcomm.Communicator (DDP over another backend, e.g. Gloo). The bucket
+    is staged through a shared-memory buffer of the connection.
     """
+    comm = _hook_comm(state)
     t = bucket.buffer()
-    comm.allreduce(t, op="avg")
-    fut = torch.futures.Future()
-    fut.set_result(t)
-    return fut
+    return comm._iallreduce(t, "avg", t).future
