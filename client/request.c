@@ -301,6 +301,16 @@ int obcomm_test(obcomm_request_t *req, int *done)
      * so its outcome is below either way. */
     if (req->state == OBC_REQ_IN_FLIGHT)
         pump(req->c);
+    if (req->state == OBC_REQ_IN_FLIGHT && obc_now_ms() >= req->deadline) {
+        /* The same bound as obcomm_wait's: only a hung daemon misses it,
+         * so a caller that only tests (a progress thread) fails too. */
+        obcomm_t *c = req->c;
+        obc_fail(c, OBCOMM_E_TIMEOUT,
+                 "daemon did not answer op %llu within %lld ms",
+                 (unsigned long long)req->seq,
+                 (long long)c->timeout_ms + OBC_GRACE_MS);
+        obc_kill(c, OBCOMM_E_TIMEOUT);
+    }
     if (req->state == OBC_REQ_IN_FLIGHT) {
         *done = 0;
         return 0;

@@ -210,7 +210,10 @@ OBCOMM_API int obcomm_ireduce_scatter(obcomm_t *c, const void *send, void *recv,
 OBCOMM_API int obcomm_ibarrier(obcomm_t *c, obcomm_request_t **req);
 /* Reads whatever answers have arrived, without blocking. *done is 1 once
  * the op is over; the call then returns the op's status (0, or the error
- * every rank gets, explained by obcomm_request_error), else 0. */
+ * every rank gets, explained by obcomm_request_error), else 0. Past the
+ * bound obcomm_wait has (the op's deadline plus 5 s from its submission)
+ * the daemon is taken as hung: the op ends with OBCOMM_E_TIMEOUT and the
+ * handle with it, as in obcomm_wait. */
 OBCOMM_API int obcomm_test(obcomm_request_t *req, int *done);
 /* Blocks until the op is over and returns its status. The wait is bounded
  * by the op's deadline plus 5 s from its submission (the daemon itself
