@@ -185,42 +185,49 @@ const char *obcomm_last_error(const obcomm_t *c)
     return c == NULL ? connect_err : c->err;
 }
 
+/* obcomm's own codes: one row each, for obcomm_strerror and
+ * obcomm_err_name (and through it the Python package's E_* names). */
+#define ERR(x, text)                       \
+    {                                      \
+        OBCOMM_E_##x, "OBCOMM_E_" #x, text \
+    }
+static const struct {
+    int code;
+    const char *name, *text;
+} errors[] = {
+    ERR(INVAL, "invalid argument"),
+    ERR(MISMATCH, "ranks issued different collectives"),
+    ERR(TIMEOUT, "deadline passed before every rank arrived"),
+    ERR(PEER_LOST, "a node, trainer or the daemon of the job vanished"),
+    ERR(PROTO, "malformed or unexpected message"),
+    ERR(NOMEM, "out of memory or over a bound"),
+    ERR(NOTCONN, "the daemon is not reachable"),
+    ERR(VERSION, "protocol versions differ"),
+    ERR(NONFINITE, "NaN or Inf in a 1-bit allreduce"),
+    ERR(BUSY, "local rank already taken, or job full"),
+    ERR(NOTREG, "data is not inside a buffer from obcomm_alloc"),
+    ERR(STATE, "per-key state disagrees"),
+    ERR(IO, "a file could not be read or written"),
+    ERR(CORRUPT, "a file is damaged or of another kind"),
+    ERR(DENIED, "the job belongs to another user"),
+};
+#undef ERR
+
+const char *obcomm_err_name(int err)
+{
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].code == err)
+            return errors[i].name;
+    return NULL;
+}
+
 const char *obcomm_strerror(int err)
 {
-    switch (err) {
-    case 0:
+    if (err == 0)
         return "success";
-    case OBCOMM_E_INVAL:
-        return "invalid argument";
-    case OBCOMM_E_MISMATCH:
-        return "ranks issued different collectives";
-    case OBCOMM_E_TIMEOUT:
-        return "deadline passed before every rank arrived";
-    case OBCOMM_E_PEER_LOST:
-        return "a node, trainer or the daemon of the job vanished";
-    case OBCOMM_E_PROTO:
-        return "malformed or unexpected message";
-    case OBCOMM_E_NOMEM:
-        return "out of memory or over a bound";
-    case OBCOMM_E_NOTCONN:
-        return "the daemon is not reachable";
-    case OBCOMM_E_VERSION:
-        return "protocol versions differ";
-    case OBCOMM_E_NONFINITE:
-        return "NaN or Inf in a 1-bit allreduce";
-    case OBCOMM_E_BUSY:
-        return "local rank already taken, or job full";
-    case OBCOMM_E_NOTREG:
-        return "data is not inside a buffer from obcomm_alloc";
-    case OBCOMM_E_STATE:
-        return "per-key state disagrees";
-    case OBCOMM_E_IO:
-        return "a file could not be read or written";
-    case OBCOMM_E_CORRUPT:
-        return "a file is damaged or of another kind";
-    case OBCOMM_E_DENIED:
-        return "the job belongs to another user";
-    }
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].code == err)
+            return errors[i].text;
     /* errno values are small; anything in obcomm's range that is not
      * listed above is unknown rather than an errno. */
     if (err < 0 && err > -1000) {

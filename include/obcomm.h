@@ -243,6 +243,9 @@ OBCOMM_API int obcomm_fd(const obcomm_t *c);
  * valid until the next call on the handle. */
 OBCOMM_API const char *obcomm_last_error(const obcomm_t *c);
 OBCOMM_API const char *obcomm_strerror(int err);
+/* The name of one of obcomm's own codes ("OBCOMM_E_TIMEOUT"), NULL for
+ * any other value (libuv's uv_err_name). */
+OBCOMM_API const char *obcomm_err_name(int err);
 
 /* 1-bit Adam (man 7 obcomm, 1-BIT ADAM). Warm-up (step < freeze_step): the
  * gradients are averaged in full precision, then Adam. From freeze_step on

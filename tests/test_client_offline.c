@@ -218,6 +218,14 @@ START_TEST(test_strerror)
         for (int f = e + 1; f <= OBCOMM_E_INVAL; f++)
             ck_assert_str_ne(obcomm_strerror(e), obcomm_strerror(f));
     }
+    ck_assert_str_eq(obcomm_err_name(OBCOMM_E_INVAL), "OBCOMM_E_INVAL");
+    ck_assert_str_eq(obcomm_err_name(OBCOMM_E_TIMEOUT), "OBCOMM_E_TIMEOUT");
+    ck_assert_str_eq(obcomm_err_name(OBCOMM_E_DENIED), "OBCOMM_E_DENIED");
+    ck_assert_ptr_null(obcomm_err_name(0));
+    ck_assert_ptr_null(obcomm_err_name(-ENOENT));
+    ck_assert_ptr_null(obcomm_err_name(-1099));
+    for (int e = OBCOMM_E_DENIED; e <= OBCOMM_E_INVAL; e++)
+        ck_assert_ptr_nonnull(obcomm_err_name(e));
 }
 END_TEST
 

@@ -1,6 +1,7 @@
 """Errors: a wrong WORLD_SIZE names both numbers; a dead daemon raises
 ObcommError and never hangs."""
 
+import os
 import signal
 import time
 
@@ -150,3 +151,17 @@ def test_mismatch_names_the_optimizer_calls():
     other = "op 1 of job j: ranks issued different ops: count differs: x"
     assert str(obcomm.ObcommError(obcomm.comm.E_MISMATCH, other)).endswith(
         other)
+
+
+def test_error_codes_are_the_headers():
+    """obcomm.comm.E_* are read from libobcomm (obcomm_err_name): every
+    OBCOMM_E_* of include/obcomm.h, with its value, and nothing else."""
+    import re
+    import obcomm
+    with open(os.path.join(cluster.ROOT, "include", "obcomm.h")) as f:
+        header = {m.group(1): int(m.group(2)) for m in re.finditer(
+            r"^#define OBCOMM_(E_[A-Z_]+)\s+\((-\d+)\)", f.read(), re.M)}
+    codes = {k: v for k, v in vars(obcomm.comm).items()
+             if re.fullmatch(r"E_[A-Z_]+", k)}
+    assert len(header) >= 15
+    assert codes == header

@@ -88,6 +88,7 @@ _FUNCTIONS = [
     ("obcomm_fd", c_int, [c_void_p]),
     ("obcomm_last_error", ctypes.c_char_p, [c_void_p]),
     ("obcomm_strerror", ctypes.c_char_p, [c_int]),
+    ("obcomm_err_name", ctypes.c_char_p, [c_int]),
     ("obcomm_adam_defaults", AdamConfig, []),
     ("obcomm_adam_create", c_int, [c_void_p, c_uint64, c_size_t,
                                    ctypes.POINTER(AdamConfig),

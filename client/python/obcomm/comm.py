@@ -14,22 +14,20 @@ import torch
 
 from ._lib import lib, Options
 
-# The C API's error codes (include/obcomm.h).
-E_INVAL = -1000
-E_MISMATCH = -1001
-E_TIMEOUT = -1002
-E_PEER_LOST = -1003
-E_PROTO = -1004
-E_NOMEM = -1005
-E_NOTCONN = -1006
-E_VERSION = -1007
-E_NONFINITE = -1008
-E_BUSY = -1009
-E_NOTREG = -1010
-E_STATE = -1011
-E_IO = -1012
-E_CORRUPT = -1013
-E_DENIED = -1014
+
+def _error_codes():
+    """The C API's error codes by name, E_INVAL = OBCOMM_E_INVAL, ...,
+    read from the loaded libobcomm (obcomm_err_name over its range,
+    [-1099, -1000]), so they cannot drift from the library in use."""
+    codes = {}
+    for code in range(-1000, -1100, -1):
+        name = lib.obcomm_err_name(code)
+        if name is not None:
+            codes[name.decode()[len("OBCOMM_"):]] = code
+    return codes
+
+
+globals().update(_error_codes())
 
 # torch dtype -> obcomm_dtype_t
 DTYPES = {
