@@ -121,7 +121,10 @@ out_fd:
     return rc;
 }
 
-int obcomm_free(obcomm_t *c, void *data)
+/* Tells the daemon to forget the buffer at data and drops it from the
+ * handle; unmaps it too unless the caller takes it over (*mapped then
+ * gets its mapped size). */
+static int release(obcomm_t *c, void *data, const char *who, size_t *mapped)
 {
     if (c == NULL)
         return OBCOMM_E_INVAL;
@@ -131,8 +134,7 @@ int obcomm_free(obcomm_t *c, void *data)
             break;
     if (i == c->nbufs)
         return obc_fail(c, OBCOMM_E_NOTREG,
-                        "obcomm_free: %p is not a buffer from obcomm_alloc",
-                        data);
+                        "%s: %p is not a buffer from obcomm_alloc", who, data);
 
     /* The pages are given back even when the daemon is gone: it released
      * its side when the connection dropped. */
@@ -149,9 +151,28 @@ int obcomm_free(obcomm_t *c, void *data)
         if (rc < 0)
             obc_kill(c, rc);
     }
-    munmap(c->bufs[i].base, c->bufs[i].size);
+    if (mapped != NULL)
+        *mapped = c->bufs[i].size;
+    else
+        munmap(c->bufs[i].base, c->bufs[i].size);
     c->bufs[i] = c->bufs[--c->nbufs];
     return rc;
+}
+
+int obcomm_free(obcomm_t *c, void *data)
+{
+    return release(c, data, "obcomm_free", NULL);
+}
+
+int obcomm_disown(obcomm_t *c, void *data, size_t *mapped)
+{
+    if (mapped == NULL)
+        return c == NULL ? OBCOMM_E_INVAL
+                         : obc_fail(c, OBCOMM_E_INVAL,
+                                    "obcomm_disown: mapped is NULL");
+    /* The pages stay mapped here (MAP_SHARED of a memfd): the daemon's
+     * side goes, the caller's stays until it unmaps. */
+    return release(c, data, "obcomm_disown", mapped);
 }
 
 const struct obc_buffer *obc_buffer_find(const obcomm_t *c, const void *data,

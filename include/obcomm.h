@@ -83,6 +83,14 @@ OBCOMM_API int obcomm_size(const obcomm_t *c); /* nodes * local_size */
  * aligned. Caller frees with obcomm_free (or obcomm_close). */
 OBCOMM_API int obcomm_alloc(obcomm_t *c, size_t bytes, void **data);
 OBCOMM_API int obcomm_free(obcomm_t *c, void *data);
+/* Hands the buffer at data (from obcomm_alloc) over to the caller: the
+ * daemon forgets it and the handle stops tracking it, but it stays mapped
+ * with its contents, *mapped bytes long, until the caller's
+ * munmap(data, *mapped). Collectives refuse it from then on. For language
+ * bindings whose arrays may outlive the handle (obcomm_close unmaps every
+ * buffer it still tracks). On a failed send to the daemon the buffer is
+ * handed over all the same and the error returned. */
+OBCOMM_API int obcomm_disown(obcomm_t *c, void *data, size_t *mapped);
 
 /* Collectives. `data` lies inside one buffer from obcomm_alloc; all ranks of
  * the job issue the same collectives in the same order. */

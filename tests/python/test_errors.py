@@ -165,3 +165,37 @@ def test_error_codes_are_the_headers():
              if re.fullmatch(r"E_[A-Z_]+", k)}
     assert len(header) >= 15
     assert codes == header
+
+
+def test_tensor_outlives_close(make_cluster):
+    """A tensor from comm.empty() used after close() is plain memory with
+    its values (not unmapped under it); collectives on the closed
+    communicator raise ObcommError; the memory goes with the tensor."""
+    import gc
+    import obcomm
+    cl = make_cluster(1)
+    with Deadline(60):
+        comm = obcomm.Communicator(socket=cl.sock(0), job="outlive",
+                                   timeout_ms=5000)
+        t = comm.empty((256, 1024))
+        t.fill_(3.0)
+        comm.allreduce(t)
+        view = t[7]
+        kept = comm.empty(1000)          # dies before close: freed as usual
+        del kept
+        comm.close()
+        assert float(t.sum()) == 3.0 * 256 * 1024
+        view.fill_(5.0)                  # writable, no crash
+        assert float(t[7].sum()) == 5.0 * 1024
+        with pytest.raises(obcomm.ObcommError) as e:
+            comm.allreduce(t)
+        assert e.value.code == obcomm.comm.E_INVAL
+        assert "closed" in e.value.message
+        # Another connection takes the old tensor like any tensor (staged).
+        with obcomm.Communicator(socket=cl.sock(0), job="outlive2",
+                                 timeout_ms=5000) as c2:
+            assert not c2.is_shared(t)
+            c2.allreduce(t)
+            assert float(t[7].sum()) == 5.0 * 1024
+        del t, view
+        gc.collect()

@@ -54,6 +54,7 @@ _FUNCTIONS = [
     ("obcomm_size", c_int, [c_void_p]),
     ("obcomm_alloc", c_int, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     ("obcomm_free", c_int, [c_void_p, c_void_p]),
+    ("obcomm_disown", c_int, [c_void_p, c_void_p, ctypes.POINTER(c_size_t)]),
     ("obcomm_allreduce", c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int]),
     ("obcomm_allreduce_1bit", c_int, [c_void_p, c_uint64, c_void_p, c_size_t]),
     ("obcomm_reset_1bit", c_int, [c_void_p, c_uint64]),

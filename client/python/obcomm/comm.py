@@ -15,6 +15,17 @@ import torch
 from ._lib import lib, Options
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munmap.restype = ctypes.c_int
+
+
+def _munmap(ptr, nbytes):
+    """Unmaps the memory of an empty() tensor that outlived its
+    connection (obcomm_disown handed it over), once the tensor goes."""
+    _libc.munmap(ctypes.c_void_p(ptr), nbytes)
+
+
 def _error_codes():
     """The C API's error codes by name, E_INVAL = OBCOMM_E_INVAL, ...,
     read from the loaded libobcomm (obcomm_err_name over its range,
@@ -176,6 +187,7 @@ class _Conn:
         self.bufs = []          # sorted by ptr
         self.starts = []        # the ptrs, for bisect
         self.pending = []       # ptrs whose tensors died, freed under lock
+        self.user = {}          # ptr -> finalizer of an empty() tensor's memory
         self.pending_lock = threading.Lock()
         self.staging = None     # the blocking calls' staging buffer
         self.stages = []        # free staging buffers of non-blocking ops
@@ -233,6 +245,7 @@ class _Conn:
             done = []
             if p is not None:
                 done = p.stop_locked()
+            self.disown_user_buffers()
             lib.obcomm_close(self.h)
             self.h = None
             self.bufs, self.starts = [], []
@@ -287,6 +300,23 @@ class _Conn:
         # the lock held): only queue; the next call frees.
         with self.pending_lock:
             self.pending.append(ptr)
+            self.user.pop(ptr, None)
+
+    def disown_user_buffers(self):
+        """Before the handle closes (lock held): the memory of every
+        empty() tensor still alive stays mapped, with its contents, until
+        the tensor goes (obcomm_disown), so a tensor used after close() is
+        plain memory, never a dangling pointer; collectives refuse it."""
+        with self.pending_lock:
+            alive = [(p, f) for p, f in self.user.items() if f.alive]
+            self.user = {}
+        for ptr, fin in alive:
+            mapped = ctypes.c_size_t(0)
+            lib.obcomm_disown(self.h, ctypes.c_void_p(ptr),
+                              ctypes.byref(mapped))
+            detached = fin.detach()
+            if detached is not None and mapped.value:
+                weakref.finalize(detached[0], _munmap, ptr, mapped.value)
 
     def free_pending(self):
         if not self.pending:
@@ -591,7 +621,9 @@ class Communicator:
         with c.lock:
             b = c.alloc(nbytes)
         arr = (ctypes.c_char * nbytes).from_address(b.ptr)
-        weakref.finalize(arr, c.dead_tensor, b.ptr)
+        fin = weakref.finalize(arr, c.dead_tensor, b.ptr)
+        with c.pending_lock:
+            c.user[b.ptr] = fin
         return torch.frombuffer(arr, dtype=dtype, count=numel).view(shape)
 
     def is_shared(self, t):
