@@ -272,15 +272,23 @@ def onebit_beside_pg(args):
             size = dist.get_world_size()
             assert t.item() == size * step + size * (size - 1) // 2, t
         out["digests"].append(digest(model))
-    for what in args["order"][rank] if use_pg else ("opt", "comm"):
+    order = args["order"][rank] if use_pg else args["alone_order"][rank]
+    for what in order:
         if what == "pg":
             dist.destroy_process_group()
         elif what == "opt":
             opt.close()
+        elif what == "optcomm":
+            # The optimizer's own share, closed under it: once the last
+            # holder goes, the connection destroys the C optimizer before
+            # its handle closes, and the parameters stay readable.
+            opt.comm.close()
         else:
             comm.close()
     gc.collect()
     out["open"] = len(obcomm.comm._conns)
+    out["c_optimizers_left"] = sum(g.handle is not None for g in opt._groups)
+    out["final"] = digest(model)
     return out
 
 

@@ -157,7 +157,7 @@ def test_allreduce_hook_overlaps(make_cluster):
         assert r["same"]
         assert r["calls"] >= 5 * 4, r["calls"]
         assert r["running"] > 0, r
-        assert r["async"] < 0.75 * r["blocking"], r
+        assert r["async"] < 0.9 * r["blocking"], r
 
 
 def test_onebit_adam_beside_process_group(make_cluster):
@@ -167,7 +167,10 @@ def test_onebit_adam_beside_process_group(make_cluster):
     cl = make_cluster(NODES)
     args = {"freeze": 3, "steps": 6,
             "order": [("pg", "opt", "comm"), ("opt", "pg", "comm"),
-                      ("comm", "opt", "pg"), ("comm", "pg", "opt")]}
+                      ("comm", "opt", "pg"), ("comm", "pg", "opt")],
+            "alone_order": [("opt", "comm"), ("comm", "opt"),
+                            ("optcomm", "comm", "opt"),
+                            ("comm", "optcomm", "opt")]}
     with_pg = run(cl, "tob1", "onebit_beside_pg", dict(args, pg=True),
                   timeout=240)
     alone = run(cl, "tob2", "onebit_beside_pg", dict(args, pg=False),
@@ -177,6 +180,9 @@ def test_onebit_adam_beside_process_group(make_cluster):
         assert a["connections"] == 1 and b["connections"] == 1
         assert a["digests"] == b["digests"]
         assert a["open"] == 0 and b["open"] == 0
+        assert a["c_optimizers_left"] == 0 and b["c_optimizers_left"] == 0
+        assert a["final"] == a["digests"][-1]
+        assert b["final"] == b["digests"][-1]
     assert len({r["digests"][-1] for r in with_pg}) == 1
 
 

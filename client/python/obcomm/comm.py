@@ -3,6 +3,7 @@ tensors in shared memory (docs/design.md, "Public surface")."""
 
 import atexit
 import bisect
+import collections
 import contextlib
 import ctypes
 import os
@@ -186,9 +187,15 @@ class _Conn:
         self.h = None
         self.bufs = []          # sorted by ptr
         self.starts = []        # the ptrs, for bisect
-        self.pending = []       # ptrs whose tensors died, freed under lock
+        # ptrs whose tensors died, freed by the next call under the lock;
+        # a deque, so that the garbage collector's finalizers append to it
+        # without a lock (they may run inside any allocation, in any
+        # thread, also one that holds a lock of ours)
+        self.pending = collections.deque()
         self.user = {}          # ptr -> finalizer of an empty() tensor's memory
-        self.pending_lock = threading.Lock()
+        # C optimizers over this handle (objects with .handle, an
+        # obcomm_adam_t): they borrow it, so they go before it closes.
+        self.adams = []
         self.staging = None     # the blocking calls' staging buffer
         self.stages = []        # free staging buffers of non-blocking ops
         self.progress = None    # progress.Progress, from the first i-op on
@@ -246,6 +253,11 @@ class _Conn:
             if p is not None:
                 done = p.stop_locked()
             self.disown_user_buffers()
+            for g in self.adams:
+                if g.handle is not None:
+                    lib.obcomm_adam_destroy(g.handle)
+                    g.handle = None
+            self.adams = []
             lib.obcomm_close(self.h)
             self.h = None
             self.bufs, self.starts = [], []
@@ -298,19 +310,17 @@ class _Conn:
     def dead_tensor(self, ptr):
         # Runs wherever the garbage collector runs (any thread, maybe with
         # the lock held): only queue; the next call frees.
-        with self.pending_lock:
-            self.pending.append(ptr)
-            self.user.pop(ptr, None)
+        self.pending.append(ptr)
 
     def disown_user_buffers(self):
         """Before the handle closes (lock held): the memory of every
         empty() tensor still alive stays mapped, with its contents, until
         the tensor goes (obcomm_disown), so a tensor used after close() is
         plain memory, never a dangling pointer; collectives refuse it."""
-        with self.pending_lock:
-            alive = [(p, f) for p, f in self.user.items() if f.alive]
-            self.user = {}
-        for ptr, fin in alive:
+        user, self.user = self.user, {}
+        for ptr, fin in list(user.items()):
+            if not fin.alive:
+                continue
             mapped = ctypes.c_size_t(0)
             lib.obcomm_disown(self.h, ctypes.c_void_p(ptr),
                               ctypes.byref(mapped))
@@ -319,11 +329,9 @@ class _Conn:
                 weakref.finalize(detached[0], _munmap, ptr, mapped.value)
 
     def free_pending(self):
-        if not self.pending:
-            return
-        with self.pending_lock:
-            ptrs, self.pending = self.pending, []
-        for p in ptrs:
+        while self.pending:
+            p = self.pending.popleft()
+            self.user.pop(p, None)
             self.release_buf(p)
 
     def is_shared(self, t):
@@ -618,12 +626,10 @@ class Communicator:
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         c = self._c()
-        with c.lock:
+        with c.lock:  # a close in between would unmap it under the tensor
             b = c.alloc(nbytes)
-        arr = (ctypes.c_char * nbytes).from_address(b.ptr)
-        fin = weakref.finalize(arr, c.dead_tensor, b.ptr)
-        with c.pending_lock:
-            c.user[b.ptr] = fin
+            arr = (ctypes.c_char * nbytes).from_address(b.ptr)
+            c.user[b.ptr] = weakref.finalize(arr, c.dead_tensor, b.ptr)
         return torch.frombuffer(arr, dtype=dtype, count=numel).view(shape)
 
     def is_shared(self, t):

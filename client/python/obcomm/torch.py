@@ -35,6 +35,7 @@ class _Group:
         self.handle = None   # obcomm_adam_t *
         self.key = 0
         self.hyper = None    # the hyperparameters the C optimizer has
+        self.conn = None     # the connection the C optimizer borrows
 
 
 class OneBitAdam(torch.optim.Optimizer):
@@ -142,6 +143,9 @@ class OneBitAdam(torch.optim.Optimizer):
                                                ctypes.byref(cfg),
                                                ctypes.byref(h)))
         g.handle = h
+        g.conn = comm._c()
+        with g.conn.lock:
+            g.conn.adams.append(g)
         g.hyper = tuple(group[k] for k in _HYPER)
         lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
         self._groups.append(g)
@@ -371,10 +375,15 @@ class OneBitAdam(torch.optim.Optimizer):
         self.comm.close()
 
     def _destroy(self, g):
-        if not self.comm.closed:
-            with self.comm._locked():
+        # The connection destroys its C optimizers before its handle
+        # closes (g.handle is None then), whichever holder closed it.
+        conn = g.conn
+        with conn.lock:
+            if g.handle is not None and conn.h is not None:
                 lib.obcomm_adam_destroy(g.handle)
-        g.handle = None
+            g.handle = None
+            if g in conn.adams:
+                conn.adams.remove(g)
 
     def __del__(self):
         try:
