@@ -1,6 +1,7 @@
-/* Collectives: each call is one Submit naming a registered buffer by id and
- * offset, answered by one Complete carrying the same sequence number. The
- * daemon does the work on the shared pages. */
+/* Collectives: each call is one Submit naming registered buffers by id and
+ * offset, answered by one Complete carrying the same sequence number
+ * (request.c). The daemon does the work on the shared pages. A blocking
+ * call is the non-blocking one followed by its wait. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,149 +25,75 @@ static size_t dtype_size(obcomm_dtype_t t)
     return 0;
 }
 
-/* Locates [data, data+bytes) in a registered buffer and fills in the
- * Submit's buffer_id and offset. */
-static int place(obcomm_t *c, Obcomm__Submit *s, const void *data, size_t bytes)
+/* Locates [data, data+bytes) in a registered buffer: *id and *offset name
+ * it for the daemon. `what` names the argument in the error. */
+static int place(obcomm_t *c, const char *what, const void *data, size_t bytes,
+                 uint64_t *id, uint64_t *offset)
 {
-    uint64_t offset;
-    const struct obc_buffer *b = obc_buffer_find(c, data, bytes, &offset);
+    const struct obc_buffer *b = obc_buffer_find(c, data, bytes, offset);
     if (b == NULL)
         return obc_fail(c, OBCOMM_E_NOTREG,
-                        "[%p, +%zu bytes) is not inside one buffer from "
+                        "%s [%p, +%zu bytes) is not inside one buffer from "
                         "obcomm_alloc",
-                        data, bytes);
-    s->buffer_id = b->id;
-    s->offset = offset;
+                        what, data, bytes);
+    *id = b->id;
     return 0;
 }
 
-/* Submits one op and waits for its Complete; *value (if not NULL) gets
- * the Complete's value on success. Sequence numbers count every op sent,
- * so they stay equal across the ranks of a job; an op refused locally
- * before sending does not take one. */
-static int submit_value(obcomm_t *c, Obcomm__Submit *s, uint64_t *value,
-                        uint64_t *bytes)
-{
-    s->seq = c->next_seq++;
-    Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
-    msg.body_case = OBCOMM__CLIENT_MSG__BODY_SUBMIT;
-    msg.submit = s;
-
-    Obcomm__DaemonMsg *reply;
-    int rc =
-        obc_roundtrip(c, &msg, -1, OBCOMM__DAEMON_MSG__BODY_COMPLETE, &reply);
-    if (rc < 0)
-        return rc;
-    const Obcomm__Complete *done = reply->complete;
-    if (done->seq != s->seq) {
-        obc_fail(c, OBCOMM_E_PROTO,
-                 "expected the completion of op %llu, obcommd completed op "
-                 "%llu",
-                 (unsigned long long)s->seq, (unsigned long long)done->seq);
-        rc = obc_kill(c, OBCOMM_E_PROTO);
-    } else if (done->status > 0) {
-        rc = obc_fail(c, OBCOMM_E_PROTO,
-                      "obcommd completed op %llu with status %d",
-                      (unsigned long long)s->seq, (int)done->status);
-    } else if (done->status < 0) {
-        rc = obc_fail(c, done->status, "%s",
-                      done->message[0] ? done->message
-                                       : obcomm_strerror(done->status));
-    } else {
-        if (value != NULL)
-            *value = done->value;
-        if (bytes != NULL)
-            *bytes = done->bytes;
-    }
-    obcomm__daemon_msg__free_unpacked(reply, NULL);
-    return rc;
-}
-
-static int submit(obcomm_t *c, Obcomm__Submit *s)
-{
-    return submit_value(c, s, NULL, NULL);
-}
-
-int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
-                     obcomm_dtype_t dtype, obcomm_op_t op)
+/* The checks every op starts with. */
+static int usable(obcomm_t *c)
 {
     if (c == NULL)
         return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    size_t esize = dtype_size(dtype);
-    if (esize == 0)
+    return obc_check_live(c);
+}
+
+static int check_dtype(obcomm_t *c, obcomm_dtype_t dtype)
+{
+    if (dtype_size(dtype) == 0)
         return obc_fail(c, OBCOMM_E_INVAL, "unknown dtype %d", (int)dtype);
+    return 0;
+}
+
+static int check_redop(obcomm_t *c, obcomm_op_t op)
+{
     if (op != OBCOMM_SUM && op != OBCOMM_AVG && op != OBCOMM_MAX &&
         op != OBCOMM_MIN)
         return obc_fail(c, OBCOMM_E_INVAL, "unknown reduction %d", (int)op);
+    return 0;
+}
+
+/* Each prepare_* checks an op's arguments as obcommd does at submission,
+ * naming the one that is wrong, and fills in its Submit. Nothing is sent
+ * and no seq is taken for a refused op, so the job goes on. */
+
+static int prepare_allreduce(obcomm_t *c, Obcomm__Submit *s, void *data,
+                             size_t count, obcomm_dtype_t dtype, obcomm_op_t op)
+{
+    int rc = usable(c);
+    if (rc == 0)
+        rc = check_dtype(c, dtype);
+    if (rc == 0)
+        rc = check_redop(c, op);
+    if (rc < 0)
+        return rc;
+    size_t esize = dtype_size(dtype);
     if (count == 0)
         return obc_fail(c, OBCOMM_E_INVAL, "allreduce of 0 elements");
     if (count > SIZE_MAX / esize)
         return obc_fail(c, OBCOMM_E_INVAL,
                         "allreduce of %zu elements overflows", count);
-
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_ALLREDUCE;
-    s.dtype = (uint32_t)dtype;
-    s.redop = (uint32_t)op;
-    s.count = count;
-    rc = place(c, &s, data, count * esize);
-    if (rc < 0)
-        return rc;
-    return submit(c, &s);
+    s->kind = OBCOMM_KIND_ALLREDUCE;
+    s->dtype = (uint32_t)dtype;
+    s->redop = (uint32_t)op;
+    s->count = count;
+    return place(c, "data", data, count * esize, &s->buffer_id, &s->offset);
 }
 
-int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
+static int prepare_allreduce_1bit(obcomm_t *c, Obcomm__Submit *s, uint64_t key,
+                                  float *data, size_t count)
 {
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    if (bytes == 0)
-        return obc_fail(c, OBCOMM_E_INVAL, "broadcast of 0 bytes");
-    if (root < 0 || root >= obcomm_size(c))
-        return obc_fail(c, OBCOMM_E_INVAL, "broadcast root %d not in [0, %d)",
-                        root, obcomm_size(c));
-
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_BROADCAST;
-    s.count = bytes;
-    s.root = root;
-    rc = place(c, &s, data, bytes);
-    if (rc < 0)
-        return rc;
-    return submit(c, &s);
-}
-
-/* An op without a buffer: barrier and the 1-bit state ops; *value and
- * *bytes (if not NULL) get the Complete's. */
-static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
-                          uint64_t *value, uint64_t *bytes)
-{
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
-    if (rc < 0)
-        return rc;
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = kind;
-    s.key = key;
-    return submit_value(c, &s, value, bytes);
-}
-
-int obcomm_barrier(obcomm_t *c)
-{
-    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0, NULL, NULL);
-}
-
-int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
-{
-    if (c == NULL)
-        return OBCOMM_E_INVAL;
-    int rc = obc_check_live(c);
+    int rc = usable(c);
     if (rc < 0)
         return rc;
     if (count == 0)
@@ -174,17 +101,185 @@ int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
     if (count > SIZE_MAX / sizeof(float))
         return obc_fail(c, OBCOMM_E_INVAL,
                         "1-bit allreduce of %zu elements overflows", count);
+    s->kind = OBCOMM_KIND_ALLREDUCE_1BIT;
+    s->dtype = OBCOMM_FLOAT32;
+    s->redop = OBCOMM_AVG;
+    s->count = count;
+    s->key = key;
+    return place(c, "data", data, count * sizeof(float), &s->buffer_id,
+                 &s->offset);
+}
 
-    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
-    s.kind = OBCOMM_KIND_ALLREDUCE_1BIT;
-    s.dtype = OBCOMM_FLOAT32;
-    s.redop = OBCOMM_AVG;
-    s.count = count;
-    s.key = key;
-    rc = place(c, &s, data, count * sizeof(float));
+static int prepare_broadcast(obcomm_t *c, Obcomm__Submit *s, void *data,
+                             size_t bytes, int root)
+{
+    int rc = usable(c);
     if (rc < 0)
         return rc;
-    return submit(c, &s);
+    if (bytes == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "broadcast of 0 bytes");
+    if (root < 0 || root >= obcomm_size(c))
+        return obc_fail(c, OBCOMM_E_INVAL, "broadcast root %d not in [0, %d)",
+                        root, obcomm_size(c));
+    s->kind = OBCOMM_KIND_BROADCAST;
+    s->count = bytes;
+    s->root = root;
+    return place(c, "data", data, bytes, &s->buffer_id, &s->offset);
+}
+
+/* Allgather and reduce-scatter: `count` elements of dtype per rank, so
+ * `whole` = world * count elements in the buffer that holds every rank's
+ * part (recv for allgather, send for reduce-scatter). */
+static int prepare_parts(obcomm_t *c, Obcomm__Submit *s, const char *name,
+                         uint32_t kind, const void *send, void *recv,
+                         size_t count, obcomm_dtype_t dtype, obcomm_op_t op)
+{
+    int rc = usable(c);
+    if (rc == 0)
+        rc = check_dtype(c, dtype);
+    if (rc == 0 && kind == OBCOMM_KIND_REDUCE_SCATTER)
+        rc = check_redop(c, op);
+    if (rc < 0)
+        return rc;
+    size_t esize = dtype_size(dtype), world = (size_t)obcomm_size(c);
+    if (count == 0)
+        return obc_fail(c, OBCOMM_E_INVAL, "%s of 0 elements", name);
+    if (count > SIZE_MAX / esize / world)
+        return obc_fail(c, OBCOMM_E_INVAL,
+                        "%s of %zu elements per rank overflows (%zu ranks)",
+                        name, count, world);
+    size_t part = count * esize, whole = part * world;
+    int gather = kind == OBCOMM_KIND_ALLGATHER;
+    s->kind = kind;
+    s->dtype = (uint32_t)dtype;
+    s->redop = gather ? 0 : (uint32_t)op;
+    s->count = count;
+    rc = place(c, "send", send, gather ? part : whole, &s->buffer_id,
+               &s->offset);
+    if (rc == 0)
+        rc = place(c, "recv", recv, gather ? whole : part, &s->recv_buffer_id,
+                   &s->recv_offset);
+    return rc;
+}
+
+static int submit_no_data(obcomm_t *c, uint32_t kind, uint64_t key,
+                          uint64_t *value, uint64_t *bytes)
+{
+    int rc = usable(c);
+    if (rc < 0)
+        return rc;
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = kind;
+    s.key = key;
+    return obc_run(c, &s, value, bytes);
+}
+
+/* The non-blocking calls send what the blocking ones would; req is written
+ * only on success. */
+static int start(obcomm_t *c, int rc, Obcomm__Submit *s, obcomm_request_t **req)
+{
+    if (rc < 0)
+        return rc;
+    if (req == NULL)
+        return obc_fail(c, OBCOMM_E_INVAL, "req is NULL");
+    return obc_submit(c, s, req);
+}
+
+int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
+                     obcomm_dtype_t dtype, obcomm_op_t op)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    int rc = prepare_allreduce(c, &s, data, count, dtype, op);
+    return rc < 0 ? rc : obc_run(c, &s, NULL, NULL);
+}
+
+int obcomm_iallreduce(obcomm_t *c, void *data, size_t count,
+                      obcomm_dtype_t dtype, obcomm_op_t op,
+                      obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    return start(c, prepare_allreduce(c, &s, data, count, dtype, op), &s, req);
+}
+
+int obcomm_allreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    int rc = prepare_allreduce_1bit(c, &s, key, data, count);
+    return rc < 0 ? rc : obc_run(c, &s, NULL, NULL);
+}
+
+int obcomm_iallreduce_1bit(obcomm_t *c, uint64_t key, float *data, size_t count,
+                           obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    return start(c, prepare_allreduce_1bit(c, &s, key, data, count), &s, req);
+}
+
+int obcomm_broadcast(obcomm_t *c, void *data, size_t bytes, int root)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    int rc = prepare_broadcast(c, &s, data, bytes, root);
+    return rc < 0 ? rc : obc_run(c, &s, NULL, NULL);
+}
+
+int obcomm_ibroadcast(obcomm_t *c, void *data, size_t bytes, int root,
+                      obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    return start(c, prepare_broadcast(c, &s, data, bytes, root), &s, req);
+}
+
+int obcomm_allgather(obcomm_t *c, const void *send, void *recv, size_t count,
+                     obcomm_dtype_t dtype)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    int rc = prepare_parts(c, &s, "allgather", OBCOMM_KIND_ALLGATHER, send,
+                           recv, count, dtype, OBCOMM_SUM);
+    return rc < 0 ? rc : obc_run(c, &s, NULL, NULL);
+}
+
+int obcomm_iallgather(obcomm_t *c, const void *send, void *recv, size_t count,
+                      obcomm_dtype_t dtype, obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    return start(c,
+                 prepare_parts(c, &s, "allgather", OBCOMM_KIND_ALLGATHER, send,
+                               recv, count, dtype, OBCOMM_SUM),
+                 &s, req);
+}
+
+int obcomm_reduce_scatter(obcomm_t *c, const void *send, void *recv,
+                          size_t recv_count, obcomm_dtype_t dtype,
+                          obcomm_op_t op)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    int rc = prepare_parts(c, &s, "reduce-scatter", OBCOMM_KIND_REDUCE_SCATTER,
+                           send, recv, recv_count, dtype, op);
+    return rc < 0 ? rc : obc_run(c, &s, NULL, NULL);
+}
+
+int obcomm_ireduce_scatter(obcomm_t *c, const void *send, void *recv,
+                           size_t recv_count, obcomm_dtype_t dtype,
+                           obcomm_op_t op, obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    return start(c,
+                 prepare_parts(c, &s, "reduce-scatter",
+                               OBCOMM_KIND_REDUCE_SCATTER, send, recv,
+                               recv_count, dtype, op),
+                 &s, req);
+}
+
+int obcomm_barrier(obcomm_t *c)
+{
+    return submit_no_data(c, OBCOMM_KIND_BARRIER, 0, NULL, NULL);
+}
+
+int obcomm_ibarrier(obcomm_t *c, obcomm_request_t **req)
+{
+    Obcomm__Submit s = OBCOMM__SUBMIT__INIT;
+    s.kind = OBCOMM_KIND_BARRIER;
+    return start(c, usable(c), &s, req);
 }
 
 int obcomm_reset_1bit(obcomm_t *c, uint64_t key)
@@ -223,9 +318,9 @@ static int submit_shm(obcomm_t *c, Obcomm__Submit *s, size_t bytes,
     if (in != NULL)
         memcpy(shm, in, bytes);
     s->count = bytes;
-    rc = place(c, s, shm, bytes);
+    rc = place(c, "data", shm, bytes, &s->buffer_id, &s->offset);
     if (rc == 0)
-        rc = submit(c, s);
+        rc = obc_run(c, s, NULL, NULL);
     if (rc == 0 && out != NULL)
         memcpy(out, shm, bytes);
     obcomm_free(c, shm);

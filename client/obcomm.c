@@ -1,5 +1,6 @@
 /* libobcomm: the connection to the node's daemon, joining a job, and error
- * reporting. Buffers live in buffers.c and collectives in coll.c. */
+ * reporting. Buffers live in buffers.c, collectives in coll.c, requests
+ * and the reading of the daemon's answers in request.c. */
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,15 +23,6 @@ int obc_fail(obcomm_t *c, int status, const char *fmt, ...)
     return status;
 }
 
-int obc_kill(obcomm_t *c, int rc)
-{
-    if (!c->dead) {
-        c->dead = 1;
-        memcpy(c->dead_why, c->err, sizeof(c->dead_why));
-    }
-    return rc;
-}
-
 int obc_check_live(obcomm_t *c)
 {
     if (!c->dead)
@@ -39,46 +31,6 @@ int obc_check_live(obcomm_t *c)
                     "connection to obcommd unusable after an earlier "
                     "failure: %s",
                     c->dead_why);
-}
-
-static const char *daemon_msg_name(Obcomm__DaemonMsg__BodyCase k)
-{
-    switch (k) {
-    case OBCOMM__DAEMON_MSG__BODY_JOIN:
-        return "JoinReply";
-    case OBCOMM__DAEMON_MSG__BODY_REGISTER:
-        return "RegisterReply";
-    case OBCOMM__DAEMON_MSG__BODY_COMPLETE:
-        return "Complete";
-    case OBCOMM__DAEMON_MSG__BODY_STATUS:
-        return "StatusReply";
-    default:
-        return "unknown message";
-    }
-}
-
-int obc_roundtrip(obcomm_t *c, const Obcomm__ClientMsg *msg, int pass_fd,
-                  Obcomm__DaemonMsg__BodyCase want, Obcomm__DaemonMsg **out)
-{
-    int64_t budget = (int64_t)c->timeout_ms + OBC_GRACE_MS;
-    int64_t deadline = obc_now_ms() + budget;
-    int rc = obc_sock_send(c->fd, msg, pass_fd, deadline, budget, c->err,
-                           sizeof(c->err));
-    if (rc < 0)
-        return obc_kill(c, rc);
-
-    Obcomm__DaemonMsg *m;
-    rc = obc_sock_recv(c->fd, deadline, budget, &m, c->err, sizeof(c->err));
-    if (rc < 0)
-        return obc_kill(c, rc);
-    if (m->body_case != want) {
-        obc_fail(c, OBCOMM_E_PROTO, "expected %s from obcommd, got %s",
-                 daemon_msg_name(want), daemon_msg_name(m->body_case));
-        obcomm__daemon_msg__free_unpacked(m, NULL);
-        return obc_kill(c, OBCOMM_E_PROTO);
-    }
-    *out = m;
-    return 0;
 }
 
 static int connect_fail(int status, const char *fmt, ...)
@@ -189,6 +141,7 @@ int obcomm_connect(const obcomm_options_t *opts, obcomm_t **out)
     if (rc < 0) {
         connect_fail(rc, "%s", c->err);
         close(c->fd);
+        obc_rx_fini(&c->rx);
         free(c);
         return rc;
     }
@@ -202,9 +155,14 @@ void obcomm_close(obcomm_t *c)
     if (c == NULL)
         return;
     /* The daemon releases a trainer's buffers and leaves the job for it
-     * when the connection closes, so no message is needed. */
+     * when the connection closes, so no message is needed. Requests in
+     * flight are not waited for: the other ranks learn that this one
+     * left, and the requests' owners learn it here. */
+    obc_requests_end(c, OBCOMM_E_PEER_LOST,
+                     "the handle was closed with the op in flight");
     obc_buffers_unmap_all(c);
     close(c->fd);
+    obc_rx_fini(&c->rx);
     free(c);
 }
 

@@ -105,10 +105,7 @@ int obc_sock_connect(const char *path, char *err, size_t errlen)
     return fd;
 }
 
-/* Waits until fd is ready for `events` or the deadline passes. Returns 0
- * when ready (or hung up: the following read or write tells which),
- * OBCOMM_E_TIMEOUT, or -errno. */
-static int wait_fd(int fd, short events, int64_t deadline)
+int obc_sock_wait(int fd, short events, int64_t deadline)
 {
     for (;;) {
         int64_t left = deadline - obc_now_ms();
@@ -168,7 +165,7 @@ int obc_sock_send(int fd, const Obcomm__ClientMsg *msg, int pass_fd,
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            rc = wait_fd(fd, POLLOUT, deadline);
+            rc = obc_sock_wait(fd, POLLOUT, deadline);
             if (rc == OBCOMM_E_TIMEOUT) {
                 obc_seterr(err, errlen, rc,
                            "daemon did not take a message within %lld ms",
@@ -212,7 +209,7 @@ static int read_full(int fd, uint8_t *buf, size_t len, int64_t deadline,
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return obc_seterr(err, errlen, -errno, "read from daemon: %s",
                               strerror(errno));
-        int rc = wait_fd(fd, POLLIN, deadline);
+        int rc = obc_sock_wait(fd, POLLIN, deadline);
         if (rc == OBCOMM_E_TIMEOUT)
             return obc_seterr(err, errlen, rc,
                               "daemon did not answer within %lld ms",
@@ -220,6 +217,25 @@ static int read_full(int fd, uint8_t *buf, size_t len, int64_t deadline,
         if (rc < 0)
             return obc_seterr(err, errlen, rc, "poll: %s", strerror(-rc));
     }
+    return 0;
+}
+
+/* Unpacks a frame's body into *out; 0 or OBCOMM_E_PROTO. */
+static int unpack(const uint8_t *body, size_t len, Obcomm__DaemonMsg **out,
+                  char *err, size_t errlen)
+{
+    Obcomm__DaemonMsg *m = obcomm__daemon_msg__unpack(NULL, len, body);
+    if (m == NULL)
+        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                          "daemon sent a malformed %zu-byte message", len);
+    /* The oneof's pointers are all the same union member, so checking one
+     * checks the message that is set. */
+    if (m->body_case == OBCOMM__DAEMON_MSG__BODY__NOT_SET || m->join == NULL) {
+        obcomm__daemon_msg__free_unpacked(m, NULL);
+        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                          "daemon sent a message with no body");
+    }
+    *out = m;
     return 0;
 }
 
@@ -248,18 +264,85 @@ int obc_sock_recv(int fd, int64_t deadline, int64_t budget_ms,
         free(body);
         return rc;
     }
-    Obcomm__DaemonMsg *m = obcomm__daemon_msg__unpack(NULL, len, body);
+    rc = unpack(body, len, out, err, errlen);
     free(body);
-    if (m == NULL)
-        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
-                          "daemon sent a malformed %u-byte message", len);
-    /* The oneof's pointers are all the same union member, so checking one
-     * checks the message that is set. */
-    if (m->body_case == OBCOMM__DAEMON_MSG__BODY__NOT_SET || m->join == NULL) {
-        obcomm__daemon_msg__free_unpacked(m, NULL);
-        return obc_seterr(err, errlen, OBCOMM_E_PROTO,
-                          "daemon sent a message with no body");
+    return rc;
+}
+
+/* Bytes asked of one read beyond the frame in progress: completions are
+ * small, so one read usually takes several. */
+#define RX_CHUNK 4096
+
+static int rx_too_long(uint32_t len, char *err, size_t errlen)
+{
+    return obc_seterr(err, errlen, OBCOMM_E_PROTO,
+                      "daemon sent a %u-byte message (bound %d)", len,
+                      OBCOMM_WIRE_MAX);
+}
+
+int obc_rx_read(int fd, struct obc_rx *rx, char *err, size_t errlen)
+{
+    /* What was taken is dropped first, so the buffer only ever holds the
+     * frame in progress and what came behind it. */
+    if (rx->off > 0) {
+        memmove(rx->buf, rx->buf + rx->off, rx->len - rx->off);
+        rx->len -= rx->off;
+        rx->off = 0;
     }
-    *out = m;
-    return 0;
+    size_t need = rx->len + RX_CHUNK;
+    if (rx->len >= OBCOMM_WIRE_PREFIX) {
+        uint32_t body = obcomm_wire_len(rx->buf);
+        if (body > OBCOMM_WIRE_MAX)
+            return rx_too_long(body, err, errlen);
+        if (need < OBCOMM_WIRE_PREFIX + (size_t)body)
+            need = OBCOMM_WIRE_PREFIX + (size_t)body;
+    }
+    if (rx->cap < need) {
+        uint8_t *b = realloc(rx->buf, need);
+        if (b == NULL)
+            return obc_seterr(err, errlen, OBCOMM_E_NOMEM,
+                              "out of memory for a %zu-byte receive buffer",
+                              need);
+        rx->buf = b;
+        rx->cap = need;
+    }
+    for (;;) {
+        ssize_t n = recv(fd, rx->buf + rx->len, rx->cap - rx->len, 0);
+        if (n > 0) {
+            rx->len += (size_t)n;
+            return 1;
+        }
+        if (n == 0 || lost(errno))
+            return obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
+                              "daemon closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return obc_seterr(err, errlen, -errno, "read from daemon: %s",
+                          strerror(errno));
+    }
+}
+
+int obc_rx_next(struct obc_rx *rx, Obcomm__DaemonMsg **out, char *err,
+                size_t errlen)
+{
+    size_t have = rx->len - rx->off;
+    if (have < OBCOMM_WIRE_PREFIX)
+        return 0;
+    const uint8_t *p = rx->buf + rx->off;
+    uint32_t body = obcomm_wire_len(p);
+    if (body > OBCOMM_WIRE_MAX)
+        return rx_too_long(body, err, errlen);
+    if (have - OBCOMM_WIRE_PREFIX < body)
+        return 0;
+    rx->off += OBCOMM_WIRE_PREFIX + (size_t)body;
+    int rc = unpack(p + OBCOMM_WIRE_PREFIX, body, out, err, errlen);
+    return rc < 0 ? rc : 1;
+}
+
+void obc_rx_fini(struct obc_rx *rx)
+{
+    free(rx->buf);
+    *rx = (struct obc_rx){0};
 }

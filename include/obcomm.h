@@ -4,8 +4,9 @@
  * a Unix socket. Buffers handed to collectives live in shared memory that
  * the daemon maps (obcomm_alloc), so tensors are never copied through a
  * socket. Collectives come blocking and non-blocking (obcomm_i*); a handle
- * is used by one thread at a time. Functions return 0 or a negative error code; obcomm_strerror()
- * explains every code. How it works: man 7 obcomm; this API: man 3 obcomm.
+ * is used by one thread at a time. Functions return 0 or a negative error
+ * code; obcomm_strerror() explains every code. How it works: man 7 obcomm;
+ * this API: man 3 obcomm.
  */
 #ifndef OBCOMM_H
 #define OBCOMM_H
@@ -164,21 +165,32 @@ OBCOMM_API int obcomm_barrier(obcomm_t *c);
  * obcomm_alloc. */
 OBCOMM_API int obcomm_allgather(obcomm_t *c, const void *send, void *recv,
                                 size_t count, obcomm_dtype_t dtype);
-OBCOMM_API int obcomm_reduce_scatter(obcomm_t *c, const void *send,
-                                     void *recv, size_t recv_count,
-                                     obcomm_dtype_t dtype, obcomm_op_t op);
+OBCOMM_API int obcomm_reduce_scatter(obcomm_t *c, const void *send, void *recv,
+                                     size_t recv_count, obcomm_dtype_t dtype,
+                                     obcomm_op_t op);
 
 /* Non-blocking collectives (MPI's MPI_I*, UCC's post/test). Each call
  * checks its arguments, sends the op to the daemon and returns at once
  * with *req, which the caller tests or waits on and then frees; the
- * buffers stay untouched by the caller until then. Many ops may be in
- * flight on one handle; they are matched across ranks in the order they
- * were issued (the blocking calls included, which are submit + wait).
- * The daemon runs a job's ops one at a time in that order, so requests
- * complete in issue order; waiting on them in any order is fine.
- * Up to OBCOMM_MAX_INFLIGHT ops are in flight per handle; a call past that
- * first waits for the oldest one to complete. A handle and its requests
- * are used by one thread at a time. */
+ * buffers stay untouched by the caller until then. A call that returns an
+ * error sent nothing, wrote no *req, and left its message in
+ * obcomm_last_error; once an op is sent, its outcome and message belong to
+ * its request. Many ops may be in flight on one handle; they are matched
+ * across ranks in the order they were issued (the blocking calls
+ * included, which are submit + wait). The daemon runs a job's ops one at
+ * a time in that order, so requests normally complete in issue order (an
+ * op the daemon refuses at submission is answered at once); waiting on
+ * them in any order is fine. Each op's deadline (timeout_ms) runs from its
+ * submission, in the daemon too: a queue of long ops must fit in it.
+ * Up to OBCOMM_MAX_INFLIGHT ops are in flight per handle (freed requests
+ * whose op is not over yet included); a call past that first waits for
+ * the oldest one to complete. A handle and its requests are used by one
+ * thread at a time.
+ *
+ * When the connection fails (the daemon died or sent something
+ * malformed, or did not answer an op within its deadline plus 5 s), every
+ * request in flight completes with that error and message, and the
+ * handle refuses every later call with OBCOMM_E_PEER_LOST. */
 typedef struct obcomm_request obcomm_request_t;
 #define OBCOMM_MAX_INFLIGHT 32
 
@@ -192,28 +204,35 @@ OBCOMM_API int obcomm_ibroadcast(obcomm_t *c, void *data, size_t bytes,
 OBCOMM_API int obcomm_iallgather(obcomm_t *c, const void *send, void *recv,
                                  size_t count, obcomm_dtype_t dtype,
                                  obcomm_request_t **req);
-OBCOMM_API int obcomm_ireduce_scatter(obcomm_t *c, const void *send,
-                                      void *recv, size_t recv_count,
-                                      obcomm_dtype_t dtype, obcomm_op_t op,
-                                      obcomm_request_t **req);
+OBCOMM_API int obcomm_ireduce_scatter(obcomm_t *c, const void *send, void *recv,
+                                      size_t recv_count, obcomm_dtype_t dtype,
+                                      obcomm_op_t op, obcomm_request_t **req);
 OBCOMM_API int obcomm_ibarrier(obcomm_t *c, obcomm_request_t **req);
-/* Reads whatever completions have arrived, without blocking. *done is 1
- * once the op is over; the call then returns the op's status (0, or the
- * error every rank gets, explained by obcomm_request_error), else 0. */
+/* Reads whatever answers have arrived, without blocking. *done is 1 once
+ * the op is over; the call then returns the op's status (0, or the error
+ * every rank gets, explained by obcomm_request_error), else 0. */
 OBCOMM_API int obcomm_test(obcomm_request_t *req, int *done);
-/* Blocks until the op is over (bounded by its deadline) and returns its
- * status. */
+/* Blocks until the op is over and returns its status. The wait is bounded
+ * by the op's deadline plus 5 s from its submission (the daemon itself
+ * fails an op at its deadline); past that the daemon is taken as hung and
+ * the connection fails with OBCOMM_E_TIMEOUT. Waiting again, or on a
+ * request that is over, returns the same status at once. */
 OBCOMM_API int obcomm_wait(obcomm_request_t *req);
-/* The message of a failed request; "" before it is over or on success. */
+/* The message of a failed request; "" before it is over or on success.
+ * Borrowed: valid until the request is freed. */
 OBCOMM_API const char *obcomm_request_error(const obcomm_request_t *req);
 /* Frees the request. One still in flight is not cancelled (the other ranks
- * take part in it): its answer is discarded when it comes. NULL is a
- * no-op. Requests outlive obcomm_close, which completes every outstanding
- * one with OBCOMM_E_PEER_LOST. */
+ * take part in it): the op goes on, its answer is discarded when it comes
+ * and the request is freed then. NULL is a no-op. Requests outlive
+ * obcomm_close, which completes every outstanding one with
+ * OBCOMM_E_PEER_LOST ("the handle was closed with the op in flight");
+ * after that, free only frees. */
 OBCOMM_API void obcomm_request_free(obcomm_request_t *req);
 /* For event loops: the descriptor that becomes readable when an answer
- * from the daemon has arrived (then call obcomm_test); -1 when closed.
- * Never read or write it directly. */
+ * from the daemon (or part of one) has arrived, or the connection failed;
+ * then call obcomm_test. The same descriptor until obcomm_close; -1 for
+ * NULL. Polling it needs no lock; reading or writing it directly breaks
+ * the handle. */
 OBCOMM_API int obcomm_fd(const obcomm_t *c);
 
 /* The message of the last failed call on this handle (names ranks and

@@ -174,6 +174,34 @@ START_TEST(test_null_handle)
                      OBCOMM_E_INVAL);
     ck_assert_int_eq(obcomm_broadcast(NULL, p, 1, 0), OBCOMM_E_INVAL);
     ck_assert_int_eq(obcomm_barrier(NULL), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_allgather(NULL, p, p, 1, OBCOMM_INT32),
+                     OBCOMM_E_INVAL);
+    ck_assert_int_eq(
+        obcomm_reduce_scatter(NULL, p, p, 1, OBCOMM_INT32, OBCOMM_SUM),
+        OBCOMM_E_INVAL);
+
+    /* The non-blocking calls write no request when they fail. */
+    obcomm_request_t *r = (obcomm_request_t *)SENTINEL;
+    ck_assert_int_eq(
+        obcomm_iallreduce(NULL, p, 1, OBCOMM_FLOAT32, OBCOMM_SUM, &r),
+        OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_iallreduce_1bit(NULL, 1, p, 1, &r), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_ibroadcast(NULL, p, 1, 0, &r), OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_iallgather(NULL, p, p, 1, OBCOMM_INT32, &r),
+                     OBCOMM_E_INVAL);
+    ck_assert_int_eq(
+        obcomm_ireduce_scatter(NULL, p, p, 1, OBCOMM_INT32, OBCOMM_SUM, &r),
+        OBCOMM_E_INVAL);
+    ck_assert_int_eq(obcomm_ibarrier(NULL, &r), OBCOMM_E_INVAL);
+    ck_assert_ptr_eq(r, SENTINEL);
+
+    int done = 7;
+    ck_assert_int_eq(obcomm_test(NULL, &done), OBCOMM_E_INVAL);
+    ck_assert_int_eq(done, 7);
+    ck_assert_int_eq(obcomm_wait(NULL), OBCOMM_E_INVAL);
+    ck_assert_str_eq(obcomm_request_error(NULL), "");
+    obcomm_request_free(NULL);
+    ck_assert_int_eq(obcomm_fd(NULL), -1);
 }
 END_TEST
 

@@ -33,7 +33,15 @@
  *    2 nodes fails with NOMEM naming "ef_max_bytes", and the run stops: the
  *    next op fails at once naming it.
  * i. a second run of a job name on the same daemons starts from zero: its
- *    results equal the first run's bit for bit. */
+ *    results equal the first run's bit for bit.
+ * j. a trainer SIGKILLed with non-blocking ops in flight (ops 4-7, which
+ *    wait for a laggard): within seconds (the deadline is 30 s) every
+ *    survivor's requests are over, each op the victim submitted either
+ *    exact or failed, and from the first failure on (the same op on every
+ *    survivor) every op fails with PEER_LOST naming the killed rank, ops
+ *    it never submitted included; then the daemons serve a fresh job
+ *    exactly. In 3 nodes x 1, 1 node x 3 and 2 nodes x 2 (the victim
+ *    sharing its node with a survivor). */
 #include <check.h>
 
 #include "ck_run.h"
@@ -599,6 +607,191 @@ START_TEST(last_trainer_on_a_node_leaves)
 }
 END_TEST
 
+/* ---- j. killed with ops in flight ---- */
+
+#define KILL_FIRST 4  /* ops every rank completes before the kill */
+#define KILL_SENT  8  /* ops the victim submitted before it */
+#define KILL_OPS   10 /* ops the survivors submit */
+#define KILL_N     4099
+
+struct inflight {
+    int ready[2]; /* each trainer writes a byte once its ops are sent */
+    int go[2];    /* the test tells the laggard to go on */
+    int victim, laggard;
+    volatile int *first_failed; /* per rank, shared with the test */
+};
+
+static int32_t *kill_slice(int32_t *x, int op)
+{
+    return x + (size_t)op * KILL_N;
+}
+
+static int kill_submit(obcomm_t *c, int32_t *x, int op, obcomm_request_t **r)
+{
+    int32_t *p = kill_slice(x, op);
+    for (size_t i = 0; i < KILL_N; i++)
+        p[i] = obcomm_rank(c) + op + (int32_t)(i % 5);
+    int rc = obcomm_iallreduce(c, p, KILL_N, OBCOMM_INT32, OBCOMM_SUM, r);
+    if (rc)
+        return hx_fail(c, "submit op %d: %s", op, obcomm_last_error(c));
+    return 0;
+}
+
+static int kill_exact(obcomm_t *c, const int32_t *x, int op)
+{
+    int size = obcomm_size(c);
+    const int32_t *p = kill_slice((int32_t *)x, op);
+    for (size_t i = 0; i < KILL_N; i++) {
+        int32_t want = size * (size - 1) / 2 + size * (op + (int32_t)(i % 5));
+        if (p[i] != want)
+            return hx_fail(c, "op %d element %zu = %d, want %d", op, i, p[i],
+                           want);
+    }
+    return 0;
+}
+
+/* Every rank completes ops 0-3. The victim then submits ops 4-7 and waits
+ * to be killed; the other ranks submit ops 4-9, the laggard only once the
+ * victim is dead, and wait for them. An op the victim submitted may still
+ * complete with its data (the daemon holds the victim's buffer while the
+ * op uses it); from the first op that fails, every op fails with
+ * PEER_LOST naming the victim, ops 8-9 (which it never submitted)
+ * included. */
+static int trainer_inflight(obcomm_t *c, void *arg)
+{
+    const struct inflight *k = arg;
+    int rank = obcomm_rank(c);
+    int32_t *x;
+    if (obcomm_alloc(c, KILL_OPS * KILL_N * 4, (void **)&x))
+        return hx_fail(c, "alloc: %s", obcomm_last_error(c));
+    obcomm_request_t *r[KILL_OPS];
+    for (int op = 0; op < KILL_FIRST; op++)
+        if (kill_submit(c, x, op, &r[op]))
+            return 1;
+    for (int op = 0; op < KILL_FIRST; op++) {
+        int rc = obcomm_wait(r[op]);
+        if (rc)
+            return hx_fail(c, "op %d: %s", op, obcomm_request_error(r[op]));
+        if (kill_exact(c, x, op))
+            return 1;
+        obcomm_request_free(r[op]);
+    }
+    int sent = rank == k->victim ? KILL_SENT : KILL_OPS;
+    if (rank != k->laggard)
+        for (int op = KILL_FIRST; op < sent; op++)
+            if (kill_submit(c, x, op, &r[op]))
+                return 1;
+    char b = 1;
+    if (write(k->ready[1], &b, 1) != 1)
+        return hx_fail(c, "ready pipe");
+    if (rank == k->victim)
+        for (;;)
+            pause(); /* SIGKILLed here, with ops 4-7 in flight */
+    if (rank == k->laggard) {
+        if (read(k->go[0], &b, 1) != 1)
+            return hx_fail(c, "go pipe");
+        for (int op = KILL_FIRST; op < KILL_OPS; op++)
+            if (kill_submit(c, x, op, &r[op]))
+                return 1;
+    }
+
+    char victim[16];
+    snprintf(victim, sizeof(victim), "rank %d", k->victim);
+    int first_failed = -1;
+    for (int op = KILL_FIRST; op < KILL_OPS; op++) {
+        int rc = obcomm_wait(r[op]);
+        if (rc == 0 && first_failed < 0 && op < KILL_SENT) {
+            if (kill_exact(c, x, op))
+                return 1;
+            continue;
+        }
+        if (first_failed < 0)
+            first_failed = op;
+        if (rc != OBCOMM_E_PEER_LOST ||
+            strstr(obcomm_request_error(r[op]), victim) == NULL)
+            return hx_fail(c,
+                           "op %d: got %d (%s): %s; want PEER_LOST naming "
+                           "%s",
+                           op, rc, obcomm_strerror(rc),
+                           obcomm_request_error(r[op]), victim);
+    }
+    k->first_failed[rank] = first_failed;
+    for (int op = KILL_FIRST; op < KILL_OPS; op++)
+        obcomm_request_free(r[op]);
+    return 0;
+}
+
+static int read_byte(int fd, int wait_ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char b;
+    return poll(&p, 1, wait_ms) == 1 && read(fd, &b, 1) == 1 ? 0 : -1;
+}
+
+/* _i: 0: 3 nodes x 1; 1: 1 node x 3; 2: 2 nodes x 2, the victim (rank 1)
+ * next to survivor rank 0. */
+START_TEST(killed_with_ops_in_flight)
+{
+    static const int shape[][4] = {
+        /* nodes, per node, victim, laggard */
+        {3, 1, 2, 1},
+        {1, 3, 2, 1},
+        {2, 2, 1, 3},
+    };
+    int nodes = shape[_i][0], ls = shape[_i][1], total = nodes * ls;
+    struct inflight k = {.victim = shape[_i][2], .laggard = shape[_i][3]};
+    k.first_failed = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne((void *)k.first_failed, MAP_FAILED);
+    ck_assert_int_eq(pipe(k.ready), 0);
+    ck_assert_int_eq(pipe(k.go), 0);
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, nodes, NULL), 0);
+    pid_t pid[4] = {0};
+    for (int node = 0; node < nodes; node++)
+        for (int lr = 0; lr < ls; lr++)
+            pid[node * ls + lr] = hx_spawn(&cl, node, lr, ls, "inflight",
+                                           TIMEOUT_MS, trainer_inflight, &k);
+    for (int i = 0; i < total; i++)
+        ck_assert_msg(read_byte(k.ready[0], 30000) == 0,
+                      "%d of %d trainers sent their ops", i, total);
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kill(pid[k.victim], SIGKILL);
+    char b = 1;
+    ck_assert_int_eq(write(k.go[1], &b, 1), 1);
+    for (int i = 0; i < total; i++) {
+        if (i == k.victim)
+            continue;
+        int status = hx_wait(pid[i], WAIT_MS);
+        ck_assert_msg(exited_ok(status), "rank %d: status %#x", i, status);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long ms =
+        (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    ck_assert_msg(ms < 10000, "survivors took %ld ms after the kill", ms);
+    /* Every survivor saw the same first failure. */
+    int first = k.victim == 0 ? 1 : 0;
+    for (int i = 0; i < total; i++)
+        if (i != k.victim)
+            ck_assert_msg(k.first_failed[i] == k.first_failed[first],
+                          "rank %d: first failed op %d, rank %d: %d", i,
+                          k.first_failed[i], first, k.first_failed[first]);
+    fprintf(stderr,
+            "killed with ops in flight %d: the first op to fail was %d, "
+            "%ld ms after the kill\n",
+            _i, k.first_failed[first], ms);
+    hx_wait(pid[k.victim], 5000);
+    close(k.ready[0]);
+    close(k.ready[1]);
+    close(k.go[0]);
+    close(k.go[1]);
+    munmap((void *)k.first_failed, 4096);
+    finish(&cl, ls, "inflight-after");
+}
+END_TEST
+
 /* ---- 1-bit sequences (f, g, h) ---- */
 
 static uint64_t fnv(const void *p, size_t n)
@@ -943,6 +1136,7 @@ Suite *lifetime_suite(void)
     add(s, "term", sigterm_during_onebit_restores_exactly, 2);
     add(s, "efbound", ef_memory_is_bounded, 1);
     add(s, "newrun", new_run_starts_at_zero, 1);
+    add(s, "inflight", killed_with_ops_in_flight, 3);
     return s;
 }
 
