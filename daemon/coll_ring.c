@@ -71,12 +71,15 @@ struct obd_coll {
     uint8_t *acc;
     size_t acc_bytes;
     int zero_copy; /* acc/src are trainer memory (the op holds the buffers) */
-    /* A reduce-scatter of one trainer whose dtype accumulates in itself
-     * has no local load: step 0 sends straight from the trainer's input
-     * (`local`, which the op holds mapped), and each reduction computes
-     * acc = local op received in one pass (obd_reduce_load of the two),
-     * the same operands in the same order as a load followed by
-     * obd_reduce_acc, without first copying the whole input into acc. */
+    /* The input of a node's only trainer, which the op holds mapped, when
+     * the ring reads it directly. A reduce-scatter whose dtype accumulates
+     * in itself has no local load: step 0 sends straight from `local`,
+     * and each reduction computes acc = local op received in one pass
+     * (obd_reduce_load of the two), the same operands in the same order
+     * as a load followed by obd_reduce_acc, without first copying the
+     * whole input into acc. An allgather's step 0 sends the trainer's
+     * part from `local` while the pool still copies it into the result.
+     * NULL otherwise. */
     const uint8_t *local;
     enum phase phase;
     uint64_t load_ns; /* uv_hrtime() when the local load began */
@@ -846,11 +849,13 @@ static int ring_needs_node(const struct obd_op *op, int node)
  * Bytes, whatever the dtype. The result is world blocks of one rank's part
  * each; node r's trainers own the consecutive parts of block r (count / n
  * bytes). The ring runs in the first local trainer's result buffer: its
- * node's parts are copied there (in place when a part already is), then at
- * step s (0 .. n-2) node r sends block r - s to r + 1, segment by segment,
- * and receives block r - s - 1 from r - 1 straight to its place; segment j
- * of step s leaves once it arrived at step s - 1. At the end the other
- * local trainers copy the whole result. */
+ * node's parts are copied there (unless a part already is, in place), then
+ * at step s (0 .. n-2) node r sends block r - s to r + 1, segment by
+ * segment, and receives block r - s - 1 from r - 1 straight to its place;
+ * segment j of step s leaves once it arrived at step s - 1. Step 0 waits
+ * for the copies, except on a node of one trainer, whose block is its
+ * part: it leaves from there at once. At the end the other local trainers
+ * copy the whole result. */
 
 static size_t ag_block_bytes(const struct obd_coll *c)
 {
@@ -883,27 +888,32 @@ static void ag_progress(struct obd_op *op)
     struct obd_daemon *d = op->job->d;
     int right = obd_ring_mod(c->r + 1, c->n);
     if (c->phase == PH_RING) {
-        if (c->pieces > 0)
-            return; /* the local parts are still being copied */
-        if (!c->load_traced) {
+        if (c->pieces == 0 && !c->load_traced) {
             c->load_traced = 1;
             obd_trace_span(d, "local gather", "ring",
                            (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
                            uv_hrtime(), NULL);
         }
+        /* Step 0 sends this node's block: from the only trainer's part at
+         * once, else once every local part is in the result. Later steps
+         * forward what arrived, which lies in other blocks. */
         while (c->send_step < c->nsteps &&
-               (c->send_step == 0 || passed(c->recv_step, c->recv_seg,
-                                            c->send_step - 1, c->send_seg))) {
+               (c->send_step == 0 ? c->local != NULL || c->pieces == 0
+                                  : passed(c->recv_step, c->recv_seg,
+                                           c->send_step - 1, c->send_seg))) {
             size_t off;
             size_t len = ag_seg(c, c->send_step, c->send_seg, 1, &off);
+            const uint8_t *from = c->send_step == 0 && c->local != NULL
+                                      ? c->local + c->send_seg * c->seg
+                                      : c->acc + off;
             if (send_or_fail(op, right, (uint32_t)c->send_step,
-                             (uint32_t)c->send_seg, c->acc + off, len))
+                             (uint32_t)c->send_seg, from, len))
                 return;
             obd_metric_add(&d->metrics, OBD_M_ALLGATHER_BYTES_SENT, len);
             ag_advance(c, &c->send_step, &c->send_seg);
         }
-        if (c->send_step < c->nsteps || c->recv_step < c->nsteps ||
-            op->refs > 0)
+        if (c->pieces > 0 || c->send_step < c->nsteps ||
+            c->recv_step < c->nsteps || op->refs > 0)
             return;
         c->phase = PH_STORE;
         if (spread(op, PC_COPY))
@@ -928,12 +938,16 @@ static int ag_start(struct obd_op *op)
     c->zero_copy = 1;
     c->acc = op->out[0];
     c->src = c->acc;
+    if (ls == 1)
+        c->local = op->data[0];
     c->nsteps = c->n - 1;
     c->load_ns = uv_hrtime();
     int pool = use_pool(c, part);
     size_t unit = pool ? c->seg : part;
     for (int i = 0; i < ls; i++) {
         uint8_t *to = c->acc + ((size_t)c->r * (size_t)ls + (size_t)i) * part;
+        if ((uint8_t *)op->data[i] == to)
+            continue; /* in place: the part is there */
         for (size_t b = 0; b < part; b += unit) {
             struct piece *p = piece_new(op, PC_COPY, 1);
             if (p != NULL) {

@@ -940,13 +940,16 @@ START_TEST(gather_and_scatter_exact)
 }
 END_TEST
 
-/* Reduce-scatter with 256 KiB segments and an op of more than
- * OBD_RING_POOL_SEGMENTS of them: every full reduce-scatter segment is a
- * pool task. With one trainer and fp32 or int32 no load runs: step 0
- * leaves from the trainer's input and each reduction adds it on the pool;
- * with two trainers the load runs first. Against ring_ref.h bit for bit. */
+/* Reduce-scatter and allgather with 256 KiB segments and ops of more
+ * than OBD_RING_POOL_SEGMENTS of them, against ring_ref.h bit for bit.
+ * Every full reduce-scatter segment is a pool task; with one trainer and
+ * fp32 or int32 no load runs: step 0 leaves from the trainer's input and
+ * each reduction adds it on the pool; with two trainers the load runs
+ * first. The allgather's local parts are copied on the pool (in place on
+ * odd ranks: no copy); with one trainer step 0 leaves from its part
+ * meanwhile. */
 enum { RSP_COUNT = 262144 + 1001 };
-START_TEST(reduce_scatter_on_the_pool_exact)
+START_TEST(gather_and_scatter_on_the_pool_exact)
 {
     static const int shape[][2] = {{2, 1}, {3, 1}, {2, 2}};
     static const obcomm_dtype_t dtypes[] = {OBCOMM_FLOAT32, OBCOMM_INT32};
@@ -985,6 +988,29 @@ START_TEST(reduce_scatter_on_the_pool_exact)
                 first_difference(out[k], want, RSP_COUNT, 4, what);
             }
         }
+    /* The allgather's result of each rank in in[k], the reduce-scatter's
+     * inputs being done with. */
+    static uint8_t part[4][RSP_COUNT * 4], all[4 * RSP_COUNT * 4];
+    for (int k = 0; k < world; k++) {
+        rr_fill(OBCOMM_FLOAT32, part[k], RSP_COUNT, seq * 64 + (uint64_t)k);
+        memcpy(all + (size_t)k * RSP_COUNT * 4, part[k], RSP_COUNT * 4);
+        memset(in[k], 0xa5, (size_t)world * RSP_COUNT * 4);
+        if (k % 2)
+            memcpy(in[k] + (size_t)k * RSP_COUNT * 4, part[k], RSP_COUNT * 4);
+    }
+    struct obd_opdesc g = {.kind = OBCOMM_KIND_ALLGATHER,
+                           .dtype = OBCOMM_FLOAT32,
+                           .count = RSP_COUNT};
+    reset_answers();
+    for (int k = 0; k < world; k++)
+        submit_out(k / ls, k % ls, seq, &g,
+                   k % 2 ? in[k] + (size_t)k * RSP_COUNT * 4 : part[k], in[k]);
+    pump_until(all_answered);
+    for (int k = 0; k < world; k++) {
+        ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+        snprintf(what, sizeof(what), "allgather (%d x %d) rank %d", n, ls, k);
+        first_difference(in[k], all, (size_t)world * RSP_COUNT, 4, what);
+    }
     stop();
 }
 END_TEST
@@ -1373,7 +1399,7 @@ int main(void)
     tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);
     tcase_add_loop_test(tc, gather_and_scatter_exact, 0, 12);
     tcase_add_test(tc, reduce_scatter_is_the_allreduce_part);
-    tcase_add_loop_test(tc, reduce_scatter_on_the_pool_exact, 0, 3);
+    tcase_add_loop_test(tc, gather_and_scatter_on_the_pool_exact, 0, 3);
     tcase_add_test(tc, gather_mismatch_names_kinds);
     tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
     tcase_add_test(tc, late_announce_does_not_stall_the_link);
