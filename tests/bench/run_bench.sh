@@ -227,11 +227,22 @@ run_gloo() {
     cat "$raw"/gloo-n"$k"-r*.log >"$raw/gloo-n$k.jsonl"
 }
 
+# "total stolen idle" CPU ticks of the machine so far (/proc/stat): on a
+# virtual machine the host may take CPU time the load average does not show.
+cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9, $5 + $6 }' /proc/stat; }
+# cpu_share T0 S0 I0: "busy B %, stolen S %" of the CPU time since then.
+cpu_share() {
+    read -r t s i < <(cpu_ticks)
+    awk -v dt=$((t - $1)) -v ds=$((s - $2)) -v di=$((i - $3)) \
+        'BEGIN { if (dt <= 0) dt = 1; printf "busy %.0f %%, stolen %.0f %%", 100 * (dt - di - ds) / dt, 100 * ds / dt }'
+}
+
 failed=0
 for k in $nodes; do
     log "=== $k nodes at $rate, $ops, sizes $sizes MiB, $repeats repeats"
     # The machine may be shared: keep its load next to the numbers.
     echo "$k nodes start: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    read -r t0 s0 i0 < <(cpu_ticks)
     "$cluster" up "$k" "$rate" -- "${daemon_flags[@]}" >&2
     for c in $contenders; do
         log "$c on $k nodes"
@@ -250,7 +261,7 @@ for k in $nodes; do
         # shellcheck disable=SC2086 # the trainer command is split on purpose
         run_on_nodes "$k" trainer $trainer || failed=1
     fi
-    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg); CPU time meanwhile: $(cpu_share "$t0" "$s0" "$i0")" >>"$raw/load.txt"
     "$cluster" down >&2
 done
 
@@ -265,6 +276,6 @@ fi
 
 meta="ops: $ops; nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
 obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); \
-load average (1/5/15 min) per node count: $(tr '\n' ';' <"$raw/load.txt")"
+load average (1/5/15 min) and CPU time (busy, stolen by the host) per node count: $(tr '\n' ';' <"$raw/load.txt")"
 "$py" "$here/report.py" "$raw" "$out" "$rate" "$meta"
 exit $failed
