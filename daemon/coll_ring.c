@@ -4,7 +4,9 @@
  *
  * The local trainers' buffers are reduced exactly into an accumulation
  * buffer first (one read of each), only that buffer travels, and the
- * result is written into every local trainer's buffer at the end. Each
+ * result is written into every local trainer's buffer at the end; a
+ * reduce-scatter of one trainer reads its input where the ring needs it
+ * instead (struct obd_coll, `local`). Each
  * chunk is cut into segments of segment_bytes: segment j of step s+1 leaves
  * as soon as segment j of step s has arrived and been reduced, so sending,
  * receiving and reducing overlap.
@@ -69,6 +71,16 @@ struct obd_coll {
     uint8_t *acc;
     size_t acc_bytes;
     int zero_copy; /* acc/src are trainer memory (the op holds the buffers) */
+    /* The input of a node's only trainer, which the op holds mapped, when
+     * the ring reads it directly. A reduce-scatter whose dtype accumulates
+     * in itself has no local load: step 0 sends straight from `local`,
+     * and each reduction computes acc = local op received in one pass
+     * (obd_reduce_load of the two), the same operands in the same order
+     * as a load followed by obd_reduce_acc, without first copying the
+     * whole input into acc. An allgather's step 0 sends the trainer's
+     * part from `local` while the pool still copies it into the result.
+     * NULL otherwise. */
+    const uint8_t *local;
     enum phase phase;
     uint64_t load_ns; /* uv_hrtime() when the local load began */
     int load_traced;
@@ -126,10 +138,11 @@ struct piece {
     obcomm_dtype_t dtype;
     obcomm_op_t redop;
     int divisor;
-    size_t begin, count; /* elements of acc (bytes for COPY) */
-    uint8_t *acc;        /* acc + begin (COPY: the source + begin) */
-    const uint8_t *in;   /* ACC: the received segment */
-    size_t idx;          /* ACC: reduced[idx]; LOAD: load[idx] */
+    size_t begin, count;  /* elements of acc (bytes for COPY) */
+    uint8_t *acc;         /* acc + begin (COPY: the source + begin) */
+    const uint8_t *in;    /* ACC: the received segment */
+    const uint8_t *local; /* ACC: the trainer's segment (coll.local), or NULL */
+    size_t idx;           /* ACC: reduced[idx]; LOAD: load[idx] */
     uint64_t begin_ns, end_ns;
     int pooled;
     int nptr;
@@ -159,7 +172,12 @@ static void piece_run(struct piece *p)
                         p->nptr, p->count);
         break;
     case PC_ACC:
-        obd_reduce_acc(p->dtype, p->redop, p->acc, p->in, p->count);
+        if (p->local != NULL) {
+            const void *const src[2] = {p->local, p->in};
+            obd_reduce_load(p->dtype, p->redop, p->acc, src, 2, p->count);
+        } else {
+            obd_reduce_acc(p->dtype, p->redop, p->acc, p->in, p->count);
+        }
         break;
     case PC_STORE:
         obd_reduce_store_many(p->dtype, p->redop, p->ptr, p->nptr, p->acc,
@@ -554,6 +572,7 @@ static int reduce_received(struct obd_op *op)
             p->count = len;
             p->acc = c->acc + off * c->esz;
             p->in = c->held[idx];
+            p->local = c->local != NULL ? c->local + off * c->esz : NULL;
             p->idx = idx;
             c->held[idx] = NULL; /* the piece has it; it stays in bufs */
         }
@@ -589,8 +608,9 @@ static int ring_send(struct obd_op *op)
             break;
         size_t off;
         size_t len = seg_range(c, s, j, 1, &off);
+        const uint8_t *from = s == 0 && c->local != NULL ? c->local : c->acc;
         if (send_or_fail(op, right, (uint32_t)s, (uint32_t)j,
-                         c->acc + off * c->esz, len * c->esz))
+                         from + off * c->esz, len * c->esz))
             return 1;
         obd_metric_add(&d->metrics,
                        op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER
@@ -642,7 +662,8 @@ static void ring_progress(struct obd_op *op)
     if (c->phase == PH_RING) {
         if (load_more(op) || reduce_received(op) || ring_send(op))
             return;
-        if (!c->zero_copy && !c->load_traced && c->load_left == 0) {
+        if (!c->zero_copy && c->local == NULL && !c->load_traced &&
+            c->load_left == 0) {
             c->load_traced = 1;
             obd_trace_span(c->d, "local reduce", "ring",
                            (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
@@ -686,6 +707,9 @@ static int ring_start(struct obd_op *op)
         c->acc = op->data[0];
         c->zero_copy = 1;
     }
+    if (c != NULL && rs && job->local_size == 1 && c->n > 1 &&
+        esz == obd_dtype_size(dt))
+        c->local = op->data[0];
     if (c != NULL) {
         size_t b, e;
         obd_ring_chunk(c->count, c->n, 0, &b, &e); /* the largest chunk */
@@ -714,15 +738,16 @@ static int ring_start(struct obd_op *op)
     /* Frames that arrive before their segment is loaded wait in their
      * buffers (reduce_received). */
     c->load_ns = uv_hrtime();
+    int no_load = c->zero_copy || c->local != NULL;
     for (int k = 0; k < c->n; k++) {
         size_t b, e;
         chunk_range(c, k, &b, &e);
         size_t nseg = obd_ring_nseg(e - b, c->seg);
-        c->load_left += c->zero_copy ? 0 : nseg;
-        if (c->zero_copy)
+        c->load_left += no_load ? 0 : nseg;
+        if (no_load)
             memset(c->load + seg_index(c, k, 0), LD_DONE, nseg);
     }
-    if (c->zero_copy)
+    if (no_load)
         c->load_j = c->maxseg; /* nothing to load */
     ring_progress(op);
     return 0;
@@ -811,11 +836,13 @@ static int ring_needs_node(const struct obd_op *op, int node)
  * Bytes, whatever the dtype. The result is world blocks of one rank's part
  * each; node r's trainers own the consecutive parts of block r (count / n
  * bytes). The ring runs in the first local trainer's result buffer: its
- * node's parts are copied there (in place when a part already is), then at
- * step s (0 .. n-2) node r sends block r - s to r + 1, segment by segment,
- * and receives block r - s - 1 from r - 1 straight to its place; segment j
- * of step s leaves once it arrived at step s - 1. At the end the other
- * local trainers copy the whole result. */
+ * node's parts are copied there (unless a part already is, in place), then
+ * at step s (0 .. n-2) node r sends block r - s to r + 1, segment by
+ * segment, and receives block r - s - 1 from r - 1 straight to its place;
+ * segment j of step s leaves once it arrived at step s - 1. Step 0 waits
+ * for the copies, except on a node of one trainer, whose block is its
+ * part: it leaves from there at once. At the end the other local trainers
+ * copy the whole result. */
 
 static size_t ag_block_bytes(const struct obd_coll *c)
 {
@@ -848,27 +875,32 @@ static void ag_progress(struct obd_op *op)
     struct obd_daemon *d = op->job->d;
     int right = obd_ring_mod(c->r + 1, c->n);
     if (c->phase == PH_RING) {
-        if (c->pieces > 0)
-            return; /* the local parts are still being copied */
-        if (!c->load_traced) {
+        if (c->pieces == 0 && !c->load_traced) {
             c->load_traced = 1;
             obd_trace_span(d, "local gather", "ring",
                            (int)(op->job->id % OBD_TRACE_POOL), c->load_ns,
                            uv_hrtime(), NULL);
         }
+        /* Step 0 sends this node's block: from the only trainer's part at
+         * once, else once every local part is in the result. Later steps
+         * forward what arrived, which lies in other blocks. */
         while (c->send_step < c->nsteps &&
-               (c->send_step == 0 || passed(c->recv_step, c->recv_seg,
-                                            c->send_step - 1, c->send_seg))) {
+               (c->send_step == 0 ? c->local != NULL || c->pieces == 0
+                                  : passed(c->recv_step, c->recv_seg,
+                                           c->send_step - 1, c->send_seg))) {
             size_t off;
             size_t len = ag_seg(c, c->send_step, c->send_seg, 1, &off);
+            const uint8_t *from = c->send_step == 0 && c->local != NULL
+                                      ? c->local + c->send_seg * c->seg
+                                      : c->acc + off;
             if (send_or_fail(op, right, (uint32_t)c->send_step,
-                             (uint32_t)c->send_seg, c->acc + off, len))
+                             (uint32_t)c->send_seg, from, len))
                 return;
             obd_metric_add(&d->metrics, OBD_M_ALLGATHER_BYTES_SENT, len);
             ag_advance(c, &c->send_step, &c->send_seg);
         }
-        if (c->send_step < c->nsteps || c->recv_step < c->nsteps ||
-            !obd_op_idle(op))
+        if (c->pieces > 0 || c->send_step < c->nsteps ||
+            c->recv_step < c->nsteps || !obd_op_idle(op))
             return;
         c->phase = PH_STORE;
         if (spread(op, PC_COPY))
@@ -893,12 +925,16 @@ static int ag_start(struct obd_op *op)
     c->zero_copy = 1;
     c->acc = op->out[0];
     c->src = c->acc;
+    if (ls == 1)
+        c->local = op->data[0];
     c->nsteps = c->n - 1;
     c->load_ns = uv_hrtime();
     int pool = use_pool(c, part);
     size_t unit = pool ? c->seg : part;
     for (int i = 0; i < ls; i++) {
         uint8_t *to = c->acc + ((size_t)c->r * (size_t)ls + (size_t)i) * part;
+        if ((uint8_t *)op->data[i] == to)
+            continue; /* in place: the part is there */
         for (size_t b = 0; b < part; b += unit) {
             struct piece *p = piece_new(op, PC_COPY, 1);
             if (p != NULL) {

@@ -939,6 +939,81 @@ START_TEST(gather_and_scatter_exact)
 }
 END_TEST
 
+/* Reduce-scatter and allgather with 256 KiB segments and ops of more
+ * than OBD_RING_POOL_SEGMENTS of them, against ring_ref.h bit for bit.
+ * Every full reduce-scatter segment is a pool task; with one trainer and
+ * fp32 or int32 no load runs: step 0 leaves from the trainer's input and
+ * each reduction adds it on the pool; with two trainers the load runs
+ * first. The allgather's local parts are copied on the pool (in place on
+ * odd ranks: no copy); with one trainer step 0 leaves from its part
+ * meanwhile. */
+enum { RSP_COUNT = 262144 + 1001 };
+START_TEST(gather_and_scatter_on_the_pool_exact)
+{
+    static const int shape[][2] = {{2, 1}, {3, 1}, {2, 2}};
+    static const obcomm_dtype_t dtypes[] = {OBCOMM_FLOAT32, OBCOMM_INT32};
+    static const obcomm_op_t ops[] = {OBCOMM_SUM, OBCOMM_AVG, OBCOMM_MAX};
+    int n = shape[_i][0], ls = shape[_i][1], world = n * ls;
+    segment_bytes = "262144";
+    start(n, ls);
+    segment_bytes = NULL;
+    static uint8_t in[4][4 * RSP_COUNT * 4], out[4][RSP_COUNT * 4];
+    static uint8_t want[RSP_COUNT * 4];
+    const void *x[4];
+    char what[128];
+    uint64_t seq = 0;
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++)
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++, seq++) {
+            obcomm_dtype_t t = dtypes[d];
+            for (int k = 0; k < world; k++) {
+                rr_fill(t, in[k], (size_t)world * RSP_COUNT,
+                        seq * 64 + (uint64_t)k + 1);
+                x[k] = in[k];
+            }
+            struct obd_opdesc a = {.kind = OBCOMM_KIND_REDUCE_SCATTER,
+                                   .dtype = t,
+                                   .redop = ops[o],
+                                   .count = RSP_COUNT};
+            reset_answers();
+            for (int k = 0; k < world; k++)
+                submit_out(k / ls, k % ls, seq, &a, in[k], out[k]);
+            pump_until(all_answered);
+            for (int k = 0; k < world; k++) {
+                ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+                rr_expect_rs(t, ops[o], n, ls, x, RSP_COUNT, k, want);
+                snprintf(what, sizeof(what),
+                         "reduce-scatter dtype %d op %d (%d x %d) rank %d", t,
+                         ops[o], n, ls, k);
+                first_difference(out[k], want, RSP_COUNT, 4, what);
+            }
+        }
+    /* The allgather's result of each rank in in[k], the reduce-scatter's
+     * inputs being done with. */
+    static uint8_t part[4][RSP_COUNT * 4], all[4 * RSP_COUNT * 4];
+    for (int k = 0; k < world; k++) {
+        rr_fill(OBCOMM_FLOAT32, part[k], RSP_COUNT, seq * 64 + (uint64_t)k);
+        memcpy(all + (size_t)k * RSP_COUNT * 4, part[k], RSP_COUNT * 4);
+        memset(in[k], 0xa5, (size_t)world * RSP_COUNT * 4);
+        if (k % 2)
+            memcpy(in[k] + (size_t)k * RSP_COUNT * 4, part[k], RSP_COUNT * 4);
+    }
+    struct obd_opdesc g = {.kind = OBCOMM_KIND_ALLGATHER,
+                           .dtype = OBCOMM_FLOAT32,
+                           .count = RSP_COUNT};
+    reset_answers();
+    for (int k = 0; k < world; k++)
+        submit_out(k / ls, k % ls, seq, &g,
+                   k % 2 ? in[k] + (size_t)k * RSP_COUNT * 4 : part[k], in[k]);
+    pump_until(all_answered);
+    for (int k = 0; k < world; k++) {
+        ck_assert_int_eq(trainers[k / ls][k % ls].status, 0);
+        snprintf(what, sizeof(what), "allgather (%d x %d) rank %d", n, ls, k);
+        first_difference(in[k], all, (size_t)world * RSP_COUNT, 4, what);
+    }
+    stop();
+}
+END_TEST
+
 static int all_answered_twice(void)
 {
     for (int n = 0; n < nnodes; n++)
@@ -1323,6 +1398,7 @@ int main(void)
     tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);
     tcase_add_loop_test(tc, gather_and_scatter_exact, 0, 12);
     tcase_add_test(tc, reduce_scatter_is_the_allreduce_part);
+    tcase_add_loop_test(tc, gather_and_scatter_on_the_pool_exact, 0, 3);
     tcase_add_test(tc, gather_mismatch_names_kinds);
     tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
     tcase_add_test(tc, late_announce_does_not_stall_the_link);

@@ -40,4 +40,29 @@ static inline long long dev_tx_bytes(const char *dev)
     return v;
 }
 
+/* A list of names separated by commas or spaces ("fp32,allgather"):
+ * on[k] = 1 for each names[k] it holds, 0 for the others. Returns 0, or
+ * -1 (on[] then undefined) for an unknown name or an empty list. */
+static inline int parse_names(const char *s, const char *const *names, int n,
+                              int *on)
+{
+    int any = 0;
+
+    memset(on, 0, (size_t)n * sizeof(*on));
+    while (*s != '\0') {
+        size_t len = strcspn(s, ", ");
+        if (len > 0) {
+            int k = 0;
+            while (k < n &&
+                   (strlen(names[k]) != len || strncmp(s, names[k], len) != 0))
+                k++;
+            if (k == n)
+                return -1;
+            on[k] = any = 1;
+        }
+        s += len + (s[len] != '\0');
+    }
+    return any ? 0 : -1;
+}
+
 #endif

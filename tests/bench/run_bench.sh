@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Allreduce benchmark: obcomm (fp32 ring and 1-bit) against OpenMPI and Gloo,
-# one process per node, on an emulated cluster of network namespaces with
-# shaped links (deploy/netns-cluster.sh). Needs root.
+# Collective benchmark: obcomm (fp32 ring and 1-bit allreduce, allgather,
+# reduce-scatter) against OpenMPI and Gloo, one process per node, on an
+# emulated cluster of network namespaces with shaped links
+# (deploy/netns-cluster.sh). Needs root.
 #
 #   tests/bench/run_bench.sh [--nodes "2 4 8"] [--sizes-mib "1 4 16 64 256"]
 #       [--rate 1gbit] [--repeats N] [--warmup N] [--quick]
 #       [--contenders "obcomm mpi mpi_ring gloo"] [--out DIR]
+#       [--ops "allreduce allgather reduce_scatter"]
 #       [--trainer "CMD ..."] [--wire-protection none|integrity|encrypt]
 #       [-- obcommd flags...]
 #
 # --quick: 2 nodes, 1 and 4 MiB, 2 repeats (a smoke check), into
 #   tests/bench/results-quick unless --out says otherwise.
-# Contenders: obcomm = build/tests/bench/bench_allreduce (fp32 SUM and 1-bit);
-#   mpi = mpi_allreduce under mpirun with Open MPI's default algorithm choice;
-#   mpi_ring = the same with coll_tuned forced to the ring allreduce (4);
-#   gloo = gloo_allreduce.py (Debian python3-torch, /usr/bin/python3).
+# --ops: the collectives every contender runs (default allreduce); a size
+#   is MiB of one fp32 tensor: the allreduce's data, the allgather's whole
+#   result, the reduce-scatter's whole input.
+# Contenders: obcomm = build/tests/bench/bench_allreduce (allreduce: fp32 SUM
+#   and 1-bit; allgather; reduce-scatter SUM);
+#   mpi = mpi_allreduce under mpirun with Open MPI's default algorithm choice
+#   (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block);
+#   mpi_ring = the same with coll_tuned forced to the ring allreduce (4) and
+#   ring allgather (4); it skips reduce-scatter (no ring algorithm for
+#   MPI_Reduce_scatter_block);
+#   gloo = gloo_allreduce.py (Debian python3-torch, /usr/bin/python3),
+#   allreduce and allgather (Gloo has no reduce-scatter in torch 1.13).
+#   With mpi or mpi_ring, Open MPI is installed first (deploy/bootstrap.sh
+#   openmpi-bin libopenmpi-dev, a benchmark-only need) and meson
+#   reconfigured to find it.
 # --wire-protection MODE: obcommd's wire_protection (the daemons of the
 #   emulated cluster always hold a cluster key, deploy/netns-cluster.sh).
 # --trainer CMD: after the contenders, for every node count, runs CMD once
@@ -23,7 +36,8 @@
 #   training comparison.
 #
 # Output: $OUT/raw/*.jsonl (every rank's lines), $OUT/raw/codec.json, and
-# from report.py $OUT/allreduce.{json,md,png}; $OUT defaults to
+# from report.py $OUT/OP.{json,md,png} per collective OP (allreduce,
+# allgather, reduce_scatter); $OUT defaults to
 # tests/bench/results. The cluster is always torn down, also on failure or
 # Ctrl-C.
 set -euo pipefail
@@ -38,6 +52,7 @@ rate=1gbit
 repeats=5
 warmup=1
 contenders="obcomm mpi mpi_ring gloo"
+ops="allreduce"
 out=$here/results
 trainer=""
 wire=""
@@ -45,7 +60,7 @@ quick=0
 per_run_timeout=${BENCH_TIMEOUT:-3600}
 py=/usr/bin/python3
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,6 +70,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --contenders) contenders=$2; shift 2 ;;
+    --ops) ops=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --trainer) trainer=$2; shift 2 ;;
     --wire-protection) wire=$2; shift 2 ;;
@@ -72,9 +88,25 @@ if [ $quick -eq 1 ]; then
     [ "$out" = "$here/results" ] && out=$here/results-quick
 fi
 [ "$(id -u)" -eq 0 ] || { echo "run_bench: needs root (network namespaces)" >&2; exit 1; }
+ops=${ops//,/ }
+for o in $ops; do
+    case "$o" in
+    allreduce | allgather | reduce_scatter) ;;
+    *) echo "run_bench: unknown op $o (allreduce, allgather, reduce_scatter)" >&2; usage ;;
+    esac
+done
+[ -n "${ops// /}" ] || usage
 
 raw=$out/raw
 log() { echo "run_bench: $*" >&2; }
+
+# The emulated cluster's namespaces have fixed names, and tearing a cluster
+# down kills every process in them: never start (or tear down) while one
+# is up, which may be another run's.
+if ip netns list 2>/dev/null | grep -qE '^obcomm-(n[0-9]+|br)( |$)'; then
+    log "an emulated cluster is up (another run?); left alone. If it is a leftover: deploy/netns-cluster.sh down"
+    exit 1
+fi
 
 cleanup() {
     local rc=$?
@@ -86,8 +118,20 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Build what the benchmark runs (meson finds MPI only if it is installed).
-(cd "$top" && deploy/build.sh)
+# Build what the benchmark runs. Open MPI is a need of this benchmark only,
+# so it is installed here, not by every build; meson looks for MPI when it
+# configures, so a build directory set up before the install is
+# reconfigured.
+bench_pkgs=()
+case " $contenders " in
+*" mpi "* | *" mpi_ring "*) bench_pkgs=(openmpi-bin libopenmpi-dev) ;;
+esac
+(cd "$top" && deploy/build.sh "${bench_pkgs[@]}")
+if [ ${#bench_pkgs[@]} -gt 0 ] && [ ! -x "$build/tests/bench/mpi_allreduce" ]; then
+    log "reconfiguring $build to find MPI"
+    meson setup --reconfigure "$build" >/dev/null
+    meson compile -C "$build" >/dev/null
+fi
 mkdir -p "$raw"
 rm -f "$raw"/*.jsonl "$raw"/*.log "$raw"/*.err "$raw/codec.json" "$raw/load.txt"
 
@@ -116,19 +160,44 @@ run_on_nodes() {
     return $rc
 }
 
+# has_op OP: 0 if OP is among --ops.
+has_op() { [[ " $ops " == *" $1 "* ]]; }
+
+# ops_for CONTENDER: the contender's op list (comma separated) for --ops;
+# empty if it runs none of them. bench_allreduce names the allreduce's two
+# variants (fp32, 1bit); mpi_ring runs what Open MPI has a ring for; Gloo
+# has no reduce-scatter.
+ops_for() {
+    local o list=""
+    for o in $ops; do
+        case "$1:$o" in
+        obcomm:allreduce) o=fp32,1bit ;;
+        mpi_ring:reduce_scatter | gloo:reduce_scatter)
+            log "$1: no reduce_scatter (see --help), skipped"
+            continue ;;
+        esac
+        list+="${list:+,}$o"
+    done
+    echo "$list"
+}
+
 run_obcomm() {
-    local k=$1
+    local k=$1 o
+    o=$(ops_for obcomm)
     run_on_nodes "$k" obcomm "$build/tests/bench/bench_allreduce" -j bench \
-        -z "$sizes" -r "$repeats" -w "$warmup" -c "$build/client/obcommctl" -d ob0 || return 1
+        -z "$sizes" -r "$repeats" -w "$warmup" -o "$o" \
+        -c "$build/client/obcommctl" -d ob0 || return 1
     cat "$raw"/obcomm-n"$k"-r*.log >"$raw/obcomm-n$k.jsonl"
 }
 
 # mpirun starts in node 0's namespace; netns-rsh.sh starts the remote orted
 # in the namespace of each host address.
 run_mpi() {
-    local k=$1 label=$2 i hosts=$raw/hosts-n$1
+    local k=$1 label=$2 i hosts=$raw/hosts-n$1 o
     shift 2
     [ -x "$build/tests/bench/mpi_allreduce" ] || { log "no mpi_allreduce (MPI not found at build), skipped"; return 0; }
+    o=$(ops_for "$([ "$label" = openmpi ] && echo mpi || echo mpi_ring)")
+    [ -n "$o" ] || return 0
     : >"$hosts"
     for ((i = 0; i < k; i++)); do echo "10.77.0.$((i + 1)) slots=1" >>"$hosts"; done
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -137,7 +206,7 @@ run_mpi() {
         --mca plm_rsh_agent "$here/netns-rsh.sh" \
         --mca btl tcp,self --mca btl_tcp_if_include ob0 \
         --mca oob_tcp_if_include ob0 "$@" \
-        "$build/tests/bench/mpi_allreduce" -z "$sizes" -r "$repeats" -w "$warmup" -d ob0 \
+        "$build/tests/bench/mpi_allreduce" -z "$sizes" -r "$repeats" -w "$warmup" -d ob0 -o "$o" \
         >"$raw/$label-n$k.log" 2>"$raw/$label-n$k.err" || { log "$label failed, see $raw/$label-n$k.err"; return 1; }
     if [ "$label" = openmpi ]; then
         cp "$raw/$label-n$k.log" "$raw/$label-n$k.jsonl"
@@ -148,19 +217,32 @@ run_mpi() {
 }
 
 run_gloo() {
-    local k=$1
+    local k=$1 o
     "$py" -c 'import torch.distributed' 2>/dev/null || { log "no torch for $py, gloo skipped"; return 0; }
+    o=$(ops_for gloo)
+    [ -n "$o" ] || return 0
     run_on_nodes "$k" gloo "$py" "$here/gloo_allreduce.py" --rank '{I}' --world "$k" \
         --master 10.77.0.1:29500 --sizes-mib "$sizes" --repeats "$repeats" \
-        --warmup "$warmup" --dev ob0 || return 1
+        --warmup "$warmup" --dev ob0 --ops "$o" || return 1
     cat "$raw"/gloo-n"$k"-r*.log >"$raw/gloo-n$k.jsonl"
+}
+
+# "total stolen idle" CPU ticks of the machine so far (/proc/stat): on a
+# virtual machine the host may take CPU time the load average does not show.
+cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9, $5 + $6 }' /proc/stat; }
+# cpu_share T0 S0 I0: "busy B %, stolen S %" of the CPU time since then.
+cpu_share() {
+    read -r t s i < <(cpu_ticks)
+    awk -v dt=$((t - $1)) -v ds=$((s - $2)) -v di=$((i - $3)) \
+        'BEGIN { if (dt <= 0) dt = 1; printf "busy %.0f %%, stolen %.0f %%", 100 * (dt - di - ds) / dt, 100 * ds / dt }'
 }
 
 failed=0
 for k in $nodes; do
-    log "=== $k nodes at $rate, sizes $sizes MiB, $repeats repeats"
+    log "=== $k nodes at $rate, $ops, sizes $sizes MiB, $repeats repeats"
     # The machine may be shared: keep its load next to the numbers.
     echo "$k nodes start: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    read -r t0 s0 i0 < <(cpu_ticks)
     "$cluster" up "$k" "$rate" -- "${daemon_flags[@]}" >&2
     for c in $contenders; do
         log "$c on $k nodes"
@@ -168,7 +250,8 @@ for k in $nodes; do
         obcomm) run_obcomm "$k" || failed=1 ;;
         mpi) run_mpi "$k" openmpi || failed=1 ;;
         mpi_ring) run_mpi "$k" openmpi_ring --mca coll_tuned_use_dynamic_rules 1 \
-            --mca coll_tuned_allreduce_algorithm 4 || failed=1 ;;
+            --mca coll_tuned_allreduce_algorithm 4 \
+            --mca coll_tuned_allgather_algorithm 4 || failed=1 ;;
         gloo) run_gloo "$k" || failed=1 ;;
         *) log "unknown contender $c"; failed=1 ;;
         esac
@@ -178,18 +261,21 @@ for k in $nodes; do
         # shellcheck disable=SC2086 # the trainer command is split on purpose
         run_on_nodes "$k" trainer $trainer || failed=1
     fi
-    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$raw/load.txt"
+    echo "$k nodes end: $(cut -d' ' -f1-3 /proc/loadavg); CPU time meanwhile: $(cpu_share "$t0" "$s0" "$i0")" >>"$raw/load.txt"
     "$cluster" down >&2
 done
 
-log "codec figures (bench_codec --json)"
-codec_n=$((64 * 1048576))
-[ $quick -eq 1 ] && codec_n=1048576
-"$build/tests/bench/bench_codec" --json -n "$codec_n" -r "$([ $quick -eq 1 ] && echo 3 || echo 5)" \
-    >"$raw/codec.json" 2>"$raw/codec.err" || { log "bench_codec failed"; failed=1; }
+# The codec figures go with the 1-bit allreduce.
+if has_op allreduce; then
+    log "codec figures (bench_codec --json)"
+    codec_n=$((64 * 1048576))
+    [ $quick -eq 1 ] && codec_n=1048576
+    "$build/tests/bench/bench_codec" --json -n "$codec_n" -r "$([ $quick -eq 1 ] && echo 3 || echo 5)" \
+        >"$raw/codec.json" 2>"$raw/codec.err" || { log "bench_codec failed"; failed=1; }
+fi
 
-meta="nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
+meta="ops: $ops; nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
 obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); \
-load average (1/5/15 min) per node count: $(tr '\n' ';' <"$raw/load.txt")"
+load average (1/5/15 min) and CPU time (busy, stolen by the host) per node count: $(tr '\n' ';' <"$raw/load.txt")"
 "$py" "$here/report.py" "$raw" "$out" "$rate" "$meta"
 exit $failed
