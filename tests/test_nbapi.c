@@ -34,6 +34,7 @@
 #include <check.h>
 
 #include "ck_run.h"
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -890,6 +891,83 @@ START_TEST(allgather_reduce_scatter_exact)
 }
 END_TEST
 
+/* 1 with a message unless rc is `want` and the request's message holds
+ * every needle. */
+static int expect_error(obcomm_t *c, obcomm_request_t *r, int rc, int want,
+                        const char *const *needles)
+{
+    const char *msg = obcomm_request_error(r);
+    if (rc != want)
+        return hx_fail(c, "status %d, want %d: %s", rc, want, msg);
+    for (int i = 0; needles[i] != NULL; i++)
+        if (strstr(msg, needles[i]) == NULL)
+            return hx_fail(c, "'%s' lacks '%s'", msg, needles[i]);
+    return 0;
+}
+
+/* 2 nodes x 1 trainer, a 2 s deadline. Op 0: rank 1 gathers 5 elements
+ * where rank 0 gathers 4: both get MISMATCH naming the field, both ranks
+ * and their counts. That op stops the run, so the job "gdl2" then checks
+ * the deadline: rank 1 never submits its reduce-scatter, and rank 0's
+ * fails with TIMEOUT naming it. */
+static int trainer_gather_mismatch(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    int rank = obcomm_rank(c);
+    float *buf;
+    if (obcomm_alloc(c, 64 * sizeof(float), (void **)&buf))
+        return hx_fail(c, "alloc: %s", obcomm_last_error(c));
+    obcomm_request_t *r;
+    if (obcomm_iallgather(c, buf, buf + 16, rank == 0 ? 4 : 5, OBCOMM_FLOAT32,
+                          &r))
+        return hx_fail(c, "iallgather: %s", obcomm_last_error(c));
+    const char *needles[] = {"count differs", "rank 0 (node 0) has 4",
+                             "rank 1 (node 1) has 5", NULL};
+    int bad = expect_error(c, r, obcomm_wait(r), OBCOMM_E_MISMATCH, needles);
+    obcomm_request_free(r);
+    return bad;
+}
+
+/* arg: a path rank 0 creates once its op is over, so that rank 1 stays
+ * joined (and the op waits for it) until then. */
+static int trainer_scatter_deadline(obcomm_t *c, void *arg)
+{
+    const char *done = arg;
+    float *buf;
+    if (obcomm_alloc(c, 64 * sizeof(float), (void **)&buf))
+        return hx_fail(c, "alloc: %s", obcomm_last_error(c));
+    if (obcomm_rank(c) == 1) { /* never submits */
+        for (int i = 0; i < 6000 && access(done, F_OK) != 0; i++)
+            usleep(10000);
+        return access(done, F_OK) == 0 ? 0 : hx_fail(c, "rank 0 never done");
+    }
+    obcomm_request_t *r;
+    if (obcomm_ireduce_scatter(c, buf, buf + 32, 8, OBCOMM_FLOAT32, OBCOMM_SUM,
+                               &r))
+        return hx_fail(c, "ireduce_scatter: %s", obcomm_last_error(c));
+    const char *needles[] = {"timed out", "never arrived", "rank 1", NULL};
+    int bad = expect_error(c, r, obcomm_wait(r), OBCOMM_E_TIMEOUT, needles);
+    obcomm_request_free(r);
+    int fd = open(done, O_CREAT | O_WRONLY, 0600);
+    if (fd >= 0)
+        close(fd);
+    return bad;
+}
+
+START_TEST(gather_mismatch_and_deadline)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    int failed =
+        hx_run(&cl, 1, "gdl1", 2000, 120, trainer_gather_mismatch, NULL);
+    char done[512];
+    snprintf(done, sizeof(done), "%s/gdl2-done", cl.dir);
+    failed += hx_run(&cl, 1, "gdl2", 2000, 120, trainer_scatter_deadline, done);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
 static TCase *tcase(Suite *s, const char *name, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -905,6 +983,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "gather") == 0) {
         TCase *tc = tcase(s, "gather", 600);
         tcase_add_loop_test(tc, allgather_reduce_scatter_exact, 0, nshapes);
+        tcase_add_test(tc, gather_mismatch_and_deadline);
         return ck_run(s);
     }
     TCase *tc = tcase(s, "calls", 600);
