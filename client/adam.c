@@ -13,7 +13,7 @@
 #include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
-#define ADAM_VERSION 2
+#define ADAM_VERSION 3
 
 struct obcomm_adam {
     obcomm_t *c;
@@ -229,8 +229,38 @@ int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
     return 0;
 }
 
-/* File: magic, version, count, step, the config, then m and v. */
-struct adam_hdr {
+/* The checkpoint file (obcomm.h, obcomm_adam_save): a header of
+ * ADAM_HDR_BYTES at fixed offsets, every field little-endian, then m and v
+ * (count floats each, little-endian) and the node's part of the snapshot.
+ * The header is encoded field by field, never dumped from a struct, so
+ * the file means the same to every compiler and to the Python package,
+ * which reads and writes the same layout (obcomm/torch.py, _ADAM_HEADER).
+ *   0 magic "OBCMADAM"   8 u32 version (3)   12 u32 header bytes (96)
+ *  16 u64 count         24 i64 step          32 u64 key
+ *  40 f32 lr  44 f32 beta1  48 f32 beta2  52 f32 eps  56 f32 weight_decay
+ *  60 u32 bias_correction   64 i64 freeze_step
+ *  72 u64 snapshot      80 u64 part bytes    88 u32 part's node  92 u32 0
+ * Version 2 files (the header as this machine's struct) are still read. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "adam.c writes m and v as they lie in memory: add byte swaps here"
+#endif
+#define ADAM_HDR_BYTES 96
+
+struct adam_file {
+    uint32_t version;
+    uint64_t count;
+    int64_t step;
+    uint64_t key;
+    obcomm_adam_config_t cfg;
+    uint64_t snapshot;   /* the daemons' error feedback (obcomm_save_1bit) */
+    uint64_t part_bytes; /* without a state_dir: node part_node's part of
+                            the snapshot, after v (obcomm_export_1bit) */
+    uint32_t part_node;
+    size_t header_bytes; /* where m begins */
+};
+
+/* Version 2's header, this machine's layout of the struct it was. */
+struct adam_hdr_v2 {
     char magic[8];
     uint32_t version;
     uint32_t reserved;
@@ -238,13 +268,125 @@ struct adam_hdr {
     int64_t step;
     uint64_t key;
     obcomm_adam_config_t cfg;
-    uint64_t snapshot; /* the daemons' error feedback (obcomm_save_1bit) */
-    /* Without a state_dir: the bytes of node part_node's part of the
-     * snapshot, which follow v (obcomm_export_1bit); 0: none. */
+    uint64_t snapshot;
     uint64_t part_bytes;
     uint32_t part_node;
     uint32_t reserved2;
 };
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4); /* little-endian host (checked above) */
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void encode_header(uint8_t h[ADAM_HDR_BYTES], const struct adam_file *f)
+{
+    memset(h, 0, ADAM_HDR_BYTES);
+    memcpy(h, ADAM_MAGIC, 8);
+    put32(h + 8, ADAM_VERSION);
+    put32(h + 12, ADAM_HDR_BYTES);
+    put64(h + 16, f->count);
+    put64(h + 24, (uint64_t)f->step);
+    put64(h + 32, f->key);
+    put32(h + 40, fbits(f->cfg.lr));
+    put32(h + 44, fbits(f->cfg.beta1));
+    put32(h + 48, fbits(f->cfg.beta2));
+    put32(h + 52, fbits(f->cfg.eps));
+    put32(h + 56, fbits(f->cfg.weight_decay));
+    put32(h + 60, (uint32_t)f->cfg.bias_correction);
+    put64(h + 64, (uint64_t)(int64_t)f->cfg.freeze_step);
+    put64(h + 72, f->snapshot);
+    put64(h + 80, f->part_bytes);
+    put32(h + 88, f->part_node);
+}
+
+static int read_all(int fd, void *buf, size_t len);
+
+/* Reads the header of either version; 0, OBCOMM_E_IO or OBCOMM_E_CORRUPT
+ * (not a checkpoint, or of an unknown version). */
+static int read_header(int fd, struct adam_file *f)
+{
+    uint8_t h[sizeof(struct adam_hdr_v2) > ADAM_HDR_BYTES
+                  ? sizeof(struct adam_hdr_v2)
+                  : ADAM_HDR_BYTES];
+    int rc = read_all(fd, h, 12);
+    if (rc)
+        return rc;
+    if (memcmp(h, ADAM_MAGIC, 8) != 0)
+        return OBCOMM_E_CORRUPT;
+    f->version = get32(h + 8);
+    if (f->version == 2) {
+        struct adam_hdr_v2 v2;
+        memcpy(&v2, h, 12);
+        rc = read_all(fd, (uint8_t *)&v2 + 12, sizeof(v2) - 12);
+        if (rc)
+            return rc;
+        f->count = v2.count;
+        f->step = v2.step;
+        f->key = v2.key;
+        f->cfg = v2.cfg;
+        f->snapshot = v2.snapshot;
+        f->part_bytes = v2.part_bytes;
+        f->part_node = v2.part_node;
+        f->header_bytes = sizeof(v2);
+        return 0;
+    }
+    if (f->version != ADAM_VERSION)
+        return OBCOMM_E_CORRUPT;
+    rc = read_all(fd, h + 12, ADAM_HDR_BYTES - 12);
+    if (rc)
+        return rc;
+    if (get32(h + 12) != ADAM_HDR_BYTES)
+        return OBCOMM_E_CORRUPT;
+    f->count = get64(h + 16);
+    f->step = (int64_t)get64(h + 24);
+    f->key = get64(h + 32);
+    f->cfg.lr = bitsf(get32(h + 40));
+    f->cfg.beta1 = bitsf(get32(h + 44));
+    f->cfg.beta2 = bitsf(get32(h + 48));
+    f->cfg.eps = bitsf(get32(h + 52));
+    f->cfg.weight_decay = bitsf(get32(h + 56));
+    f->cfg.bias_correction = (int)get32(h + 60);
+    f->cfg.freeze_step = (long)(int64_t)get64(h + 64);
+    f->snapshot = get64(h + 72);
+    f->part_bytes = get64(h + 80);
+    f->part_node = get32(h + 88);
+    f->header_bytes = ADAM_HDR_BYTES;
+    return 0;
+}
 
 static int write_all(int fd, const void *buf, size_t len)
 {
@@ -281,7 +423,7 @@ static int read_all(int fd, void *buf, size_t len)
 int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 {
     char tmp[4096];
-    struct adam_hdr h;
+    struct adam_file h;
     memset(&h, 0, sizeof(h));
     /* The daemons' error feedback first: no file names a snapshot that
      * some node could not save. */
@@ -297,8 +439,6 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
         return rc;
     h.part_bytes = part_bytes;
     h.part_node = (uint32_t)a->c->node_rank;
-    memcpy(h.magic, ADAM_MAGIC, 8);
-    h.version = ADAM_VERSION;
     h.count = a->count;
     h.step = a->step;
     h.key = a->key;
@@ -313,7 +453,9 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
         free(part);
         return OBCOMM_E_IO;
     }
-    rc = write_all(fd, &h, sizeof(h));
+    uint8_t hdr[ADAM_HDR_BYTES];
+    encode_header(hdr, &h);
+    rc = write_all(fd, hdr, sizeof(hdr));
     if (rc == 0)
         rc = write_all(fd, a->m, a->count * sizeof(float));
     if (rc == 0)
@@ -333,14 +475,13 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 
 int obcomm_adam_load(obcomm_adam_t *a, const char *path)
 {
-    struct adam_hdr h;
+    struct adam_file h;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return OBCOMM_E_IO;
-    int rc = read_all(fd, &h, sizeof(h));
-    if (rc == 0 && (memcmp(h.magic, ADAM_MAGIC, 8) != 0 ||
-                    h.version != ADAM_VERSION || h.count != a->count ||
-                    h.key != a->key || h.step < 0 || h.snapshot == 0))
+    int rc = read_header(fd, &h);
+    if (rc == 0 && (h.count != a->count || h.key != a->key || h.step < 0 ||
+                    h.snapshot == 0))
         rc = OBCOMM_E_CORRUPT;
     /* m and v are read into place only once the header is known good;
      * a short file leaves the optimizer as it was. */
@@ -355,7 +496,7 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
     /* The part, bounded by the file's length before allocation. */
     struct stat st;
     void *part = NULL;
-    uint64_t want = sizeof(h) + 2 * (uint64_t)a->count * sizeof(float);
+    uint64_t want = h.header_bytes + 2 * (uint64_t)a->count * sizeof(float);
     if (rc == 0 && (fstat(fd, &st) != 0 || st.st_size < 0 ||
                     (uint64_t)st.st_size != want + h.part_bytes))
         rc = OBCOMM_E_CORRUPT;

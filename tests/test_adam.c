@@ -358,6 +358,62 @@ static int files_equal(const char *a, const char *b)
  * exact because step, m and v are saved bit for bit and the daemons' error
  * feedback is the one of the save point, whether the daemons kept running
  * or were killed and restarted from their snapshot. */
+/* Rewrites checkpoint `path` (format 3: the fixed little-endian header,
+ * checked field by field here) as format 2, whose header was the struct
+ * below as this machine lays it out; 0 on success. */
+static int rewrite_as_v2(const char *path)
+{
+    struct v2 {
+        char magic[8];
+        uint32_t version, reserved;
+        uint64_t count;
+        int64_t step;
+        uint64_t key;
+        obcomm_adam_config_t cfg;
+        uint64_t snapshot, part_bytes;
+        uint32_t part_node, reserved2;
+    } h;
+    FILE *f = fopen(path, "rb");
+    static uint8_t buf[96 + 2 * COUNT * 4 + (1 << 20)];
+    size_t n = f ? fread(buf, 1, sizeof(buf), f) : 0;
+    if (f)
+        fclose(f);
+    uint32_t u32;
+    uint64_t u64;
+    memcpy(&u32, buf + 12, 4);
+    memcpy(&u64, buf + 16, 8);
+    if (n < 96 || memcmp(buf, "OBCMADAM", 8) != 0 || buf[8] != 3 || u32 != 96 ||
+        u64 != COUNT)
+        return -1;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, "OBCMADAM", 8);
+    h.version = 2;
+    h.count = u64;
+    memcpy(&h.step, buf + 24, 8);
+    memcpy(&h.key, buf + 32, 8);
+    memcpy(&h.cfg.lr, buf + 40, 4);
+    memcpy(&h.cfg.beta1, buf + 44, 4);
+    memcpy(&h.cfg.beta2, buf + 48, 4);
+    memcpy(&h.cfg.eps, buf + 52, 4);
+    memcpy(&h.cfg.weight_decay, buf + 56, 4);
+    memcpy(&u32, buf + 60, 4);
+    h.cfg.bias_correction = (int)u32;
+    int64_t fs;
+    memcpy(&fs, buf + 64, 8);
+    h.cfg.freeze_step = (long)fs;
+    memcpy(&h.snapshot, buf + 72, 8);
+    memcpy(&h.part_bytes, buf + 80, 8);
+    memcpy(&h.part_node, buf + 88, 4);
+    f = fopen(path, "wb");
+    if (f == NULL || fwrite(&h, sizeof(h), 1, f) != 1 ||
+        fwrite(buf + 96, 1, n - 96, f) != n - 96) {
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    return fclose(f);
+}
+
 START_TEST(save_and_load_continue_bit_for_bit)
 {
     char dir[] = "/tmp/obcomm-adam-XXXXXX";
@@ -394,6 +450,13 @@ START_TEST(save_and_load_continue_bit_for_bit)
                      0);
     ck_assert_int_eq(
         hx_run(&cl, 2, "halves", 20000, 120, trainer_adam, &second), 0);
+    ck_assert(files_equal(full, resumed));
+
+    /* A checkpoint of format 2 (an earlier obcomm's) resumes alike. */
+    ck_assert_int_eq(hx_run(&cl, 2, "v2", 20000, 120, trainer_adam, &first), 0);
+    ck_assert_int_eq(rewrite_as_v2(ckpt), 0);
+    ck_assert_int_eq(hx_run(&cl, 2, "v2", 20000, 120, trainer_adam, &second),
+                     0);
     ck_assert(files_equal(full, resumed));
 
     /* Again, with a daemon crash between the halves. */

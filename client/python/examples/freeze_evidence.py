@@ -8,7 +8,6 @@ coordinates there are and how far the first compressed step moved them.
         -- --mask off --dump-freeze /tmp/r/nomask
     /usr/bin/python3 client/python/examples/freeze_evidence.py /tmp/r/nomask
 """
-import ctypes
 import os
 import sys
 
@@ -16,18 +15,18 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
-from obcomm._lib import AdamFileHeader  # noqa: E402  (needs OBCOMM_LIBRARY)
+from obcomm.torch import _ADAM_HEADER  # noqa: E402  (needs OBCOMM_LIBRARY)
 
 prefix = sys.argv[1]
 raw = open(prefix + ".adam", "rb").read()
-h = AdamFileHeader.from_buffer_copy(raw)
-n = h.count
-a = np.frombuffer(raw[ctypes.sizeof(AdamFileHeader):], dtype=np.float32)
+(_magic, _version, hbytes, n, step, _key, lr, _b1, _b2, eps, *_rest) = \
+    _ADAM_HEADER.unpack_from(raw)
+a = np.frombuffer(raw[hbytes:hbytes + 8 * n], dtype=np.float32)
 m, v = a[:n], a[n:]
 p0 = np.fromfile(prefix + ".p0", dtype=np.float32)
 p1 = np.fromfile(prefix + ".p1", dtype=np.float32)
 d, sv = np.abs(p1 - p0), np.sqrt(v)
-print(f"step {h.step}, {n} coordinates, lr {h.cfg.lr:g}, eps {h.cfg.eps:g}; "
+print(f"step {step}, {n} coordinates, lr {lr:g}, eps {eps:g}; "
       f"RMS of m {np.sqrt(np.mean(m.astype(np.float64) ** 2)):.3g}, "
       f"sqrt(mean v) {np.sqrt(np.mean(v.astype(np.float64))):.3g}")
 print("| sqrt(v) at the freeze | coordinates | move in the first compressed "

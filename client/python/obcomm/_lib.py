@@ -32,20 +32,6 @@ class AdamConfig(ctypes.Structure):
                 ("bias_correction", c_int)]
 
 
-class AdamFileHeader(ctypes.Structure):
-    """The header of obcomm_adam_save's file (client/adam.c, struct
-    adam_hdr), followed by count floats of m and count floats of v."""
-    _fields_ = [("magic", ctypes.c_char * 8), ("version", ctypes.c_uint32),
-                ("reserved", ctypes.c_uint32), ("count", c_uint64),
-                ("step", ctypes.c_int64), ("key", c_uint64),
-                ("cfg", AdamConfig), ("snapshot", c_uint64),
-                ("part_bytes", c_uint64), ("part_node", ctypes.c_uint32),
-                ("reserved2", ctypes.c_uint32)]
-
-
-ADAM_MAGIC = b"OBCMADAM"
-ADAM_VERSION = 2
-
 # (name, restype, argtypes)
 _FUNCTIONS = [
     ("obcomm_connect", c_int, [ctypes.POINTER(Options), ctypes.POINTER(c_void_p)]),

@@ -6,13 +6,23 @@ importing this module, the torch.distributed backend "obcomm"
 import ctypes
 import os
 import shutil
+import struct
 import tempfile
 
 import torch
 
-from ._lib import lib, AdamConfig, AdamFileHeader, ADAM_MAGIC, ADAM_VERSION
+from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL
 from .backend import ProcessGroupObcomm, process_group
+
+# The header of obcomm_adam_save's file, field by field at fixed offsets,
+# little-endian (client/adam.c and obcomm.h give the layout): magic,
+# version, header bytes, count, step, key, lr, beta1, beta2, eps,
+# weight_decay, bias_correction, freeze_step, snapshot, part bytes, part's
+# node, reserved. No native struct: the file is a format, not memory.
+_ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
+_ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
+assert _ADAM_HEADER.size == 96
 
 __all__ = ["OneBitAdam", "allreduce_hook", "ProcessGroupObcomm"]
 
@@ -263,16 +273,18 @@ class OneBitAdam(torch.optim.Optimizer):
             self.comm._check(lib.obcomm_adam_save(g.handle, path.encode()))
         with open(path, "rb") as f:
             raw = f.read()
-        h = AdamFileHeader.from_buffer_copy(raw)
-        hs = ctypes.sizeof(AdamFileHeader)
+        hs = _ADAM_HEADER.size
+        (magic, version, hbytes, count, step, _key, *_cfg, snapshot,
+         part_bytes, part_node, _reserved) = _ADAM_HEADER.unpack_from(raw)
         end = hs + 8 * g.count
-        if (h.magic != ADAM_MAGIC or h.version != ADAM_VERSION or
-                h.count != g.count or len(raw) != end + h.part_bytes):
+        if (magic != _ADAM_MAGIC or version != _ADAM_VERSION or
+                hbytes != hs or count != g.count or
+                len(raw) != end + part_bytes):
             raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
         flat = torch.frombuffer(bytearray(raw[hs:end]), dtype=torch.float32)
-        part = raw[end:] if h.part_bytes else None
-        return (h.step, flat[:g.count], flat[g.count:], h.snapshot, part,
-                h.part_node)
+        part = raw[end:] if part_bytes else None
+        return (step, flat[:g.count], flat[g.count:], snapshot, part,
+                part_node)
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
@@ -327,22 +339,19 @@ class OneBitAdam(torch.optim.Optimizer):
                 steps = {int(s["step"]) for s in st}
                 if len(steps) != 1:
                     raise ValueError(f"load_state_dict: steps differ {steps}")
-                h = AdamFileHeader()
-                h.magic = ADAM_MAGIC
-                h.version = ADAM_VERSION
-                h.count = g.count
-                h.step = steps.pop()
-                h.key = g.key
-                h.cfg = self._config(group)
-                h.snapshot = snapshot
-                if part is not None:
-                    h.part_bytes = len(part)
-                    h.part_node = int(info["node"])
+                cfg = self._config(group)
+                h = _ADAM_HEADER.pack(
+                    _ADAM_MAGIC, _ADAM_VERSION, _ADAM_HEADER.size, g.count,
+                    steps.pop(), g.key, cfg.lr, cfg.beta1, cfg.beta2,
+                    cfg.eps, cfg.weight_decay, cfg.bias_correction,
+                    cfg.freeze_step, snapshot,
+                    len(part) if part is not None else 0,
+                    int(info["node"]) if part is not None else 0, 0)
                 m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
                 v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
                 path = os.path.join(d, f"group{g.key}.adam")
                 with open(path, "wb") as f:
-                    f.write(bytes(h))
+                    f.write(h)
                     f.write(m.numpy().tobytes())
                     f.write(v.numpy().tobytes())
                     if part is not None:
