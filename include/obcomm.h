@@ -336,6 +336,12 @@ OBCOMM_API size_t obcomm_adam_masked(obcomm_adam_t *a);
  * uninterrupted, on the same daemons or restarted ones (with a
  * state_dir), or fails on every rank saying which node lacks the
  * snapshot or holds it damaged. */
+/* The file: a 96-byte header, every field little-endian at a fixed offset
+ * (magic "OBCMADAM", u32 version 3, u32 header bytes, u64 count, i64 step,
+ * u64 key, f32 lr, beta1, beta2, eps, weight_decay, u32 bias_correction,
+ * i64 freeze_step, u64 snapshot, u64 part bytes, u32 part's node, u32 0),
+ * then m and v (count little-endian floats each), then the part. Files of
+ * format 2 are still loaded. */
 OBCOMM_API int obcomm_adam_save(obcomm_adam_t *a, const char *path);
 OBCOMM_API int obcomm_adam_load(obcomm_adam_t *a, const char *path);
 
