@@ -129,55 +129,6 @@ static inline uint32_t rr_op_i(obcomm_op_t op, uint32_t a, uint32_t b)
                               : a + b;
 }
 
-/* out[i] for every i: the result of the allreduce of x[k * local + l]
- * (node k's trainer l) over nodes x local trainers. Dtypes fp32, fp16,
- * bf16 and int32. */
-static inline void rr_expect(obcomm_dtype_t t, obcomm_op_t op, int nodes,
-                             int local, const void *const *x, size_t count,
-                             void *out)
-{
-    int world = nodes * local;
-    for (int c = 0; c < nodes; c++) {
-        size_t base = count / (size_t)nodes, extra = count % (size_t)nodes;
-        size_t uc = (size_t)c;
-        size_t b = uc * base + (uc < extra ? uc : extra);
-        size_t e = b + base + (uc < extra ? 1 : 0);
-        for (size_t i = b; i < e; i++) {
-            if (t == OBCOMM_INT32) {
-                uint32_t part = 0;
-                for (int m = 0; m < nodes; m++) {
-                    int k = (c + m) % nodes;
-                    uint32_t ld = (uint32_t)((const int32_t *)x[k * local])[i];
-                    for (int l = 1; l < local; l++)
-                        ld = rr_op_i(
-                            op, ld,
-                            (uint32_t)((const int32_t *)x[k * local + l])[i]);
-                    part = m == 0 ? ld : rr_op_i(op, ld, part);
-                }
-                int32_t v = (int32_t)part;
-                ((int32_t *)out)[i] = op == OBCOMM_AVG ? v / world : v;
-                continue;
-            }
-            float part = 0;
-            for (int m = 0; m < nodes; m++) {
-                int k = (c + m) % nodes;
-                float ld = rr_get(t, x[k * local], i);
-                for (int l = 1; l < local; l++)
-                    ld = rr_op_f(op, ld, rr_get(t, x[k * local + l], i));
-                part = m == 0 ? ld : rr_op_f(op, ld, part);
-            }
-            if (op == OBCOMM_AVG)
-                part = part / (float)world;
-            if (t == OBCOMM_FLOAT16)
-                ((uint16_t *)out)[i] = rr_f16(part);
-            else if (t == OBCOMM_BFLOAT16)
-                ((uint16_t *)out)[i] = rr_bf16(part);
-            else
-                ((float *)out)[i] = part;
-        }
-    }
-}
-
 /* One element of a ring reduction, every dtype: out[o] (of dtype t) =
  * the reduction of x[k * local + l][i] over node k's trainers l (in
  * order), the nodes' loads grouped as the ring does for a chunk that node
@@ -268,6 +219,23 @@ static inline void rr_reduce_at(obcomm_dtype_t t, obcomm_op_t op, int nodes,
         ((uint16_t *)out)[o] = rr_bf16(part);
     else
         ((float *)out)[o] = part;
+}
+
+/* out[i] for every i: the result of the allreduce of x[k * local + l]
+ * (node k's trainer l) over nodes x local trainers. Dtypes fp32, fp16,
+ * bf16 and int32. */
+static inline void rr_expect(obcomm_dtype_t t, obcomm_op_t op, int nodes,
+                             int local, const void *const *x, size_t count,
+                             void *out)
+{
+    for (int c = 0; c < nodes; c++) {
+        size_t base = count / (size_t)nodes, extra = count % (size_t)nodes;
+        size_t uc = (size_t)c;
+        size_t b = uc * base + (uc < extra ? uc : extra);
+        size_t e = b + base + (uc < extra ? 1 : 0);
+        for (size_t i = b; i < e; i++)
+            rr_reduce_at(t, op, nodes, local, x, i, c, out, i);
+    }
 }
 
 /* out (recv_count elements): what rank `rank` (node rank / local) gets
