@@ -581,9 +581,9 @@ START_TEST(bad_keys_and_open_listeners_stop_the_start)
     const char *openk = make_key("open", 32, 0644, 'a');
     make_key("good", 32, 0600, 'a');
     snprintf(sock, sizeof(sock), "%s/d.sock", keydir);
-    int port = hx_free_port();
+    int port = hx_reserve_port();
     snprintf(peers, sizeof(peers), "127.0.0.1:%d,127.0.0.1:%d", port,
-             hx_free_port());
+             hx_reserve_port());
     const char *base[] = {"--socket", sock, "--rank", "0", "--peers", peers};
 #define ARGS(...)                                                 \
     (const char *const[]){base[0], base[1], base[2],     base[3], \
