@@ -177,6 +177,30 @@ static int trainer_exact(obcomm_t *c, void *arg)
     return 0;
 }
 
+/* What op `seq` of `job` on daemon i still waits for, as `obcommctl --json
+ * ops` says it; "" when the daemon lists no such op. */
+static void waiting_for(const struct hx_cluster *cl, int i, const char *job,
+                        unsigned seq, char *buf, size_t len)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "%s -s %s --json ops 2>/dev/null | python3 -c '"
+             "import json, sys\n"
+             "j = json.load(sys.stdin)\n"
+             "print(\"\".join(o[\"waiting_for\"] for x in j[\"jobs\"] "
+             "if x[\"name\"] == \"%s\" for o in x[\"ops\"] "
+             "if o[\"seq\"] == %u))' 2>/dev/null",
+             getenv("OBCOMMCTL"), cl->sock[i], job, seq);
+    buf[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return;
+    if (fgets(buf, (int)len, p) == NULL)
+        buf[0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    pclose(p);
+}
+
 /* Every daemon alive, a fresh job with `ls` trainers per node exact, and a
  * clean shutdown. */
 static void finish(struct hx_cluster *cl, int ls, const char *job)
@@ -336,16 +360,24 @@ START_TEST(disconnect_mid_op)
     for (size_t i = 0; i < BIG; i++)
         base[i] = pattern(7, 0, i);
 
-    /* Every other trainer is about to submit or has submitted; the raw
-     * one's submit starts the op and its close lands in it. */
-    int ready = 0;
-    for (int t = 0; t < 30000 && ready < n; t += 5) {
-        ready = 0;
-        for (int i = 0; i < 2 * ls; i++)
-            ready += sh->flag[i] != 0;
-        sleep_ms(5);
+    /* Every other trainer has submitted, and the raw trainer's node has
+     * every other node's announce: that node waits for the raw trainer
+     * alone. Then the raw one's submit starts the op and its close lands
+     * in it. */
+    char only_raw[64], waits[512] = "";
+    snprintf(only_raw, sizeof(only_raw), "rank %d (node %d local %d)",
+             raw_node * ls + raw_lr, raw_node, raw_lr);
+    for (int t = 0; t < 1500 && strcmp(waits, only_raw) != 0; t++) {
+        waiting_for(&cl, raw_node, "dmo", 0, waits, sizeof(waits));
+        if (strcmp(waits, only_raw) != 0)
+            sleep_ms(20);
     }
-    sleep_ms(50);
+    int ready = 0;
+    for (int i = 0; i < 2 * ls; i++)
+        ready += sh->flag[i] != 0;
+    ck_assert_msg(strcmp(waits, only_raw) == 0,
+                  "node %d waits for '%s', not only the raw trainer", raw_node,
+                  waits);
     ck_assert_int_eq(raw_submit(&r, 0, kind, BIG, 5), 0);
     close(r.fd);
     munmap(base, BIG * 4);
@@ -556,7 +588,15 @@ START_TEST(submit_and_close_one_node)
                          k, st);
         }
     }
-    sleep_ms(200); /* let the last one reach the daemon before checking */
+    /* The daemon has read the last submit and the close: it holds no
+     * connection but obcommctl's own. */
+    long long clients = -1;
+    for (int t = 0; t < 500 && clients != 1; t++) {
+        clients = hx_metric(&cl, 0, "clients");
+        if (clients != 1)
+            sleep_ms(20);
+    }
+    ck_assert_int_eq(clients, 1);
     finish(&cl, 2, "sac-after");
 }
 END_TEST

@@ -8,11 +8,13 @@
 
 #include <obcomm.h>
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "efstate.h"
@@ -192,7 +194,15 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
             obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
             0);
         obd_snapset_commit(dir, "j", id, 3);
-        usleep(20000); /* distinct directory times */
+        /* Commit stamps the set with the current time; within one clock
+         * tick sets would tie. Each set gets its own time instead, in
+         * commit order and all in the past, so the next commit's "now"
+         * is the newest. */
+        snprintf(path, sizeof(path), "%s/set-6a-%016llx", dir,
+                 (unsigned long long)id);
+        struct timespec when[2] = {{(time_t)(1000000000 + id), 0},
+                                   {(time_t)(1000000000 + id), 0}};
+        ck_assert_int_eq(utimensat(AT_FDCWD, path, when, 0), 0);
     }
     struct obd_ef *kefs[1] = {state("k", 1, 100)};
     ck_assert_int_eq(
