@@ -35,10 +35,11 @@
  * the server state commits, the key is torn: an op that fails in between
  * (a NaN or Inf on any node, a bad scale, a lost node, a timeout) resets
  * the key's error feedback to zero at its next op, counted in ef_resets,
- * and a snapshot meanwhile does not save it. (The two-pass codec this
- * replaces left the state untouched when the op failed before every
- * node's scale was in; the single pass costs a failed op's key its
- * accumulated error instead.) So that the nodes stay alike, every node
+ * and a snapshot meanwhile does not save it. Keeping the state intact
+ * through such a failure would take a second buffer per key (ROLLBACK) or
+ * a second pass over the tensor; the single pass in place costs a failed
+ * op's key its accumulated error instead (codec.h, "The choice"). So
+ * that the nodes stay alike, every node
  * does the same whenever the failed op had been agreed on anywhere (every
  * node's view in and alike: some node may have begun its pass), also a
  * node whose own pass had not begun yet or had already committed

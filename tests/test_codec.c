@@ -1166,7 +1166,7 @@ START_TEST(avg_invalid_sizes)
 }
 END_TEST
 
-/* The new range functions, portable against AVX2 bit for bit: whole
+/* The range functions, portable against AVX2 bit for bit: whole
  * tensors for every nsrc, then ranges at begin offsets that are multiples
  * of 8 but not of 16 or 32, with ends anywhere and the sources ending
  * inside the range. */

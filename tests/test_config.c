@@ -237,8 +237,9 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
 }
 END_TEST
 
-/* 256 nodes with 60-character host names: far past the old 4095-byte
- * line, through both the peers line and peers_file. */
+/* 256 nodes with 60-character host names: a line far longer than 4,095
+ * bytes (lines are read whole, of any length), through both the peers
+ * line and peers_file. */
 START_TEST(long_worlds_fit_in_a_line_and_in_peers_file)
 {
     enum { N = 256 };

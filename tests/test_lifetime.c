@@ -1,5 +1,5 @@
-/* Op, buffer and daemon lifetimes (issue 9), through real daemons. Where the
- * public API cannot express a misbehaving trainer (release a buffer under
+/* Op, buffer and daemon lifetimes, through real daemons. Where the public
+ * API cannot express a misbehaving trainer (release a buffer under
  * its own op, close right after a submit, never read the replies) the test
  * speaks the client protocol itself (proto/obcomm.proto: length-prefixed
  * ClientMsg/DaemonMsg, memfd buffers as SCM_RIGHTS) through client/sock.c.

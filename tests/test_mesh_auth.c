@@ -1,4 +1,4 @@
-/* Issue 10, the TCP side, against real daemons on loopback: a cluster key
+/* The mesh's TCP side, against real daemons on loopback: a cluster key
  * keeps out peers without it or with another one while a job runs, an
  * impostor of a connected rank changes nothing, a replayed handshake
  * fails, 300 idle connections lock nobody out, nodes with different
