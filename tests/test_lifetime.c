@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "hash.h"
 #include "ops.h"
 #include "rawclient.h"
 #include "sock.h"
@@ -834,15 +835,6 @@ END_TEST
 
 /* ---- 1-bit sequences (f, g, h) ---- */
 
-static uint64_t fnv(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 struct efplan {
     struct shared *sh;
     size_t count;
@@ -894,7 +886,8 @@ static int trainer_ef(obcomm_t *c, void *arg)
             if (!isfinite(x[i]))
                 return hx_fail(c, "step %d x[%zu] = %g", st, i, x[i]);
         if (rank == 0)
-            sh->hash[st] = fnv(x, p->count * 4);
+            sh->hash[st] =
+                obcomm_hash_fnv1a(OBCOMM_HASH_FNV1A_INIT, x, p->count * 4);
         sh->ops[rank]++;
         uint64_t id;
         if (st == p->snapshot_after && obcomm_save_1bit(c, &id))
