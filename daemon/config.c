@@ -790,14 +790,18 @@ static int same_ip(const struct sockaddr_storage *x,
                   sizeof(struct in6_addr)) == 0;
 }
 
-static int is_loopback(const struct sockaddr_storage *s)
+int obd_config_is_loopback(const struct sockaddr_storage *sa)
 {
-    if (s->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)s)->sin_addr.s_addr) >>
-                24) == 127;
-    if (s->ss_family == AF_INET6)
-        return IN6_IS_ADDR_LOOPBACK(
-            &((const struct sockaddr_in6 *)s)->sin6_addr);
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)sa;
+        return IN6_IS_ADDR_LOOPBACK(&in->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&in->sin6_addr) &&
+                in->sin6_addr.s6_addr[12] == 127);
+    }
     return 0;
 }
 
@@ -806,7 +810,7 @@ static int is_loopback(const struct sockaddr_storage *s)
  * systemd unit does not allow, and agrees with what listen would do. */
 static int is_local(const struct sockaddr_storage *s)
 {
-    if (is_loopback(s))
+    if (obd_config_is_loopback(s))
         return 1;
     int fd = socket(s->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
