@@ -290,8 +290,8 @@ int obd_snapset_dir_ok(const char *sd, unsigned uid, int create, char *why,
     return 0;
 }
 
-int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
-                          size_t whylen)
+int obd_snapset_prepare_dir(const char *sd, unsigned uid, char *why,
+                            size_t whylen)
 {
     if (obd_snapset_dir_ok(sd, uid, 1, why, whylen) != 0)
         return -1;

@@ -59,7 +59,7 @@ static void make_dir(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char why[512];
     ck_assert_int_eq(
-        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
 }
 
 static void remove_dir(void)
@@ -225,7 +225,7 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     snprintf(path, sizeof(path), "%s/set-6a-0000000000000009.tmp", dir);
     ck_assert_int_eq(mkdir(path, 0700), 0);
     ck_assert_int_eq(
-        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
     ck_assert_int_eq(access(path, F_OK), -1);
     obd_snapset_delete(dir, "j", 6);
     list = NULL;
