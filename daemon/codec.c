@@ -95,63 +95,12 @@ static float plus_minus(uint32_t scale_bits, unsigned bit)
     return f;
 }
 
-static double p_sumsq_block(const float *x, size_t count, const float *e,
-                            size_t begin, size_t end)
-{
-    double acc[16] = {0};
-    size_t i = begin;
-
-    /* Groups of 16 that lie wholly inside x: no bounds test per element. */
-    for (; i + 16 <= end && i + 16 <= count; i += 16) {
-        for (int j = 0; j < 16; j++) {
-            float b = x[i + j] + e[i + j];
-            double d = b;
-            acc[j] += d * d;
-        }
-    }
-    for (; i < end; i++) {
-        float b = padded_x(x, count, i) + e[i];
-        double d = b;
-        acc[(i - begin) % 16] += d * d;
-    }
-    return combine16(acc);
-}
-
-static void p_compress_range(const float *x, size_t count, float *e,
-                             size_t begin, size_t end, float scale,
-                             uint8_t *bits)
-{
-    uint32_t sb = float_bits(scale);
-    size_t i = begin;
-
-    for (; i + 8 <= end && i + 8 <= count; i += 8) {
-        unsigned byte = 0;
-
-        for (int j = 0; j < 8; j++) {
-            float b = x[i + j] + e[i + j];
-            unsigned s = b >= 0.0f;
-            e[i + j] = b - plus_minus(sb, s);
-            byte |= s << (7 - j);
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
-    }
-    for (; i < end; i += 8) {
-        unsigned byte = 0;
-
-        for (int j = 0; j < 8; j++) {
-            float b = padded_x(x, count, i + j) + e[i + j];
-            unsigned s = b >= 0.0f;
-            e[i + j] = b - plus_minus(sb, s);
-            byte |= s << (7 - j);
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
-    }
-}
-
 /* The average of the local buffers, eight elements from i, all inside
  * every source (i + 8 <= count): the fp32 sum in source order starting
- * from the first term, then the division by nsrc (as a multiply by the
- * exact 1/nsrc when nsrc is a power of two; see server_m8). */
+ * from the first term, then the division by nsrc. For a power-of-two
+ * nsrc, multiplying by the exact 1/nsrc rounds the same real number as
+ * dividing by nsrc (also when it is subnormal), so the result is
+ * identical and costs no division. */
 static void avg8(const float *const *src, int nsrc, size_t i, float a[8])
 {
     for (int j = 0; j < 8; j++)
@@ -187,141 +136,6 @@ static float avg1(const float *const *src, int nsrc, size_t count, size_t i)
     return a / (float)nsrc;
 }
 
-static double p_avg_sumsq_block(const float *const *src, int nsrc, size_t count,
-                                const float *e, size_t begin, size_t end,
-                                float *b)
-{
-    double acc[16] = {0};
-    size_t i = begin;
-
-    for (; i + 8 <= end && i + 8 <= count; i += 8) {
-        float a[8];
-        size_t lane = (i - begin) % 16;
-
-        avg8(src, nsrc, i, a);
-        for (int j = 0; j < 8; j++) {
-            float bj = a[j] + e[i + j];
-            double d = bj;
-            b[i + j] = bj;
-            acc[lane + j] += d * d;
-        }
-    }
-    for (; i < end; i++) {
-        float bi = avg1(src, nsrc, count, i) + e[i];
-        double d = bi;
-        b[i] = bi;
-        acc[(i - begin) % 16] += d * d;
-    }
-    return combine16(acc);
-}
-
-static void p_sign_range(const float *b, float *e, size_t begin, size_t end,
-                         float scale, uint8_t *bits)
-{
-    uint32_t sb = float_bits(scale);
-
-    for (size_t i = begin; i < end; i += 8) {
-        unsigned byte = 0;
-
-        for (int j = 0; j < 8; j++) {
-            unsigned s = b[i + j] >= 0.0f;
-            e[i + j] = b[i + j] - plus_minus(sb, s);
-            byte |= s << (7 - j);
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
-    }
-}
-
-/* m_i of the server step: the sum of the participants' +-scale_k in
- * participant order starting from the first term, divided by n, plus the
- * server error. */
-static float server_m(const uint8_t *const *in, const float *scales, int n,
-                      const float *err, size_t i)
-{
-    size_t q = i / 8;
-    unsigned sh = 7 - (unsigned)(i % 8);
-    float acc = plus_minus(float_bits(scales[0]), (in[0][q] >> sh) & 1);
-
-    for (int k = 1; k < n; k++)
-        acc += plus_minus(float_bits(scales[k]), (in[k][q] >> sh) & 1);
-    return acc / (float)n + err[i];
-}
-
-/* Eight consecutive m values starting at i (a multiple of 8), one packed
- * byte per participant, in a form the compiler can keep in registers. */
-static void server_m8(const uint8_t *const *in, const float *scales, int n,
-                      const float *err, size_t i, float m[8])
-{
-    size_t q = i / 8;
-    float fn = (float)n;
-    uint32_t sb = float_bits(scales[0]);
-    unsigned byte = in[0][q];
-
-    for (int j = 0; j < 8; j++)
-        m[j] = plus_minus(sb, (byte >> (7 - j)) & 1);
-    for (int k = 1; k < n; k++) {
-        sb = float_bits(scales[k]);
-        byte = in[k][q];
-        for (int j = 0; j < 8; j++)
-            m[j] += plus_minus(sb, (byte >> (7 - j)) & 1);
-    }
-    /* For a power-of-two n, multiplying by the exact 1/n rounds the same
-     * real number as dividing by n, so the result is identical and avoids
-     * eight divisions. */
-    if ((n & (n - 1)) == 0) {
-        float inv = 1.0f / fn;
-        for (int j = 0; j < 8; j++)
-            m[j] = m[j] * inv + err[i + j];
-    } else {
-        for (int j = 0; j < 8; j++)
-            m[j] = m[j] / fn + err[i + j];
-    }
-}
-
-static double p_server_sumsq_block(const uint8_t *const *in,
-                                   const float *scales, int n, const float *err,
-                                   size_t begin, size_t end)
-{
-    double acc[16] = {0};
-    size_t i = begin;
-
-    for (; i + 8 <= end; i += 8) {
-        float m[8];
-        size_t lane = (i - begin) % 16;
-
-        server_m8(in, scales, n, err, i, m);
-        for (int j = 0; j < 8; j++) {
-            double d = m[j];
-            acc[lane + j] += d * d;
-        }
-    }
-    for (; i < end; i++) {
-        double d = server_m(in, scales, n, err, i);
-        acc[(i - begin) % 16] += d * d;
-    }
-    return combine16(acc);
-}
-
-static void p_server_range(const uint8_t *const *in, const float *scales, int n,
-                           float *err, size_t begin, size_t end, float sscale,
-                           uint8_t *bits)
-{
-    uint32_t sb = float_bits(sscale);
-
-    for (size_t i = begin; i < end; i += 8) {
-        float m[8];
-        unsigned byte = 0;
-
-        server_m8(in, scales, n, err, i, m);
-        for (int j = 0; j < 8; j++) {
-            unsigned s = m[j] >= 0.0f;
-            err[i + j] = m[j] - plus_minus(sb, s);
-            byte |= s << (7 - j);
-        }
-        bits[(i - begin) / 8] = (uint8_t)byte;
-    }
-}
-
 static void p_decompress(const uint8_t *bits, float scale, float *out,
                          size_t elems)
 {
@@ -335,21 +149,6 @@ static void p_decompress(const uint8_t *bits, float scale, float *out,
     }
     for (; i < elems; i++)
         out[i] = plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
-}
-
-static void p_decompress_add(const uint8_t *bits, float scale, float *out,
-                             size_t elems)
-{
-    uint32_t sb = float_bits(scale);
-    size_t i = 0;
-
-    for (; i + 8 <= elems; i += 8) {
-        unsigned byte = bits[i / 8];
-        for (int j = 0; j < 8; j++)
-            out[i + j] += plus_minus(sb, (byte >> (7 - j)) & 1);
-    }
-    for (; i < elems; i++)
-        out[i] += plus_minus(sb, (bits[i / 8] >> (7 - i % 8)) & 1);
 }
 
 /* ---- Lazy kernels (portable) ----
@@ -467,7 +266,8 @@ static double p_lazy_worker_block(const float *const *src, int nsrc,
 }
 
 /* The sum over participants of +-scale_k for eight elements from i, in
- * participant order, divided by n: server_m8 without the error. */
+ * participant order starting from the first term, divided by n (a
+ * multiply by the exact 1/n for a power-of-two n, as in avg8). */
 static void server_a8(const uint8_t *const *in, const float *scales, int n,
                       size_t i, float m[8])
 {
@@ -548,17 +348,10 @@ static void p_lazy_error(const struct obd_codec_lazy *st, float *e,
 
 static const struct obd_codec_impl portable = {
     .name = "portable",
-    .sumsq_block = p_sumsq_block,
-    .compress_range = p_compress_range,
-    .avg_sumsq_block = p_avg_sumsq_block,
-    .sign_range = p_sign_range,
-    .server_sumsq_block = p_server_sumsq_block,
-    .server_range = p_server_range,
     .lazy_worker_block = p_lazy_worker_block,
     .lazy_server_block = p_lazy_server_block,
     .lazy_error = p_lazy_error,
     .decompress = p_decompress,
-    .decompress_add = p_decompress_add,
     .decompress_stream = p_decompress, /* C has no streaming store */
 };
 
@@ -604,88 +397,6 @@ const struct obd_codec_impl *obd_codec_best(void)
     return p;
 }
 
-int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
-                       size_t count, float *e, size_t padded, uint8_t *bits,
-                       float *scale)
-{
-    double sum = 0.0;
-    float s;
-    int rc;
-
-    if (padded == 0 || padded % 8 != 0 || count > padded)
-        return OBD_CODEC_EINVAL;
-    /* Pass 1 reads only. The running sum adds the block sums left to right
-     * from 0.0 exactly as obd_codec_scale does over an array, so a
-     * multi-threaded caller that collects the block sums gets the same
-     * scale. */
-    for (size_t b = 0; b < padded; b += OBD_CODEC_BLOCK) {
-        size_t end =
-            padded - b < OBD_CODEC_BLOCK ? padded : b + OBD_CODEC_BLOCK;
-        sum += impl->sumsq_block(x, count, e, b, end);
-    }
-    rc = obd_codec_scale(&sum, 1, padded, &s);
-    if (rc != 0)
-        return rc;
-    impl->compress_range(x, count, e, 0, padded, s, bits);
-    *scale = s;
-    return 0;
-}
-
-int obd_codec_compress_avg(const struct obd_codec_impl *impl,
-                           const float *const *src, int nsrc, size_t count,
-                           float *e, float *b, size_t padded, uint8_t *bits,
-                           float *scale)
-{
-    double sum = 0.0;
-    float s;
-    int rc;
-
-    if (nsrc < 1 || padded == 0 || padded % 8 != 0 || count > padded)
-        return OBD_CODEC_EINVAL;
-    /* Pass 1 reads every source and e once and writes only the scratch b,
-     * so a non-finite average leaves the error feedback untouched. Block
-     * sums are added as in obd_codec_compress. */
-    for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK) {
-        size_t end =
-            padded - j < OBD_CODEC_BLOCK ? padded : j + OBD_CODEC_BLOCK;
-        sum += impl->avg_sumsq_block(src, nsrc, count, e, j, end, b);
-    }
-    rc = obd_codec_scale(&sum, 1, padded, &s);
-    if (rc != 0)
-        return rc;
-    impl->sign_range(b, e, 0, padded, s, bits);
-    *scale = s;
-    return 0;
-}
-
-int obd_codec_server(const struct obd_codec_impl *impl,
-                     const uint8_t *const *in, const float *scales, int n,
-                     float *err, size_t chunk, uint8_t *bits, float *sscale)
-{
-    double sum = 0.0;
-    float s;
-    int rc;
-
-    if (n < 1 || chunk == 0 || chunk % 8 != 0)
-        return OBD_CODEC_EINVAL;
-    /* A peer's scale is checked before it touches anything: a negative
-     * scale would invert its signs and a non-finite one would poison the
-     * server error. */
-    for (int k = 0; k < n; k++)
-        if (!scale_ok(scales[k]))
-            return OBD_CODEC_ENONFINITE;
-    for (size_t b = 0; b < chunk; b += OBD_CODEC_BLOCK) {
-        size_t end = chunk - b < OBD_CODEC_BLOCK ? chunk : b + OBD_CODEC_BLOCK;
-        sum += impl->server_sumsq_block(in, scales, n, err, b, end);
-    }
-    rc = obd_codec_scale(&sum, 1, chunk, &s);
-    if (rc != 0)
-        return rc;
-    impl->server_range(in, scales, n, err, 0, chunk, s, bits);
-    *sscale = s;
-    return 0;
-}
-
 /* A lazy state the kernels can read: a DEFERRED scale is one a committed
  * step produced (finite, >= 0), and every mode but ZERO needs v. */
 static int lazy_ok(const struct obd_codec_lazy *st)
@@ -712,7 +423,8 @@ int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
         !lazy_ok(prev))
         return OBD_CODEC_EINVAL;
     /* One pass; the block sums are added left to right from 0.0 as
-     * obd_codec_compress adds them, so the scale is the same. */
+     * obd_codec_scale adds them, so the scale is the one a caller gets
+     * that runs the blocks on threads. */
     for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK) {
         size_t end =
             padded - j < OBD_CODEC_BLOCK ? padded : j + OBD_CODEC_BLOCK;
@@ -742,54 +454,39 @@ int obd_codec_lazy_server(const struct obd_codec_impl *impl,
     return obd_codec_scale(&sum, 1, chunk, sscale);
 }
 
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
-                               enum obd_codec_lazy_policy policy, float *v0,
-                               float *v1)
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v)
 {
-    *s = (struct obd_codec_lazy_state){
-        .policy = policy,
-        .v = {v0, policy == OBD_CODEC_LAZY_ROLLBACK ? v1 : NULL},
-        .mode = {OBD_CODEC_LAZY_ZERO, OBD_CODEC_LAZY_ZERO},
-    };
+    *s = (struct obd_codec_lazy_state){.v = v, .mode = OBD_CODEC_LAZY_ZERO};
 }
 
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n)
 {
-    if (e != s->v[s->cur])
-        memcpy(s->v[s->cur], e, n * sizeof(float));
-    s->mode[s->cur] = OBD_CODEC_LAZY_EAGER;
-    s->scale[s->cur] = 0.0f;
+    if (e != s->v)
+        memcpy(s->v, e, n * sizeof(float));
+    s->mode = OBD_CODEC_LAZY_EAGER;
+    s->scale = 0.0f;
 }
 
 struct obd_codec_lazy
 obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s)
 {
-    return (struct obd_codec_lazy){s->mode[s->cur], s->scale[s->cur],
-                                   s->v[s->cur]};
+    return (struct obd_codec_lazy){s->mode, s->scale, s->v};
 }
 
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s)
 {
-    if (s->policy == OBD_CODEC_LAZY_RESET)
-        return s->v[s->cur];
-    return s->v[1 - s->cur];
+    return s->v;
 }
 
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale)
 {
-    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
-        s->cur = 1 - s->cur;
-    s->mode[s->cur] = OBD_CODEC_LAZY_DEFERRED;
-    s->scale[s->cur] = scale;
+    s->mode = OBD_CODEC_LAZY_DEFERRED;
+    s->scale = scale;
 }
 
-int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
+void obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s)
 {
-    if (s->policy == OBD_CODEC_LAZY_ROLLBACK)
-        return 0;
-    /* The buffer holds part of a step that never happened. */
-    s->mode[s->cur] = OBD_CODEC_LAZY_ZERO;
-    s->scale[s->cur] = 0.0f;
-    return 1;
+    s->mode = OBD_CODEC_LAZY_ZERO;
+    s->scale = 0.0f;
 }

@@ -9,29 +9,40 @@
  * Packed signs: 1 bit per element, most significant bit first within a byte,
  * bit value 1 meaning "non-negative" (zero and -0.0 count as non-negative).
  *
- * Exact arithmetic, which a reference must reproduce:
- *   worker:  b_i = x_i + e_i (fp32; x_i = 0 for i >= count)
- *            scale = (float)sqrt(sumsq / padded), sumsq accumulated in
- *            double (every square is exact in double) in the block and
- *            lane order described at struct obd_codec_impl's sumsq_block
- *            e_i = b_i - scale (s_i = +1) or b_i + scale (s_i = -1)
- *   worker over an average of nsrc local buffers (obd_codec_compress_avg):
+ * Exact arithmetic of one step, which a reference must reproduce (the
+ * tests' is tests/codec_ref.h):
+ *   worker, over the average of nsrc >= 1 local buffers src_k, with the
+ *   error e the previous step left:
  *            a_i = src_0[i], then a_i += src_k[i] for k = 1..nsrc-1 in
  *            order (fp32; every src_k[i] reads as 0 for i >= count, and
- *            a_i = 0.0f there), a_i = a_i / (float)nsrc (fp32),
- *            b_i = a_i + e_i (fp32); then as for the worker, over b.
- *            With nsrc == 1 this is exactly the worker above.
- *   server:  a = +-scale_0, then a += +-scale_k for k = 1..n-1 in order,
+ *            a_i = 0.0f there), a_i = a_i / (float)nsrc (fp32; with
+ *            nsrc == 1, a_i = src_0[i] exactly)
+ *            b_i = a_i + e_i (fp32)
+ *            scale = (float)sqrt(sumsq / padded), sumsq the sum of the
+ *            squares of b in the order below
+ *            s_i = +1 if b_i >= 0.0f, else -1: the packed bits
+ *            e_i = b_i - scale (s_i = +1) or b_i + scale (s_i = -1): the
+ *            error the next step starts from
+ *   server:  a = +-scale_0, then a += +-scale_k for k = 1..n-1 in order
+ *            (participant k's worker scale, signed by its bit i),
  *            m_i = a / (float)n + server_error_i (all fp32)
- *            sscale and the new server error as for the worker, over m.
+ *            sscale, the bits and the new server error as for the worker,
+ *            over m.
+ *
+ * Sum of squares: the padded tensor (or the chunk) is cut into blocks of
+ * OBD_CODEC_BLOCK elements from its start. Within a block [begin, end),
+ * element i is added to accumulator (i - begin) % 16 in increasing i,
+ * each of the 16 accumulators starting at 0.0 and adding
+ * (double)b_i * (double)b_i (exact in double); the accumulators are then
+ * combined as a pairwise tree: p_j = a_2j + a_2j+1, q_j = p_2j + p_2j+1,
+ * (q0 + q1) + (q2 + q3). The block sums are added in block order from 0.0
+ * (obd_codec_scale).
  *
  * Non-finite input: if any b_i (or m_i) is NaN or +-Inf, or a scale handed
- * to the server step is negative or not finite, the function returns
- * OBD_CODEC_ENONFINITE and writes nothing at all: the error buffers, the
- * packed output and the scale are left exactly as they were. The op that
- * fed such data must fail; error feedback is never poisoned. (The lazy
- * single-pass steps below write their next state and bits as they go,
- * and leave the previous state untouched instead.)
+ * to the server step is negative or not finite, the step fails with
+ * OBD_CODEC_ENONFINITE and yields no scale. The op that fed such data must
+ * fail; error feedback is never poisoned (the state model below says what
+ * the failed step costs the state).
  *
  * Every function exists in a portable C version and, where the CPU has it,
  * an AVX2 version chosen at run time. Both produce bit-identical output for
@@ -68,10 +79,11 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
 
 /* ---- Lazy error feedback: the single-pass codec ---------------------
  *
- * The eager functions below keep the error e itself, which the worker can
- * only update after the scale is known, i.e. in a second pass. The lazy
- * functions keep instead what the last step had before its scale was
- * applied, and form that step's error on the fly in the next pass:
+ * The error e of a step is known only once its scale is, that is after a
+ * pass over the whole tensor; kept as e itself, it would take a second
+ * pass to write. The codec keeps instead what the last step had before
+ * its scale was applied, and forms that step's error on the fly in the
+ * next pass:
  *
  *   mode ZERO      e_i = 0.0f           (no step taken yet; v unused)
  *   mode EAGER     e_i = v_i            (v holds an error itself, e.g. one
@@ -80,27 +92,25 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  *                  e_i = v_i + scale    otherwise (v_i < 0.0f)
  *
  * where v is the b (worker) or m (server) of the last step and scale its
- * scale (sscale). DEFERRED reproduces, bit for bit, the fp32 operation the
- * eager functions perform at the end of a step (e_i = b_i -+ scale), only
- * one step later; so a sequence of lazy steps produces exactly the bits,
- * scales and errors of the same sequence of eager steps, and the error of
- * a lazy state (obd_codec_impl.lazy_error) equals the eager e byte for
- * byte. Every element of v is finite in a state a step committed.
+ * scale (sscale). DEFERRED is, bit for bit, the fp32 operation
+ * e_i = b_i -+ scale of the file comment, performed one step later; so a
+ * sequence of lazy steps produces exactly the bits, scales and errors of
+ * that arithmetic applied step by step, and the error of a lazy state
+ * (obd_codec_impl.lazy_error) is its e byte for byte. The tests hold
+ * every implementation to a reference that keeps e itself, in two passes
+ * (tests/codec_ref.h), with memcmp. Every element of v is finite in a
+ * state a step committed.
  *
- * One step, worker (the same arithmetic as obd_codec_compress_avg, and so
- * with nsrc == 1 as obd_codec_compress):
- *   a_i = src_0[i] + ... + src_nsrc-1[i] left to right, / (float)nsrc
- *         (fp32; a_i = src_0[i] unchanged when nsrc == 1, 0.0f for i >=
- *         count, see the file comment)
+ * One step, worker:
+ *   a_i as in the file comment (the average of the sources)
  *   b_i = a_i + e_i      (fp32, e_i from the previous state as above;
  *                         with mode ZERO this is a_i + 0.0f, which turns
- *                         -0.0f into +0.0f exactly as the eager code does
- *                         with a zeroed e)
- *   signs of b into packed bits, sum of squares of b per block (block and
- *   lane order of sumsq_block), b stored as the next state's v;
+ *                         -0.0f into +0.0f exactly as a zero e does)
+ *   signs of b into packed bits, sum of squares of b per block (in the
+ *   order of the file comment), b stored as the next state's v;
  *   scale = obd_codec_scale over the block sums; the next state is
  *   {DEFERRED, scale, v = b}.
- * One step, server (the arithmetic of obd_codec_server):
+ * One step, server:
  *   m_i = (+-scale_0 + ... + +-scale_n-1, left to right) / (float)n + e_i
  *   then signs, block sums and the next state {DEFERRED, sscale, v = m}.
  *
@@ -109,63 +119,54 @@ static inline size_t obd_codec_packed_bytes(size_t elems)
  * of that pass, the scale right after it.
  *
  * State model the daemon keeps, per key and per role (worker: padded
- * elements; server: one chunk): struct obd_codec_lazy_state below, whose
- * functions are the only transitions. Two policies differ only in what a
- * failed step costs:
+ * elements; server: one chunk): struct obd_codec_lazy_state below, one
+ * buffer v that every step rewrites in place (next == v); its functions
+ * are the only transitions. A step that fails once its pass has begun
+ * (this node's own NaN/Inf, another node's, a peer's bad scale, a
+ * timeout) has overwritten v with a b that never became a step, and
+ * b = a + e cannot be undone exactly (fp32 addition is not invertible):
+ * the state is reset to ZERO, as for a new key, and the daemon counts the
+ * reset. A failed step leaves no trace of its data, but the key loses its
+ * accumulated error.
  *
- *   RESET     one buffer v, every step writes it in place (next == v).
- *             A step that fails once its pass has begun (this node's own
- *             NaN/Inf, another node's, a peer's bad scale, a timeout)
- *             has overwritten v with a b that never became a step, and
- *             b = a + e cannot be undone exactly (fp32 addition is not
- *             invertible): the state is reset to ZERO, as for a new key,
- *             and the daemon counts the reset. A failed step leaves no
- *             trace of its data, but the key loses its accumulated error.
- *   ROLLBACK  two buffers, a step reads v[cur] and writes v[1 - cur];
- *             commit flips. A failed step leaves no trace at all, however
- *             late the failure is learned: v[cur], its scale and mode
- *             were only read.
- *
- * Transitions (the same calls for both policies):
- *   init:      mode ZERO, cur = 0 (the buffers need no contents)
- *   restore:   an error snapshot e (the format the eager code writes) is
- *              copied into v[cur], mode EAGER: exact, so old snapshots
- *              load unchanged
+ * Transitions:
+ *   init:      mode ZERO (the buffer needs no contents)
+ *   restore:   an error snapshot e (the error itself, as lazy_error
+ *              writes it) is copied into v, mode EAGER: exact
  *   snapshot:  between steps, lazy_error over prev (any ranges, e.g.
- *              chunk by chunk into a staging buffer) writes the eager e
- *              byte for byte, so the snapshot format does not change
+ *              chunk by chunk into a staging buffer) writes e byte for
+ *              byte
  *   step:      prev = obd_codec_lazy_state_prev(), next =
- *              obd_codec_lazy_state_next(); the blocks, on any threads,
- *              then obd_codec_scale over their sums
+ *              obd_codec_lazy_state_next() (v itself); the blocks, on any
+ *              threads, then obd_codec_scale over their sums
  *   commit:    the op succeeded on every node: obd_codec_lazy_state_commit
  *              with the step's scale (mode DEFERRED)
  *   abort:     the op failed after the step's pass began on this state
  *              (worker and server state each on its own):
- *              obd_codec_lazy_state_abort, which resets a RESET state (and
- *              says so, for the count) and leaves a ROLLBACK state as it
- *              was. A state whose pass never began needs nothing.
+ *              obd_codec_lazy_state_abort, mode ZERO. A state whose pass
+ *              never began needs nothing.
  *
- * Cost, measured by tests/bench/bench_codec (its "RESET, in place" and
- * "ROLLBACK, 2 buffers" rows; one thread, medians of 15 runs at 16 Mi
- * floats and 10 at 64 Mi on a shared 2-core machine under load): ROLLBACK
- * doubles the error-feedback memory, 4 * (N + N/n) bytes more per key,
- * and its passes take 4-21% longer: worker 0.99x memcpy against 0.82x in
- * place (64 Mi: 0.99x against 0.95x), server step with 4 inputs 1.20x
- * against 1.04x (64 Mi: 1.11x against 1.05x), although they move the same
- * bytes: the separate next buffer is written with streaming stores, but
- * reading one region while writing another costs the memory system more
- * than writing back the lines just read.
+ * Why in place: the kernels can also write next to a second buffer and
+ * leave prev as it was, so that a failed step would leave no trace at
+ * all, however late the failure is learned. That doubles the
+ * error-feedback memory, 4 * (N + N/n) bytes more per key, and makes the
+ * passes 4-21% slower, measured by tests/bench/bench_codec (its "in
+ * place" and "2 buffers" rows; one thread, medians of 15 runs at 16 Mi
+ * floats and 10 at 64 Mi on a shared 2-core machine under load): worker
+ * 0.99x memcpy against 0.82x in place (64 Mi: 0.99x against 0.95x),
+ * server step with 4 inputs 1.20x against 1.04x (64 Mi: 1.11x against
+ * 1.05x), although both move the same bytes: the separate next buffer is
+ * written with streaming stores, but reading one region while writing
+ * another costs the memory system more than writing back the lines just
+ * read. In place meets the codec's targets (<= 1.1x memcpy per pass)
+ * where two buffers miss the server's, and halves the memory; what it
+ * gives up is the error of a key whose op failed anyway, which restarts
+ * from zero, counted.
  *
- * The choice: RESET. It meets the codec's targets (<= 1.1x memcpy per
- * pass) where ROLLBACK's server step does not, and it halves the memory;
- * what it gives up is the error of a key whose op failed anyway, which
- * restarts from zero, counted. ROLLBACK remains one init call away for a
- * deployment that wants a failed op to leave the error feedback exactly
- * as it was.
- *
- * Allocate the buffers 64-byte aligned (aligned_alloc), like the
- * trainers' page-aligned shared memory: the streaming stores of ROLLBACK
- * need 16 bytes at least (32 for whole-vector stores), and a next buffer
+ * State buffers are allocated 64-byte aligned (aligned_alloc), like the
+ * trainers' page-aligned shared memory, so that vector loads never split
+ * a cache line. A next buffer apart from prev is written with streaming
+ * stores, which need 16 bytes at least (32 for whole-vector stores); one
  * whose offset within a page differed slightly from the input's was
  * measured up to 2x slower (4 KiB aliasing between loads and stores).
  */
@@ -183,123 +184,55 @@ struct obd_codec_lazy {
     const float *v;
 };
 
-/* What a failed step costs a state; see the state model above. */
-enum obd_codec_lazy_policy {
-    OBD_CODEC_LAZY_RESET,    /* one buffer, in place; failure resets */
-    OBD_CODEC_LAZY_ROLLBACK, /* two buffers; failure leaves no trace */
-};
-
-/* The lazy state of one key and role. The buffers (the same number of
- * floats each) are owned by the caller, who frees them; the struct only
- * borrows them. Fields are read-only outside the functions below. */
+/* The lazy state of one key and role, over one buffer that the caller
+ * owns and frees; the struct only borrows it. Fields are read-only
+ * outside the functions below. */
 struct obd_codec_lazy_state {
-    enum obd_codec_lazy_policy policy;
-    float *v[2]; /* v[1] is NULL under RESET */
-    float scale[2];
-    enum obd_codec_lazy_mode mode[2];
-    int cur;
+    float *v;
+    float scale; /* DEFERRED only */
+    enum obd_codec_lazy_mode mode;
 };
 
-/* No step taken yet: mode ZERO, cur = 0. v1 is the second buffer under
- * ROLLBACK and must be NULL under RESET. */
-void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s,
-                               enum obd_codec_lazy_policy policy, float *v0,
-                               float *v1);
+/* No step taken yet: mode ZERO. */
+void obd_codec_lazy_state_init(struct obd_codec_lazy_state *s, float *v);
 
 /* Restore an error snapshot: e (n floats, the state's length) is copied
- * into the current buffer, whose mode becomes EAGER. e may be the current
- * buffer itself (a snapshot read in place): nothing is copied then. */
+ * into v, and the mode becomes EAGER. e may be v itself (a snapshot read
+ * in place): nothing is copied then. */
 void obd_codec_lazy_state_restore(struct obd_codec_lazy_state *s,
                                   const float *e, size_t n);
 
-/* What a step reads (borrows the current buffer). */
+/* What a step reads (borrows v). */
 struct obd_codec_lazy
 obd_codec_lazy_state_prev(const struct obd_codec_lazy_state *s);
 
-/* Where a step writes: the current buffer under RESET, the other one
- * under ROLLBACK. */
+/* Where a step writes: v itself, in place. */
 float *obd_codec_lazy_state_next(const struct obd_codec_lazy_state *s);
 
-/* The step (its b or m in obd_codec_lazy_state_next(), its scale
- * `scale`) succeeded on every node: it becomes the current state. */
+/* The step (its b or m in v, its scale `scale`) succeeded on every node:
+ * mode DEFERRED. */
 void obd_codec_lazy_state_commit(struct obd_codec_lazy_state *s, float scale);
 
-/* The op failed after the step's pass began. RESET: the state becomes
- * ZERO and this returns 1 (count it); ROLLBACK: nothing changes, returns
- * 0. */
-int obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
+/* The op failed after the step's pass began: v holds part of a step that
+ * never happened, and the state becomes ZERO (the caller counts the
+ * reset). */
+void obd_codec_lazy_state_abort(struct obd_codec_lazy_state *s);
 
 /* Function table of one implementation. All pointers borrow their buffers
- * for the duration of the call only. `x` may be shorter than the padded
- * range: element i reads as 0.0f for i >= count. Ranges [begin, end) are
- * element indices into the padded tensor; `begin` is a multiple of 8. */
+ * for the duration of the call only. Ranges [begin, end) are element
+ * indices into the padded tensor (or the chunk); `begin` is a multiple of
+ * 8. */
 struct obd_codec_impl {
     const char *name; /* "portable" or "avx2" */
-
-    /* Sum of squares of b = x + e over [begin, end), where end - begin <=
-     * OBD_CODEC_BLOCK and begin is a multiple of OBD_CODEC_BLOCK (or the
-     * caller accepts a different rounding). Lane order: element i is added
-     * to accumulator (i - begin) % 16 in increasing i, each accumulator
-     * starting at 0.0 and adding (double)b_i * (double)b_i; the 16
-     * accumulators are then combined as a pairwise tree:
-     * p_j = a_2j + a_2j+1, q_j = p_2j + p_2j+1, (q0 + q1) + (q2 + q3).
-     * Reads only; `end` need not be a multiple of 8. */
-    double (*sumsq_block)(const float *x, size_t count, const float *e,
-                          size_t begin, size_t end);
-
-    /* Signs of b = x + e over [begin, end) into bits (bits[0] holds
-     * element begin), and e_i = b_i -+ scale in place. `end - begin` is a
-     * multiple of 8. Cannot fail: the caller checked the norm first. */
-    void (*compress_range)(const float *x, size_t count, float *e, size_t begin,
-                           size_t end, float scale, uint8_t *bits);
-
-    /* The worker's pass 1 over an average (obd_codec_compress_avg): for i
-     * in [begin, end), a_i = src[0][i] + src[1][i] + ... + src[nsrc-1][i]
-     * added left to right in fp32 (a_i = 0.0f for i >= count), then
-     * a_i = a_i / (float)nsrc in fp32, and b[i] = a_i + e[i] in fp32 is
-     * stored. (For a power-of-two nsrc the code multiplies by 1/nsrc,
-     * which is exact and rounds to the same float.) Returns the sum of
-     * squares of those b_i in the block and lane order of sumsq_block, so
-     * with nsrc == 1 it returns exactly sumsq_block(src[0], count, e,
-     * begin, end). nsrc >= 1. b is indexed like e (b[i] for padded index
-     * i). Reads src and e and writes only b[begin..end); b must not
-     * overlap src or e. `end` need not be a multiple of 8. */
-    double (*avg_sumsq_block)(const float *const *src, int nsrc, size_t count,
-                              const float *e, size_t begin, size_t end,
-                              float *b);
-
-    /* The worker's pass 2 over a b stored by avg_sumsq_block: signs of b
-     * over [begin, end) into bits (bits[0] holds element begin) and
-     * e[i] = b[i] - scale (bit 1) or b[i] + scale (bit 0). `end - begin`
-     * is a multiple of 8. Reads b, writes e and bits; e must not overlap
-     * b. Cannot fail: the caller checked the norm first. */
-    void (*sign_range)(const float *b, float *e, size_t begin, size_t end,
-                       float scale, uint8_t *bits);
-
-    /* Server step, pass 1: sum of squares of m over [begin, end) of a chunk
-     * of `chunk` elements. in[k] points to participant k's packed bits of
-     * the whole chunk; scales[k] its scale; err is the chunk's server error.
-     * Same block and lane rules as sumsq_block. */
-    double (*server_sumsq_block)(const uint8_t *const *in, const float *scales,
-                                 int n, const float *err, size_t begin,
-                                 size_t end);
-
-    /* Server step, pass 2: signs of m into bits (bits[0] holds element
-     * begin) and err_i = m_i -+ sscale in place. `end - begin` is a
-     * multiple of 8. Cannot fail: the caller checked the scales and the
-     * norm first. */
-    void (*server_range)(const uint8_t *const *in, const float *scales, int n,
-                         float *err, size_t begin, size_t end, float sscale,
-                         uint8_t *bits);
 
     /* Lazy worker step over [begin, end) (see "Lazy error feedback"):
      * forms b_i from the sources and prev's error, stores next[i] = b_i,
      * writes the signs of b into bits (bits[0] holds element begin) and
-     * returns the sum of squares of b in the block and lane order of
-     * sumsq_block. nsrc >= 1; src[k] has `count` elements (reads as 0.0f
-     * past count). `end - begin` is a multiple of 8; a caller that wants
-     * the eager functions' scale runs whole OBD_CODEC_BLOCK blocks (begin
-     * a multiple of OBD_CODEC_BLOCK). next is indexed like prev->v; it is
+     * returns the sum of squares of b over the range in the lane order of
+     * the file comment. nsrc >= 1; src[k] has `count` elements (reads as
+     * 0.0f past count). `end - begin` is a multiple of 8; a caller that
+     * wants the step's scale runs whole OBD_CODEC_BLOCK blocks (begin a
+     * multiple of OBD_CODEC_BLOCK). next is indexed like prev->v; it is
      * either exactly prev->v (in place) or overlaps neither it nor src.
      * Each element of src and prev->v is read once, before next[i] is
      * written. prev must be a state obd_codec_lazy_compress accepts (it
@@ -315,8 +248,8 @@ struct obd_codec_impl {
      * (participant k's packed bits of the whole chunk, bit i for chunk
      * element i), scales[k] and prev's error, next[i] = m_i, signs of m
      * into bits (bits[0] holds element begin), returns the sum of squares
-     * of m as sumsq_block does. The scales must have passed the checks
-     * obd_codec_server makes (finite, >= 0). Same rules for `end - begin`,
+     * of m in the same order. The scales must be finite and >= 0
+     * (obd_codec_lazy_server checks them). Same rules for `end - begin`,
      * next and prev->v as lazy_worker_block. */
     double (*lazy_server_block)(const uint8_t *const *in, const float *scales,
                                 int n, const struct obd_codec_lazy *prev,
@@ -331,10 +264,6 @@ struct obd_codec_impl {
     /* out[i] = +-scale for i in [0, elems), bit i of bits. */
     void (*decompress)(const uint8_t *bits, float scale, float *out,
                        size_t elems);
-
-    /* out[i] += +-scale for i in [0, elems). */
-    void (*decompress_add)(const uint8_t *bits, float scale, float *out,
-                           size_t elems);
 
     /* decompress with streaming (non-temporal) stores where the CPU has
      * them: the same out, but written around the caches, which saves
@@ -358,43 +287,9 @@ const struct obd_codec_impl *obd_codec_best(void);
  * is not finite and OBD_CODEC_EINVAL if elems is 0; *scale is written only
  * on success. A caller that splits a tensor over threads collects the block
  * sums of blocks [j * OBD_CODEC_BLOCK, (j + 1) * OBD_CODEC_BLOCK) and gets
- * the same scale as obd_codec_compress. */
+ * the same scale as obd_codec_lazy_compress. */
 int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
                     float *scale);
-
-/* Whole-tensor helpers on one thread, built from the table above.
- *
- * Worker compress (steps 1-3): x has `count` elements, e and the padded
- * tensor `padded` elements, bits padded / 8 bytes. On success writes bits,
- * *scale and updates e. */
-int obd_codec_compress(const struct obd_codec_impl *impl, const float *x,
-                       size_t count, float *e, size_t padded, uint8_t *bits,
-                       float *scale);
-
-/* Worker compress of the exact average of nsrc >= 1 local buffers
- * (src[k] of `count` elements each; see the file comment for the
- * arithmetic), in two passes: avg_sumsq_block stores b = average + e into
- * the scratch buffer b (`padded` elements, overlapping neither src nor e)
- * while it sums squares, then sign_range reads b and writes bits and e.
- * Each src[k] is read once. On success writes bits (padded / 8 bytes),
- * *scale and e, and leaves b = average + e (the old e). Returns
- * OBD_CODEC_EINVAL for bad sizes or nsrc < 1, writing nothing; returns
- * OBD_CODEC_ENONFINITE (any b_i not finite, e.g. a NaN or Inf in a source
- * or in e, or an average that overflows) with e, bits and *scale untouched
- * but b partly or wholly overwritten. With nsrc == 1, bits, *scale and e
- * are byte-identical to obd_codec_compress's. */
-int obd_codec_compress_avg(const struct obd_codec_impl *impl,
-                           const float *const *src, int nsrc, size_t count,
-                           float *e, float *b, size_t padded, uint8_t *bits,
-                           float *scale);
-
-/* Server step (step 4) for one chunk of `chunk` elements (a multiple of 8):
- * in[k], scales[k] from each of the n participants, err the chunk's server
- * error. On success writes bits (chunk / 8 bytes), *sscale and updates
- * err. */
-int obd_codec_server(const struct obd_codec_impl *impl,
-                     const uint8_t *const *in, const float *scales, int n,
-                     float *err, size_t chunk, uint8_t *bits, float *sscale);
 
 /* Whole-tensor lazy steps on one thread, built from the table above (the
  * daemon runs the same blocks on its pool and combines the sums with
@@ -402,25 +297,28 @@ int obd_codec_server(const struct obd_codec_impl *impl,
  *
  * Worker: src[k] (k < nsrc) of `count` elements, prev and next of
  * `padded` elements, bits padded / 8 bytes. On success writes bits, next
- * and *scale; the caller then commits {DEFERRED, *scale, next}. Returns
- * OBD_CODEC_EINVAL (bad sizes, nsrc < 1, a DEFERRED prev with a scale that
- * is negative or not finite, or a non-ZERO prev without v), writing
- * nothing; OBD_CODEC_ENONFINITE when some b_i is NaN or +-Inf, with bits
- * and next partly written and *scale untouched: prev is untouched when
+ * and *scale: the bits and scale of the worker step of the file comment
+ * from prev's error, whose new error {DEFERRED, *scale, next} holds byte
+ * for byte; the caller then commits that state. Returns OBD_CODEC_EINVAL
+ * (bad sizes, nsrc < 1, a DEFERRED prev with a scale that is negative or
+ * not finite, or a non-ZERO prev without v), writing nothing;
+ * OBD_CODEC_ENONFINITE when some b_i is NaN or +-Inf, with bits and next
+ * partly written and *scale untouched: prev is untouched when
  * next != prev->v, and destroyed when they are the same buffer (that
- * caller resets the state to ZERO). With a ZERO or an EAGER prev holding
- * e, bits, *scale and next's error are byte-identical to
- * obd_codec_compress_avg (obd_codec_compress for nsrc == 1) on e. */
+ * caller resets the state to ZERO). */
 int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
                             const float *const *src, int nsrc, size_t count,
                             const struct obd_codec_lazy *prev, float *next,
                             size_t padded, uint8_t *bits, float *scale);
 
-/* Server, for one chunk of `chunk` elements (a multiple of 8): the same
- * contract as obd_codec_server, with the server error held as prev (read)
- * and next (written) as for obd_codec_lazy_compress. OBD_CODEC_ENONFINITE
- * for a bad participant scale (nothing written) or a non-finite m_i
- * (bits and next partly written). */
+/* Server, for one chunk of `chunk` elements (a multiple of 8): in[k] and
+ * scales[k] from each of the n participants (in[k] the chunk's bits), the
+ * chunk's server error held as prev (read) and next (written) as for
+ * obd_codec_lazy_compress. On success writes bits (chunk / 8 bytes), next
+ * and *sscale. OBD_CODEC_EINVAL as for obd_codec_lazy_compress (n < 1
+ * for nsrc); OBD_CODEC_ENONFINITE for a participant scale that is
+ * negative or not finite (nothing written) or a non-finite m_i (bits and
+ * next partly written, *sscale untouched). */
 int obd_codec_lazy_server(const struct obd_codec_impl *impl,
                           const uint8_t *const *in, const float *scales, int n,
                           const struct obd_codec_lazy *prev, float *next,

@@ -5,15 +5,19 @@
  * - A norm uses four 4-lane double accumulators; element i of a block goes
  *   to lane (i - begin) % 16, i.e. accumulator ((i - begin) % 16) / 4, the
  *   same lanes the portable code uses, so the sums are bit-identical.
+ *   Lanes past the end of a block add the square of +0.0, which leaves an
+ *   accumulator unchanged (it starts at +0.0 and only grows, so it is
+ *   never -0.0): a last partial group sums as the portable code does,
+ *   which skips those lanes.
  * - A packed byte holds 8 elements, the first in the most significant bit.
- *   movemask puts lane 0 in bit 0, so the eager kernels reverse the
- *   compare mask across lanes first and the lazy ones reverse the bits of
- *   the byte by a table lookup on the integer side. Unpacking loads the
- *   byte's 8 lane masks (eager kernels, decompress) or sign masks (lazy
- *   server step: +-scale = scale XOR mask) from a table.
- * - The lazy kernels (see "Lazy error feedback" in codec.h) read the
- *   input and the previous state once and write the next state once, in
- *   one pass that also emits the packed signs and the block sums. A next
+ *   movemask puts lane 0 in bit 0, so the worker step reverses the compare
+ *   mask across lanes first and the server step reverses the bits of the
+ *   byte by a table lookup on the integer side. Unpacking loads the byte's
+ *   8 lane masks (decompress) or sign masks (server step: +-scale = scale
+ *   XOR mask) from a table.
+ * - The lazy steps (see "Lazy error feedback" in codec.h) read the input
+ *   and the previous state once and write the next state once, in one
+ *   pass that also emits the packed signs and the block sums. A next
  *   buffer apart from the previous one is written with streaming stores. */
 #include "codec.h"
 #include "codec_impl.h"
@@ -47,8 +51,7 @@ static inline unsigned pack8(__m256 ge)
 
 /* Lane masks of every byte value: all-ones in lane j where bit 7 - j is
  * set. One 32-byte load from this 8 KiB table (it stays in L1) replaces a
- * broadcast, an AND and a compare per byte, which matters in the server
- * step where every element unpacks n bytes. */
+ * broadcast, an AND and a compare per byte. */
 #define LANE(b, j) (-(int32_t)(((b) >> (7 - (j))) & 1))
 #define MASK8(b)                                                    \
     {                                                               \
@@ -92,73 +95,10 @@ static inline double finish16(const __m256d acc[4])
     return combine16(a);
 }
 
-static double v_sumsq_block(const float *x, size_t count, const float *e,
-                            size_t begin, size_t end)
-{
-    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
-                      _mm256_setzero_pd(), _mm256_setzero_pd()};
-    size_t i = begin;
-
-    for (; i + 16 <= end && i + 16 <= count; i += 16) {
-        __m256 lo =
-            _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(e + i));
-        __m256 hi = _mm256_add_ps(_mm256_loadu_ps(x + i + 8),
-                                  _mm256_loadu_ps(e + i + 8));
-        acc16(acc, lo, hi);
-    }
-    for (; i + 16 <= end; i += 16) {
-        __m256 lo = _mm256_add_ps(load_x8(x, count, i), _mm256_loadu_ps(e + i));
-        __m256 hi =
-            _mm256_add_ps(load_x8(x, count, i + 8), _mm256_loadu_ps(e + i + 8));
-        acc16(acc, lo, hi);
-    }
-    if (i < end) {
-        /* A last partial group: lanes past `end` add +0.0, which leaves an
-         * accumulator (never -0.0, it starts at +0.0 and only grows)
-         * unchanged, so this matches the portable code that skips them. */
-        float t[16] = {0};
-
-        for (size_t j = 0; i + j < end; j++)
-            t[j] = padded_x(x, count, i + j) + e[i + j];
-        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
-    }
-    return finish16(acc);
-}
-
-static void v_compress_range(const float *x, size_t count, float *e,
-                             size_t begin, size_t end, float scale,
-                             uint8_t *bits)
-{
-    const __m256 vs = _mm256_set1_ps(scale);
-    const __m256 zero = _mm256_setzero_ps();
-    size_t i = begin;
-
-    for (; i + 32 <= end && i + 32 <= count; i += 32) {
-        uint32_t word = 0;
-
-        for (int k = 0; k < 4; k++) {
-            size_t o = i + 8 * (size_t)k;
-            __m256 b =
-                _mm256_add_ps(_mm256_loadu_ps(x + o), _mm256_loadu_ps(e + o));
-            __m256 ge = _mm256_cmp_ps(b, zero, _CMP_GE_OQ);
-            _mm256_storeu_ps(e + o, _mm256_blendv_ps(_mm256_add_ps(b, vs),
-                                                     _mm256_sub_ps(b, vs), ge));
-            word |= (uint32_t)pack8(ge) << (8 * k);
-        }
-        memcpy(bits + (i - begin) / 8, &word, 4);
-    }
-    for (; i < end; i += 8) {
-        __m256 b = _mm256_add_ps(load_x8(x, count, i), _mm256_loadu_ps(e + i));
-        __m256 ge = _mm256_cmp_ps(b, zero, _CMP_GE_OQ);
-        _mm256_storeu_ps(e + i, _mm256_blendv_ps(_mm256_add_ps(b, vs),
-                                                 _mm256_sub_ps(b, vs), ge));
-        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
-    }
-}
-
 /* Eight averaged elements from i, all inside every source (i + 8 <=
  * count); the order of operations of avg8 in codec.c, lane by lane. `inv`
- * is 1/nsrc for a power-of-two nsrc and 0 otherwise. */
+ * is 1/nsrc, used for a power-of-two nsrc only (exact there, see avg8),
+ * and `fn` is nsrc. */
 static inline __m256 avg8(const float *const *src, int nsrc, size_t i,
                           __m256 inv, __m256 fn)
 {
@@ -186,162 +126,6 @@ static inline __m256 avg8_tail(const float *const *src, int nsrc, size_t count,
     if ((nsrc & (nsrc - 1)) == 0)
         return _mm256_mul_ps(a, inv);
     return _mm256_div_ps(a, fn);
-}
-
-static double v_avg_sumsq_block(const float *const *src, int nsrc, size_t count,
-                                const float *e, size_t begin, size_t end,
-                                float *b)
-{
-    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
-                      _mm256_setzero_pd(), _mm256_setzero_pd()};
-    const __m256 inv = _mm256_set1_ps(1.0f / (float)nsrc);
-    const __m256 fn = _mm256_set1_ps((float)nsrc);
-    size_t i = begin;
-
-    /* Zero-padded elements past count are +0.0f in every source, their
-     * sum +0.0f and +0.0f / nsrc is +0.0f, the portable a_i = 0.0f. */
-    for (; i + 16 <= end && i + 16 <= count; i += 16) {
-        __m256 lo =
-            _mm256_add_ps(avg8(src, nsrc, i, inv, fn), _mm256_loadu_ps(e + i));
-        __m256 hi = _mm256_add_ps(avg8(src, nsrc, i + 8, inv, fn),
-                                  _mm256_loadu_ps(e + i + 8));
-        _mm256_storeu_ps(b + i, lo);
-        _mm256_storeu_ps(b + i + 8, hi);
-        acc16(acc, lo, hi);
-    }
-    for (; i + 16 <= end; i += 16) {
-        __m256 lo = _mm256_add_ps(avg8_tail(src, nsrc, count, i, inv, fn),
-                                  _mm256_loadu_ps(e + i));
-        __m256 hi = _mm256_add_ps(avg8_tail(src, nsrc, count, i + 8, inv, fn),
-                                  _mm256_loadu_ps(e + i + 8));
-        _mm256_storeu_ps(b + i, lo);
-        _mm256_storeu_ps(b + i + 8, hi);
-        acc16(acc, lo, hi);
-    }
-    if (i < end) {
-        /* The zero-filled partial group of v_sumsq_block. */
-        float t[16] = {0};
-        size_t j = 0;
-
-        for (; i + j + 8 <= end; j += 8)
-            _mm256_storeu_ps(t + j, _mm256_add_ps(avg8_tail(src, nsrc, count,
-                                                            i + j, inv, fn),
-                                                  _mm256_loadu_ps(e + i + j)));
-        if (i + j < end) {
-            float a[8];
-
-            _mm256_storeu_ps(a, avg8_tail(src, nsrc, count, i + j, inv, fn));
-            for (size_t q = 0; i + j + q < end; q++)
-                t[j + q] = a[q] + e[i + j + q];
-        }
-        memcpy(b + i, t, (end - i) * sizeof(float));
-        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
-    }
-    return finish16(acc);
-}
-
-static void v_sign_range(const float *b, float *e, size_t begin, size_t end,
-                         float scale, uint8_t *bits)
-{
-    const __m256 vs = _mm256_set1_ps(scale);
-    const __m256 zero = _mm256_setzero_ps();
-    size_t i = begin;
-
-    for (; i + 32 <= end; i += 32) {
-        uint32_t word = 0;
-
-        for (int k = 0; k < 4; k++) {
-            size_t o = i + 8 * (size_t)k;
-            __m256 v = _mm256_loadu_ps(b + o);
-            __m256 ge = _mm256_cmp_ps(v, zero, _CMP_GE_OQ);
-            _mm256_storeu_ps(e + o, _mm256_blendv_ps(_mm256_add_ps(v, vs),
-                                                     _mm256_sub_ps(v, vs), ge));
-            word |= (uint32_t)pack8(ge) << (8 * k);
-        }
-        memcpy(bits + (i - begin) / 8, &word, 4);
-    }
-    for (; i < end; i += 8) {
-        __m256 v = _mm256_loadu_ps(b + i);
-        __m256 ge = _mm256_cmp_ps(v, zero, _CMP_GE_OQ);
-        _mm256_storeu_ps(e + i, _mm256_blendv_ps(_mm256_add_ps(v, vs),
-                                                 _mm256_sub_ps(v, vs), ge));
-        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
-    }
-}
-
-/* Eight m values from element i (a multiple of 8); see server_m8 in
- * codec.c for the order of operations, which this follows lane by lane. */
-static inline __m256 server_m8(const uint8_t *const *in, const float *scales,
-                               int n, const float *err, size_t i)
-{
-    size_t q = i / 8;
-    __m256 acc = _mm256_blendv_ps(_mm256_set1_ps(-scales[0]),
-                                  _mm256_set1_ps(scales[0]), unpack8(in[0][q]));
-
-    for (int k = 1; k < n; k++) {
-        __m256 t =
-            _mm256_blendv_ps(_mm256_set1_ps(-scales[k]),
-                             _mm256_set1_ps(scales[k]), unpack8(in[k][q]));
-        acc = _mm256_add_ps(acc, t);
-    }
-    /* Division is the slowest step here. When n is a power of two, 1/n is
-     * exact and a * (1/n) and a / n are the correct rounding of the same
-     * real number (also when it is subnormal), so the multiply gives the
-     * identical result. */
-    if ((n & (n - 1)) == 0)
-        acc = _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / (float)n));
-    else
-        acc = _mm256_div_ps(acc, _mm256_set1_ps((float)n));
-    return _mm256_add_ps(acc, _mm256_loadu_ps(err + i));
-}
-
-static double v_server_sumsq_block(const uint8_t *const *in,
-                                   const float *scales, int n, const float *err,
-                                   size_t begin, size_t end)
-{
-    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
-                      _mm256_setzero_pd(), _mm256_setzero_pd()};
-    size_t i = begin;
-
-    for (; i + 16 <= end; i += 16)
-        acc16(acc, server_m8(in, scales, n, err, i),
-              server_m8(in, scales, n, err, i + 8));
-    if (i < end) {
-        /* Same zero-filled partial group as v_sumsq_block. The m values
-         * are formed by whole bytes where they fit and one by one after,
-         * both in the portable order. */
-        float t[16] = {0};
-        size_t j = 0;
-
-        for (; i + j + 8 <= end; j += 8)
-            _mm256_storeu_ps(t + j, server_m8(in, scales, n, err, i + j));
-        for (; i + j < end; j++) {
-            size_t p = i + j, q = p / 8;
-            unsigned sh = 7 - (unsigned)(p % 8);
-            float a = (in[0][q] >> sh) & 1 ? scales[0] : -scales[0];
-            for (int k = 1; k < n; k++)
-                a += (in[k][q] >> sh) & 1 ? scales[k] : -scales[k];
-            t[j] = a / (float)n + err[p];
-        }
-        acc16(acc, _mm256_loadu_ps(t), _mm256_loadu_ps(t + 8));
-    }
-    return finish16(acc);
-}
-
-static void v_server_range(const uint8_t *const *in, const float *scales, int n,
-                           float *err, size_t begin, size_t end, float sscale,
-                           uint8_t *bits)
-{
-    const __m256 vs = _mm256_set1_ps(sscale);
-    const __m256 zero = _mm256_setzero_ps();
-
-    for (size_t i = begin; i < end; i += 8) {
-        __m256 m = server_m8(in, scales, n, err, i);
-        __m256 ge = _mm256_cmp_ps(m, zero, _CMP_GE_OQ);
-        _mm256_storeu_ps(err + i, _mm256_blendv_ps(_mm256_add_ps(m, vs),
-                                                   _mm256_sub_ps(m, vs), ge));
-        bits[(i - begin) / 8] = (uint8_t)pack8(ge);
-    }
 }
 
 static void v_decompress(const uint8_t *bits, float scale, float *out,
@@ -388,27 +172,11 @@ static void v_decompress_stream(const uint8_t *bits, float scale, float *out,
         out[i] = (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
 }
 
-static void v_decompress_add(const uint8_t *bits, float scale, float *out,
-                             size_t elems)
-{
-    const __m256 pos = _mm256_set1_ps(scale);
-    const __m256 neg = _mm256_set1_ps(-scale);
-    size_t i = 0;
-
-    for (; i + 8 <= elems; i += 8) {
-        __m256 t = _mm256_blendv_ps(neg, pos, unpack8(bits[i / 8]));
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), t));
-    }
-    for (; i < elems; i++)
-        out[i] += (bits[i / 8] >> (7 - i % 8)) & 1 ? scale : -scale;
-}
-
 /* ---- Lazy kernels (AVX2) ----
  *
  * The same lanes and order of operations as the portable kernels in
- * codec.c and the eager kernels above; the mode of the previous state is
- * a compile-time constant in each instantiation of the always-inline
- * bodies. */
+ * codec.c; the mode of the previous state is a compile-time constant in
+ * each instantiation of the always-inline bodies. */
 
 /* Sign masks of every byte value: 0x80000000 in lane j where bit 7 - j is
  * clear. +-scale is then scale XOR the mask, one instruction with the
@@ -553,7 +321,7 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
     }
     if (i < end) {
         /* Eight elements left (end - begin is a multiple of 8): lanes 8-15
-         * add +0.0, which changes no accumulator (see v_sumsq_block). */
+         * add +0.0, which changes no accumulator (see the file comment). */
         __m256 lo = _mm256_add_ps(lazy_a8(src, nsrc, count, i, inv, fn),
                                   lazy_e8(mode, v, vs, i));
         store_next(next + i, lo, stream);
@@ -594,8 +362,9 @@ static double v_lazy_worker_block(const float *const *src, int nsrc,
 #undef WORKER_CASE
 }
 
-/* m of 8 elements: the participants' sum (in participant order, from the
- * first term) divided by n, plus the error; see server_m8. */
+/* The participants' sum of 8 elements (in participant order, from the
+ * first term) divided by n: for a power-of-two n a multiply by the exact
+ * 1/n, which rounds the same real number (see avg8 in codec.c). */
 static ALWAYS_INLINE __m256 server_div(__m256 a, int pow2, __m256 inv,
                                        __m256 fn)
 {
@@ -668,7 +437,7 @@ v_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
             store_next(next + o, m[g], stream);
             bits[(o - begin) / 8] = (uint8_t)pack8r(m[g]);
         }
-        /* A missing second group adds +0.0 (see v_sumsq_block). */
+        /* A missing second group adds +0.0 (see the file comment). */
         acc16(acc, m[0], m[1]);
     }
     if (stream)
@@ -728,17 +497,10 @@ static void v_lazy_error(const struct obd_codec_lazy *st, float *e,
 
 static const struct obd_codec_impl avx2 = {
     .name = "avx2",
-    .sumsq_block = v_sumsq_block,
-    .compress_range = v_compress_range,
-    .avg_sumsq_block = v_avg_sumsq_block,
-    .sign_range = v_sign_range,
-    .server_sumsq_block = v_server_sumsq_block,
-    .server_range = v_server_range,
     .lazy_worker_block = v_lazy_worker_block,
     .lazy_server_block = v_lazy_server_block,
     .lazy_error = v_lazy_error,
     .decompress = v_decompress,
-    .decompress_add = v_decompress_add,
     .decompress_stream = v_decompress_stream,
 };
 

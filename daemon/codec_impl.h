@@ -18,12 +18,6 @@ const struct obd_codec_impl *obd_codec_avx2_table(void);
  * per-element code has no branch on them. */
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* Element i of the zero-padded input. */
-static inline float padded_x(const float *x, size_t count, size_t i)
-{
-    return i < count ? x[i] : 0.0f;
-}
-
 /* The fixed pairwise combine of the 16 lane accumulators of a norm block.
  * Both implementations call this one function, so the combine cannot
  * drift apart between them. */

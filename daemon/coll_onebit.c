@@ -29,23 +29,21 @@
  *   DONE      every node reported.
  * Segments have states of their own (sign_seg, srv_seg, res_seg below).
  *
- * Error feedback on failure (the RESET policy, codec.h and efstate.h):
- * the worker pass changes the key's state from its first segment on, and
- * fp32 cannot undo it. From the moment the worker tasks are queued until
- * the server state commits, the key is torn: an op that fails in between
- * (a NaN or Inf on any node, a bad scale, a lost node, a timeout) resets
- * the key's error feedback to zero at its next op, counted in ef_resets,
- * and a snapshot meanwhile does not save it. Keeping the state intact
- * through such a failure would take a second buffer per key (ROLLBACK) or
- * a second pass over the tensor; the single pass in place costs a failed
- * op's key its accumulated error instead (codec.h, "The choice"). So
- * that the nodes stay alike, every node
- * does the same whenever the failed op had been agreed on anywhere (every
- * node's view in and alike: some node may have begun its pass), also a
- * node whose own pass had not begun yet or had already committed
- * (onebit_failed). An op that fails before it was agreed on (a mismatch,
- * a trainer that left, a deadline or a shutdown while collecting) leaves
- * every state as it was.
+ * Error feedback on failure (state kept in place, codec.h and
+ * efstate.h): the worker pass changes the key's state from its first
+ * segment on, and fp32 cannot undo it. From the moment the worker tasks
+ * are queued until the server state commits, the key is torn: an op that
+ * fails in between (a NaN or Inf on any node, a bad scale, a lost node, a
+ * timeout) resets the key's error feedback to zero at its next op,
+ * counted in ef_resets, and a snapshot meanwhile does not save it: a
+ * failed op costs its key the accumulated error (codec.h says why the
+ * state is kept in place all the same). So that the nodes stay alike,
+ * every node does the same whenever the failed op had been agreed on
+ * anywhere (every node's view in and alike: some node may have begun its
+ * pass), also a node whose own pass had not begun yet or had already
+ * committed (onebit_failed). An op that fails before it was agreed on
+ * (a mismatch, a trainer that left, a deadline or a shutdown while
+ * collecting) leaves every state as it was.
  * Events (a task done, a frame in) only record what happened and post the
  * op; step() is the one place that makes transitions, and every error on
  * the way (a queue that fails, a send that fails, a bad scale) fails the

@@ -57,8 +57,8 @@ struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
         obd_ef_free(ef);
         return NULL;
     }
-    obd_codec_lazy_state_init(&ef->wl, OBD_CODEC_LAZY_RESET, ef->werr, NULL);
-    obd_codec_lazy_state_init(&ef->sl, OBD_CODEC_LAZY_RESET, ef->serr, NULL);
+    obd_codec_lazy_state_init(&ef->wl, ef->werr);
+    obd_codec_lazy_state_init(&ef->sl, ef->serr);
     strcpy(ef->job, job);
     ef->key = key;
     ef->count = count;
@@ -103,14 +103,14 @@ struct obd_ef *obd_ef_copy(const struct obd_ef *src)
 
 void obd_ef_zero(struct obd_ef *ef)
 {
-    obd_codec_lazy_state_init(&ef->wl, OBD_CODEC_LAZY_RESET, ef->werr, NULL);
-    obd_codec_lazy_state_init(&ef->sl, OBD_CODEC_LAZY_RESET, ef->serr, NULL);
+    obd_codec_lazy_state_init(&ef->wl, ef->werr);
+    obd_codec_lazy_state_init(&ef->sl, ef->serr);
 }
 
-int obd_ef_abort(struct obd_ef *ef)
+void obd_ef_abort(struct obd_ef *ef)
 {
-    return obd_codec_lazy_state_abort(&ef->wl) +
-           obd_codec_lazy_state_abort(&ef->sl);
+    obd_codec_lazy_state_abort(&ef->wl);
+    obd_codec_lazy_state_abort(&ef->sl);
 }
 
 void obd_ef_restored(struct obd_ef *ef)

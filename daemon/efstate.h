@@ -1,8 +1,8 @@
 /* Error-feedback state of the 1-bit allreduce, one per (job, key) on every
  * node: the worker error (padded length) and the server error (one chunk),
- * each held as a lazy state (codec.h "Lazy error feedback") with the RESET
- * policy: one buffer per role, which a step rewrites in place in its single
- * pass, and the error formed on the fly from (buffer, mode, scale).
+ * each held as a lazy state (codec.h "Lazy error feedback"): one buffer
+ * per role, which a step rewrites in place in its single pass, and the
+ * error formed on the fly from (buffer, mode, scale).
  *
  * A failed op: once a step's pass has begun on the buffers, the op is torn
  * (below) until both states have committed; a torn state cannot be undone
@@ -117,15 +117,15 @@ void obd_ef_free(struct obd_ef *ef);
 struct obd_ef *obd_ef_copy(const struct obd_ef *src);
 /* Both states back to ZERO, as for a new key. */
 void obd_ef_zero(struct obd_ef *ef);
-/* Aborts both states of a torn key (obd_codec_lazy_state_abort): returns
- * the number of states reset, which the caller counts in ef_resets. */
-int obd_ef_abort(struct obd_ef *ef);
+/* Aborts both states of a torn key (obd_codec_lazy_state_abort): both
+ * back to ZERO; the caller counts the reset in ef_resets. */
+void obd_ef_abort(struct obd_ef *ef);
 /* werr and serr were written with errors (a snapshot's, or a test's):
  * both states become EAGER, holding exactly those errors. */
 void obd_ef_restored(struct obd_ef *ef);
 /* The errors the states hold, elements [begin, end) of the worker error
  * (serr_part 0) or of the server error (1), into e: what a snapshot
- * stores, byte for byte the eager codec's errors. */
+ * stores, byte for byte the errors e of codec.h's arithmetic. */
 void obd_ef_error(const struct obd_ef *ef, int serr_part, float *e,
                   size_t begin, size_t end);
 /* Memory the state holds, work buffers included. */

@@ -133,13 +133,12 @@ void obd_efstore_begin(struct obd_daemon *d, struct obd_ef *ef)
     if (ef->users == 0 && ef->torn) {
         ef->torn = 0;
         ef->version = (struct obd_efversion){0, 0, 0};
-        if (obd_ef_abort(ef) > 0) {
-            obd_metric_add(&d->metrics, OBD_M_EF_RESETS, 1);
-            obd_log_warn(&d->log,
-                         "job %s key %llu: error feedback was left "
-                         "half-updated by a failed op; it restarts at zero",
-                         ef->job, (unsigned long long)ef->key);
-        }
+        obd_ef_abort(ef);
+        obd_metric_add(&d->metrics, OBD_M_EF_RESETS, 1);
+        obd_log_warn(&d->log,
+                     "job %s key %llu: error feedback was left half-updated "
+                     "by a failed op; it restarts at zero",
+                     ef->job, (unsigned long long)ef->key);
     }
     ef->users++;
 }

@@ -10,9 +10,9 @@
  *   WORKER    the lazy worker step over whole codec blocks [begin, end)
  *             of the padded tensor: b = avg(trainers) + the error of the
  *             key's worker state, read from and written back to that
- *             state in place (RESET policy), the signs of b into our bits
- *             and the blocks' sums of squares; the worker scale follows
- *             from the sums once every block is done;
+ *             state in place, the signs of b into our bits and the
+ *             blocks' sums of squares; the worker scale follows from the
+ *             sums once every block is done;
  *   SERVER    the lazy server step over [begin, end) of our chunk (whole
  *             codec blocks of the chunk): m from every node's bits and
  *             scale plus the server state's error, written back in place,
