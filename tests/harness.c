@@ -91,9 +91,9 @@ int hx_reserve_port(void)
         return -1;
     }
     unsigned span = (unsigned)(hi - lo + 1);
-    /* The cursor belongs to the process that set it: a forked child
-     * starts afresh from its own pid (it does not hold its parent's
-     * locks' ports by choice, and its flock on them would fail anyway). */
+    /* A forked child (Check runs each test in one) walks from its own
+     * pid: the ports its parent took are not its to hand out, and its
+     * own flock on them fails while the parent's lock stands. */
     static pid_t owner;
     static unsigned next;
     if (owner != getpid()) {
