@@ -53,8 +53,8 @@ int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
 void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id);
 
 /* Set `id` of `job` was committed on every node: marks it the newest
- * (its directory's time) and deletes all but the newest `keep` sets of
- * the job. */
+ * (its directory's time) and deletes all but `keep` sets of the job: set
+ * `id` itself, whatever the clock says, and the newest others. */
 void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
                         int keep);
 
