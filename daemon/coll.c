@@ -2,6 +2,7 @@
  * descriptor: what job.c looks up, above every algorithm (coll.h). */
 #include "coll.h"
 
+#include "hash.h"
 #include "ops.h"
 
 static const struct obd_algo *const algos[] = {
@@ -24,11 +25,8 @@ uint64_t obd_coll_fingerprint(const struct obd_opdesc *d)
 {
     uint64_t v[6] = {d->kind,  d->dtype, d->redop,
                      d->count, d->key,   (uint64_t)(int64_t)d->root};
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    uint64_t h = OBCOMM_HASH_FNV1A_INIT;
     for (int i = 0; i < 6; i++)
-        for (int b = 0; b < 8; b++) {
-            h ^= (v[i] >> (8 * b)) & 0xff;
-            h *= UINT64_C(0x100000001b3);
-        }
+        h = obcomm_hash_fnv1a_u64(h, v[i]);
     return h;
 }

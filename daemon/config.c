@@ -1,5 +1,6 @@
 #include "config.h"
 #include "auth.h"
+#include "hash.h"
 #include "log.h"
 #include "snapset.h"
 
@@ -522,17 +523,6 @@ int obd_config_parse_addr(const char *text, struct obd_addr *out)
     return 0;
 }
 
-/* FNV-1a, 64 bit: a fingerprint, not a defence against adversaries. */
-static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h;
-}
-
 /* Appends one world entry; `src` prefixes messages. */
 static int add_node(struct obd_config *cfg, const char *tok, const char *src,
                     char *err, size_t errlen)
@@ -722,11 +712,15 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
 
     /* The fingerprint covers what every node must agree on: the cluster
      * name and the world, in rank order. */
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    h = fnv1a(h, cfg->cluster, strlen(cfg->cluster) + 1);
+    uint64_t h = OBCOMM_HASH_FNV1A_INIT;
+    h = obcomm_hash_fnv1a(h, cfg->cluster, strlen(cfg->cluster) + 1);
     for (int i = 0; i < cfg->nodes; i++) {
-        h = fnv1a(h, cfg->world[i].host, strlen(cfg->world[i].host) + 1);
-        h = fnv1a(h, &cfg->world[i].port, sizeof(cfg->world[i].port));
+        h = obcomm_hash_fnv1a(h, cfg->world[i].host,
+                              strlen(cfg->world[i].host) + 1);
+        /* The port as two bytes, low first, so every host agrees. */
+        const uint8_t port[2] = {(uint8_t)(cfg->world[i].port & 0xff),
+                                 (uint8_t)(cfg->world[i].port >> 8)};
+        h = obcomm_hash_fnv1a(h, port, sizeof(port));
     }
     cfg->fingerprint = h;
     return 0;
@@ -796,14 +790,18 @@ static int same_ip(const struct sockaddr_storage *x,
                   sizeof(struct in6_addr)) == 0;
 }
 
-static int is_loopback(const struct sockaddr_storage *s)
+int obd_config_is_loopback(const struct sockaddr_storage *sa)
 {
-    if (s->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)s)->sin_addr.s_addr) >>
-                24) == 127;
-    if (s->ss_family == AF_INET6)
-        return IN6_IS_ADDR_LOOPBACK(
-            &((const struct sockaddr_in6 *)s)->sin6_addr);
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)sa;
+        return IN6_IS_ADDR_LOOPBACK(&in->sin6_addr) ||
+               (IN6_IS_ADDR_V4MAPPED(&in->sin6_addr) &&
+                in->sin6_addr.s6_addr[12] == 127);
+    }
     return 0;
 }
 
@@ -812,7 +810,7 @@ static int is_loopback(const struct sockaddr_storage *s)
  * systemd unit does not allow, and agrees with what listen would do. */
 static int is_local(const struct sockaddr_storage *s)
 {
-    if (is_loopback(s))
+    if (obd_config_is_loopback(s))
         return 1;
     int fd = socket(s->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)

@@ -177,6 +177,14 @@ int obd_config_world_diff(const struct obd_config *cfg,
                           const char *const *world, size_t n, char *out,
                           size_t len);
 
+struct sockaddr_storage;
+
+/* 1 when sa is a loopback address: 127.0.0.0/8, ::1, or 127.0.0.0/8
+ * mapped into IPv6 (::ffff:127.x.y.z); 0 for anything else. The start
+ * uses it to keep a daemon without a cluster key on loopback, and to
+ * know the world entries that are this machine. */
+int obd_config_is_loopback(const struct sockaddr_storage *sa);
+
 /* Parses "host:port" (decimal port 1..65535). */
 int obd_config_parse_addr(const char *text, struct obd_addr *out);
 

@@ -24,9 +24,10 @@
 static void on_client_io(uv_poll_t *h, int status, int events);
 static void drop_run(struct obd_ready *r);
 
-/* The socket's directory and group, checked as --check-config checks
- * them (config.c), the directory created when missing. */
-static int check_dir(struct obd_daemon *d, const char *sock)
+/* Makes the socket's directory ready at the start: checked as
+ * --check-config checks it (config.c), created when missing (and logged
+ * then). The socket's group is socket_gid's. */
+static int prepare_socket_dir(struct obd_daemon *d, const char *sock)
 {
     char why[512];
     int created;
@@ -296,7 +297,7 @@ int obd_ctl_start(struct obd_daemon *d)
     strcpy(sa.sun_path, d->cfg.socket);
 
     gid_t gid = (gid_t)-1;
-    int rc = check_dir(d, d->cfg.socket);
+    int rc = prepare_socket_dir(d, d->cfg.socket);
     if (rc == 0 && d->cfg.socket_group[0] != '\0')
         rc = socket_gid(d, &gid);
     if (rc == 0)

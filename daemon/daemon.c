@@ -187,8 +187,8 @@ int obd_daemon_start(struct obd_daemon *d)
     }
     int rc = 0;
     if (d->cfg.state_dir[0] != '\0' &&
-        obd_snapset_check_dir(d->cfg.state_dir, (unsigned)geteuid(), why,
-                              sizeof(why)) != 0) {
+        obd_snapset_prepare_dir(d->cfg.state_dir, (unsigned)geteuid(), why,
+                                sizeof(why)) != 0) {
         obd_log_error(&d->log, "%s", why);
         rc = OBCOMM_E_INVAL;
     }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "hash.h"
 
 #define EF_MAGIC   "OBCMEF1"
 #define EF_VERSION 1
@@ -184,11 +185,7 @@ void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
 {
     /* The job name is in the header; the file name only needs to be
      * unique and safe, so it carries a hash of the name. */
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (const unsigned char *p = (const unsigned char *)job; *p; p++) {
-        h ^= *p;
-        h *= UINT64_C(0x100000001b3);
-    }
+    uint64_t h = obcomm_hash_fnv1a_str(OBCOMM_HASH_FNV1A_INIT, job);
     snprintf(buf, len, "%s/ef-%016llx-%016llx.lz4", dir, (unsigned long long)h,
              (unsigned long long)key);
 }

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "hash.h"
 #include "wire.h"
 
 static void put32(uint8_t *p, uint32_t v)
@@ -93,10 +94,6 @@ int obd_frame_decode(const uint8_t in[OBD_FRAME_HDR], uint32_t max_ctrl,
 
 uint32_t obd_frame_job_id(const char *name)
 {
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        h ^= *p;
-        h *= UINT64_C(0x100000001b3);
-    }
+    uint64_t h = obcomm_hash_fnv1a_str(OBCOMM_HASH_FNV1A_INIT, name);
     return (uint32_t)(h ^ (h >> 32));
 }

@@ -188,8 +188,9 @@ static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
 
 /* The peer's Hello: what must hold before anything else (protocol, rank,
  * direction). Without a key the cluster and world are compared here too,
- * as before; with one they wait until the peer has proved the key, and
- * an unauthenticated peer reads only "handshake refused". */
+ * since there is no proof to wait for; with one they wait until the peer
+ * has proved the key, so that an unauthenticated peer learns nothing of
+ * the cluster and reads only "handshake refused". */
 void obd_handshake_hello(struct obd_link *l, const Obcomm__Hello *h,
                          const uint8_t *raw, size_t rawlen)
 {

@@ -10,6 +10,7 @@
 
 #include "coll.h"
 #include "efstore.h"
+#include "hash.h"
 #include "ops.h"
 #include "reduce.h"
 #include "wire.h"
@@ -982,9 +983,9 @@ static int check_run(struct obd_op *op)
 {
     struct obd_job *job = op->job;
     int nodes = job->d->cfg.nodes;
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    uint64_t h = OBCOMM_HASH_FNV1A_INIT;
     for (int n = 0; n < nodes; n++)
-        h = (h ^ op->ann[n].run) * UINT64_C(0x100000001b3);
+        h = obcomm_hash_fnv1a_word(h, op->ann[n].run);
     h = h != 0 ? h : 1;
     if (job->run == 0) {
         job->run = h;

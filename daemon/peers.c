@@ -959,21 +959,6 @@ static void on_incoming(uv_stream_t *server, int status)
     bound_unauth(d, l);
 }
 
-static int is_loopback(const struct sockaddr_storage *sa)
-{
-    if (sa->ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
-        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-    }
-    if (sa->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)sa;
-        return IN6_IS_ADDR_LOOPBACK(&in->sin6_addr) ||
-               (IN6_IS_ADDR_V4MAPPED(&in->sin6_addr) &&
-                in->sin6_addr.s6_addr[12] == 127);
-    }
-    return 0;
-}
-
 static int listen_open(struct obd_daemon *d)
 {
     struct sockaddr_storage sa;
@@ -983,7 +968,7 @@ static int listen_open(struct obd_daemon *d)
         return OBCOMM_E_INVAL;
     }
     /* Protected mode: without a key only loopback. */
-    if (!d->keyed && !d->cfg.insecure && !is_loopback(&sa)) {
+    if (!d->keyed && !d->cfg.insecure && !obd_config_is_loopback(&sa)) {
         obd_log_error(
             &d->log,
             "refusing to listen on %s:%u without a cluster key: anyone who "

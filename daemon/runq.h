@@ -34,14 +34,19 @@ struct obd_runq {
 
 void obd_runq_init(struct obd_runq *s, uv_loop_t *loop);
 
-/* Queues r for a later turn (no-op while it is queued). */
+/* Queues r for a later turn (no-op while it is queued, and after
+ * obd_runq_close). */
 void obd_runq_post(struct obd_runq *s, struct obd_ready *r);
 
 /* Removes r if it is queued. */
 void obd_runq_cancel(struct obd_runq *s, struct obd_ready *r);
 
-/* Runs everything queued now, then closes the idle handle (idempotent).
- * Items posted afterwards are ignored. */
+/* Drains the queue for the shutdown, once the loop has stopped: runs what
+ * is queued and, batch after batch within this call, whatever those runs
+ * post, until the queue is empty (an op that ends posts its job, whose
+ * run frees the job once nothing is left in it), then closes the idle
+ * handle. A run that posts itself every time would keep it from
+ * returning. Idempotent; items posted after it are never run. */
 void obd_runq_close(struct obd_runq *s);
 
 #endif

@@ -186,19 +186,28 @@ static int newer_first(const void *a, const void *b)
 void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
                         int keep)
 {
-    char path[PATH_ROOM], prefix[PATH_ROOM];
+    char path[PATH_ROOM], prefix[PATH_ROOM], mine[PATH_ROOM];
     set_path(state_dir, job, id, 0, path, sizeof(path));
     (void)utimensat(AT_FDCWD, path, NULL, 0); /* now: the newest */
+    set_path("", job, id, 0, mine, sizeof(mine));
     set_prefix(job, prefix, sizeof(prefix));
     DIR *dh = opendir(state_dir);
     if (dh == NULL)
         return;
     struct held *sets = NULL;
     size_t n = 0, cap = 0;
+    int committed = 0;
     struct dirent *e;
     while ((e = readdir(dh)) != NULL) {
         size_t len = strlen(e->d_name);
         struct stat st;
+        /* The committed set stays whatever its time says: commits within
+         * one tick of the file system's clock tie, and a clock set back
+         * makes "now" older than earlier commits. */
+        if (strcmp(e->d_name, mine + 1) == 0) {
+            committed = 1;
+            continue;
+        }
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
             len != strlen(prefix) + 16 || len >= sizeof(sets[0].name) ||
             fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
@@ -219,7 +228,8 @@ void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
     closedir(dh);
     if (n > 0)
         qsort(sets, n, sizeof(*sets), newer_first);
-    for (size_t i = (size_t)keep; i < n; i++) {
+    size_t others = keep <= committed ? 0 : (size_t)(keep - committed);
+    for (size_t i = others; i < n; i++) {
         snprintf(path, sizeof(path), "%s/%s", state_dir, sets[i].name);
         remove_dir(path);
     }
@@ -290,8 +300,8 @@ int obd_snapset_dir_ok(const char *sd, unsigned uid, int create, char *why,
     return 0;
 }
 
-int obd_snapset_check_dir(const char *sd, unsigned uid, char *why,
-                          size_t whylen)
+int obd_snapset_prepare_dir(const char *sd, unsigned uid, char *why,
+                            size_t whylen)
 {
     if (obd_snapset_dir_ok(sd, uid, 1, why, whylen) != 0)
         return -1;

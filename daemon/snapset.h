@@ -13,7 +13,7 @@
  * Pure file I/O and arithmetic, no libuv: the daemon runs every call
  * that touches the disk on its worker pool, never on the loop thread.
  * state_dir must belong to the daemon's user and be writable by nobody
- * else (obd_snapset_check_dir). */
+ * else (obd_snapset_prepare_dir). */
 #ifndef OBD_SNAPSET_H
 #define OBD_SNAPSET_H
 
@@ -53,8 +53,8 @@ int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
 void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id);
 
 /* Set `id` of `job` was committed on every node: marks it the newest
- * (its directory's time) and deletes all but the newest `keep` sets of
- * the job. */
+ * (its directory's time) and deletes all but `keep` sets of the job: set
+ * `id` itself, whatever the clock says, and the newest others. */
 void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
                         int keep);
 
@@ -66,10 +66,11 @@ void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
 int obd_snapset_dir_ok(const char *state_dir, unsigned uid, int create,
                        char *why, size_t whylen);
 
-/* At start: obd_snapset_dir_ok with `create`, then unfinished sets (.tmp)
- * are removed. */
-int obd_snapset_check_dir(const char *state_dir, unsigned uid, char *why,
-                          size_t whylen);
+/* Makes state_dir ready at the start: obd_snapset_dir_ok with `create`,
+ * then removes the unfinished sets (.tmp) that an interrupted write left.
+ * 0, or -1 with why. */
+int obd_snapset_prepare_dir(const char *state_dir, unsigned uid, char *why,
+                            size_t whylen);
 
 /* A node's part of a set as bytes, for a checkpoint to carry when the
  * daemons keep no state_dir (obcomm_export_1bit): a header (world, node,

@@ -9,7 +9,7 @@
 #                 [--trainers T] [--out DIR] [-- more obcomm-fmnist flags]
 #
 # --out DIR keeps DIR/<mode>.json, .csv and .log; without it they go to a
-# temporary directory that is removed at the end. The old allreduce demo is
+# temporary directory that is removed at the end. A plain allreduce demo is
 # build/client/obcomm-allreduce (docs/operations.md, "A 4-node cluster on
 # loopback, by hand").
 set -euo pipefail

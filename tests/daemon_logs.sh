@@ -31,8 +31,11 @@ grep -q '^<6>rank=0 info: obcommd [0-9.]*: cluster obcomm, node 0 of 1' \
 grep -qv '^<[0-9]>rank=0 ' "$dir/j.log" && fail "a line without <N>"
 
 # Two nodes whose peers lists differ in their last entry.
-base=$((20000 + $$ % 20000))
-a="127.0.0.1:$base" b="127.0.0.1:$((base + 1))" c="127.0.0.1:$((base + 2))"
+# Ports from tests/python/ports.py: outside the kernel's ephemeral range and
+# locked against other tests until this script exits.
+ports=$(python3 "$(dirname "$0")/python/ports.py" 3 $$)
+read -r pa pb pc <<<"$ports"
+a="127.0.0.1:$pa" b="127.0.0.1:$pb" c="127.0.0.1:$pc"
 "$obcommd" --rank 0 --peers "$a,$b" --socket "$dir/a.sock" \
     --connect-backoff-max-ms 50 2>"$dir/a.log" &
 pids+=($!)

@@ -44,8 +44,11 @@ grep -q 'fingerprint 0000000000000000' "$dir/log" &&
 echo "ok: one line, at $waited ms, for an op $age ms old"
 
 # A node whose daemon never came up: the line says its link is down.
-port=$((20000 + RANDOM % 20000))
-"$obcommd" --socket "$dir/p.sock" --peers "127.0.0.1:$port,127.0.0.1:$((port + 1))" \
+# Ports from tests/python/ports.py: outside the kernel's ephemeral range and
+# locked against other tests until this script exits.
+ports=$(python3 "$(dirname "$0")/python/ports.py" 2 $$)
+read -r port port1 <<<"$ports"
+"$obcommd" --socket "$dir/p.sock" --peers "127.0.0.1:$port,127.0.0.1:$port1" \
     --rank 0 --stall-warn-ms 200ms 2>"$dir/plog" &
 pids+=($!)
 for _ in $(seq 200); do [ -S "$dir/p.sock" ] && break; sleep 0.05; done

@@ -6,30 +6,121 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-int hx_free_port(void)
+/* Ports for test daemons. Two things could take a port between the
+ * moment a test picks it and the moment its daemon binds it (and, after
+ * hx_restart_node or a listener paused for want of descriptors, binds it
+ * again):
+ *
+ * - the kernel, which hands ephemeral ports to every outgoing connection
+ *   that did not bind first (the daemons' own dials among them). It takes
+ *   them only from net.ipv4.ip_local_port_range, so the ports come from
+ *   just below that range (or just above it, when it starts too low):
+ *   the kernel never gives those out on its own;
+ * - another test process doing the same. A port is taken while some
+ *   process holds flock on HX_PORT_LOCKS/<port>: this function locks the
+ *   port's file first, then checks with a bind (no SO_REUSEADDR, so any
+ *   socket on the port, a listener or a TIME_WAIT, makes it "in use") that
+ *   nobody uses it, and keeps the lock until the process exits. The lock
+ *   file descriptor is close-on-exec: the daemons never hold it, forked
+ *   trainers do and die with the test. tests/python/ports.py keeps the
+ *   same rule for pytest and the shell tests.
+ *
+ * Each process starts its walk at a point derived from its pid, so that
+ * concurrent test processes seldom even try the same port. */
+#define HX_PORT_LOCKS  "/tmp/obcomm-test-ports"
+#define HX_PORT_WINDOW 8192
+
+/* The kernel's ephemeral range; Linux's default when unreadable. */
+static void ephemeral_range(int *lo, int *hi)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    *lo = 32768;
+    *hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f == NULL)
+        return;
+    int a, b;
+    if (fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && b >= a && b <= 65535) {
+        *lo = a;
+        *hi = b;
+    }
+    fclose(f);
+}
+
+/* 1 when nothing at all is bound to the port on any IPv4 address. */
+static int port_unused(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
     struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof(sa);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
-        if (fd >= 0)
-            close(fd);
+    int ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+int hx_reserve_port(void)
+{
+    int elo, ehi, lo, hi;
+    ephemeral_range(&elo, &ehi);
+    if (elo - 1024 >= 1024) {
+        hi = elo - 1;
+        lo = hi - HX_PORT_WINDOW + 1 < 1024 ? 1024 : hi - HX_PORT_WINDOW + 1;
+    } else if (65535 - ehi >= 1024) {
+        lo = ehi + 1;
+        hi = lo + HX_PORT_WINDOW - 1 > 65535 ? 65535 : lo + HX_PORT_WINDOW - 1;
+    } else {
+        fprintf(stderr,
+                "harness: ip_local_port_range %d-%d leaves no port the "
+                "kernel would not hand out itself\n",
+                elo, ehi);
         return -1;
     }
-    close(fd);
-    return ntohs(sa.sin_port);
+    unsigned span = (unsigned)(hi - lo + 1);
+    /* A forked child (Check runs each test in one) walks from its own
+     * pid: the ports its parent took are not its to hand out, and its
+     * own flock on them fails while the parent's lock stands. */
+    static pid_t owner;
+    static unsigned next;
+    if (owner != getpid()) {
+        owner = getpid();
+        next = (unsigned)owner * 2654435761u % span;
+    }
+    if (mkdir(HX_PORT_LOCKS, 01777) == 0)
+        chmod(HX_PORT_LOCKS, 01777); /* any user's tests share it */
+    int err = 0;
+    for (unsigned tries = 0; tries < span; tries++) {
+        int port = lo + (int)(next++ % span);
+        char path[64];
+        snprintf(path, sizeof(path), "%s/%d", HX_PORT_LOCKS, port);
+        int fd = open(path, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0444);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !port_unused(port)) {
+            close(fd);
+            continue;
+        }
+        return port; /* fd stays open: the lock lasts as long as we do */
+    }
+    fprintf(stderr, "harness: no free port in %d-%d%s%s\n", lo, hi,
+            err ? "; lock files: " : "", err ? strerror(err) : "");
+    return -1;
 }
 
 static int socket_answers(const char *path)
@@ -99,7 +190,11 @@ int hx_start_each(struct hx_cluster *c, int nodes,
         return -1;
     c->nodes = nodes;
     for (int i = 0; i < nodes; i++) {
-        c->port[i] = hx_free_port();
+        c->port[i] = hx_reserve_port();
+        if (c->port[i] < 0) {
+            rmdir(c->dir);
+            return -1;
+        }
         c->each[i] = each[i];
         snprintf(c->sock[i], sizeof(c->sock[i]), "%s/node%d.sock", c->dir, i);
         size_t off = strlen(c->peers);

@@ -21,16 +21,20 @@ struct hx_cluster {
     const char *const *each[HX_MAX_NODES]; /* extra flags per node */
 };
 
-/* A TCP port that the kernel just found free on every address (bound to
- * port 0 and closed again), or -1. Tests take their ports from here: a
- * fixed number may be some other test's ephemeral port. */
-int hx_free_port(void);
+/* A TCP port for a test daemon, or -1 (message on stderr): free on every
+ * IPv4 address, outside the kernel's ephemeral range (so no outgoing
+ * connection gets it) and locked against other test processes until this
+ * process exits (harness.c says how). Tests take their ports from here:
+ * a fixed number may be in use, a kernel-chosen one (bind to port 0) may
+ * be handed to some connection before the daemon binds it. */
+int hx_reserve_port(void);
 
-/* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with free
- * ports, each with its own socket, plus `extra` flags (may be NULL), and
- * waits until every socket answers. Returns 0 or -1 (message on stderr).
- * Daemons log at info, unless their flags name a config file (-c/--config):
- * then the file decides (a flag would override it, also on reload). */
+/* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with ports
+ * from hx_reserve_port, each with its own socket, plus `extra` flags (may be
+ * NULL), and waits until every socket answers. Returns 0 or -1 (message on
+ * stderr). Daemons log at info, unless their flags name a config file
+ * (-c/--config): then the file decides (a flag would override it, also on
+ * reload). */
 int hx_start(struct hx_cluster *c, int nodes, const char *const *extra);
 
 /* As hx_start, with flags per node: each[i] is NULL or NULL-terminated. */

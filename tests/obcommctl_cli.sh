@@ -36,8 +36,11 @@ proto=$(sed -n 's/^#define OBCOMM_PROTO_VERSION \([0-9]*\)$/\1/p' \
 [ -n "$proto" ] || fail "no OBCOMM_PROTO_VERSION in proto/wire.h"
 grep -q "^protocol $proto\$" <<<"$v" || fail "version protocol: $v (want $proto)"
 
-base=$((20000 + ($$ + 7) % 20000))
-peers="127.0.0.1:$base,127.0.0.1:$((base + 1))"
+# Ports from tests/python/ports.py: outside the kernel's ephemeral range and
+# locked against other tests until this script exits.
+ports=$(python3 "$(dirname "$0")/python/ports.py" 2 $$)
+read -r p0 p1 <<<"$ports"
+peers="127.0.0.1:$p0,127.0.0.1:$p1"
 for r in 0 1; do
     "$obcommd" --rank $r --peers "$peers" --socket "$dir/$r.sock" \
         --connect-backoff-max-ms 100 --log-level warn 2>"$dir/$r.log" &

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,7 +44,7 @@
 
 /* Shared between the test and its trainer and flooder processes. */
 struct shared {
-    volatile int started;    /* root's trainers are running ops */
+    int started[2];          /* pipe: a byte once root's trainers run ops */
     volatile int flood_done; /* the flooder has hit its bounds */
     volatile long ops[2];    /* exact ops per trainer */
     volatile int nconn;      /* connections the flooder opened */
@@ -101,7 +102,8 @@ static int trainer_root(obcomm_t *c, void *arg)
                                (double)x[k], (double)want);
         }
         sh->ops[rank]++;
-        sh->started = 1;
+        if (i == 0 && rank == 0 && write(sh->started[1], "s", 1) != 1)
+            return hx_fail(c, "write: %s", strerror(errno));
         if (i + 1 >= 1000 && x[N - 1] == 1.0f)
             return 0;
     }
@@ -115,8 +117,13 @@ static void flooder(const char *sock, struct shared *sh, int hold)
 {
     if (drop_privileges() != 0)
         _exit(10);
-    while (!sh->started)
-        usleep(1000);
+    /* Root's job runs first. The test holds the pipe's write end until
+     * the job is over, so a job that never ran ends this wait too. */
+    close(sh->started[1]);
+    struct pollfd go = {.fd = sh->started[0], .events = POLLIN};
+    char byte;
+    if (poll(&go, 1, 60000) != 1 || read(sh->started[0], &byte, 1) != 1)
+        _exit(12);
     obcomm_t *conn[8];
     for (int i = 0; i < 8; i++) {
         obcomm_options_t o = {.socket_path = sock,
@@ -165,6 +172,7 @@ START_TEST(memfd_flood_of_another_uid_does_not_fail_roots_ops)
 
     int hold[2];
     ck_assert_int_eq(pipe(hold), 0);
+    ck_assert_int_eq(pipe(sh->started), 0);
     fflush(NULL);
     pid_t fl = fork();
     if (fl == 0) {
@@ -175,6 +183,8 @@ START_TEST(memfd_flood_of_another_uid_does_not_fail_roots_ops)
 
     ck_assert_int_eq(hx_run(&cl, 1, "root", TIMEOUT_MS, 120, trainer_root, sh),
                      0);
+    close(sh->started[0]);
+    close(sh->started[1]);
     ck_assert(sh->flood_done);
     ck_assert_int_ge(sh->ops[0], 1000);
     ck_assert_int_eq(sh->ops[0], sh->ops[1]);

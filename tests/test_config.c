@@ -4,9 +4,12 @@
 #include <sched.h>
 
 #include "ck_run.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -237,8 +240,9 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
 }
 END_TEST
 
-/* 256 nodes with 60-character host names: far past the old 4095-byte
- * line, through both the peers line and peers_file. */
+/* 256 nodes with 60-character host names: a line far longer than 4,095
+ * bytes (lines are read whole, of any length), through both the peers
+ * line and peers_file. */
 START_TEST(long_worlds_fit_in_a_line_and_in_peers_file)
 {
     enum { N = 256 };
@@ -564,6 +568,38 @@ START_TEST(world_diff_names_the_first_entry_that_differs)
 }
 END_TEST
 
+static int loopback(int family, const char *text)
+{
+    struct sockaddr_storage sa = {.ss_family = (sa_family_t)family};
+    void *at = family == AF_INET
+                   ? (void *)&((struct sockaddr_in *)&sa)->sin_addr
+                   : (void *)&((struct sockaddr_in6 *)&sa)->sin6_addr;
+    ck_assert_int_eq(inet_pton(family, text, at), 1);
+    return obd_config_is_loopback(&sa);
+}
+
+/* Loopback is 127.0.0.0/8, ::1 and 127.0.0.0/8 mapped into IPv6; no
+ * other address, and no other family. */
+START_TEST(loopback_addresses)
+{
+    ck_assert_int_eq(loopback(AF_INET, "127.0.0.1"), 1);
+    ck_assert_int_eq(loopback(AF_INET, "127.255.0.9"), 1);
+    ck_assert_int_eq(loopback(AF_INET6, "::1"), 1);
+    ck_assert_int_eq(loopback(AF_INET6, "::ffff:127.0.0.1"), 1);
+    ck_assert_int_eq(loopback(AF_INET6, "::ffff:127.3.2.1"), 1);
+    ck_assert_int_eq(loopback(AF_INET, "0.0.0.0"), 0);
+    ck_assert_int_eq(loopback(AF_INET, "128.0.0.1"), 0);
+    ck_assert_int_eq(loopback(AF_INET, "10.127.0.1"), 0);
+    ck_assert_int_eq(loopback(AF_INET6, "::"), 0);
+    ck_assert_int_eq(loopback(AF_INET6, "::2"), 0);
+    ck_assert_int_eq(loopback(AF_INET6, "::ffff:10.0.0.1"), 0);
+    ck_assert_int_eq(loopback(AF_INET6, "::127.0.0.1"), 0);
+    ck_assert_int_eq(loopback(AF_INET6, "fe80::1"), 0);
+    struct sockaddr_storage unix_sa = {.ss_family = AF_UNIX};
+    ck_assert_int_eq(obd_config_is_loopback(&unix_sa), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -580,6 +616,7 @@ int main(void)
     tcase_add_test(tc, check_config_reads_the_key_as_the_start_does);
     tcase_add_test(tc, reload_names_only_what_changed);
     tcase_add_test(tc, world_diff_names_the_first_entry_that_differs);
+    tcase_add_test(tc, loopback_addresses);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

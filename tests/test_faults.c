@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -125,20 +126,45 @@ START_TEST(dtype_mismatch_names_the_node)
 }
 END_TEST
 
-/* The last rank never submits: everybody else gets a timeout that names it
- * (the daemon's deadline, not the client's safety net, which would say
- * "did not answer"). */
+/* A pipe every trainer inherits: each rank but the last writes a byte
+ * once it has its answer. */
+static int answered[2];
+
+/* Reads n bytes from fd, waiting at most ms for each; 0 or -1. */
+static int read_bytes(int fd, int n, int ms)
+{
+    while (n > 0) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        char b[16];
+        if (poll(&p, 1, ms) != 1)
+            return -1;
+        ssize_t got =
+            read(fd, b, (size_t)n < sizeof(b) ? (size_t)n : sizeof(b));
+        if (got <= 0)
+            return -1;
+        n -= (int)got;
+    }
+    return 0;
+}
+
+/* The last rank submits only after the deadline: everybody else gets a
+ * timeout that names it (the daemon's deadline, not the client's safety
+ * net, which would say "did not answer"). */
 static int trainer_never_submits(obcomm_t *c, void *arg)
 {
     (void)arg;
     float *x;
     if (obcomm_alloc(c, 64, (void **)&x))
         return hx_fail(c, "alloc");
-    /* The last rank arrives 10 deadlines late, and then gets the same
-     * answer as everybody else: the op failed before it came. */
-    if (obcomm_rank(c) == obcomm_size(c) - 1)
-        sleep(5);
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    /* The last rank arrives only once every other rank has its answer,
+     * and then gets the same answer: the op failed, on its node too,
+     * before it came. */
+    if (rank == size - 1 && read_bytes(answered[0], size - 1, 30000) != 0)
+        return hx_fail(c, "the other ranks got no answer within 30 s");
     int rc = obcomm_allreduce(c, x, 16, OBCOMM_FLOAT32, OBCOMM_SUM);
+    if (rank != size - 1 && write(answered[1], "a", 1) != 1)
+        return hx_fail(c, "write: %s", strerror(errno));
     const char *needles[] = {"timed out", "never arrived", "rank 3", NULL};
     return expect(c, rc, OBCOMM_E_TIMEOUT, needles);
 }
@@ -147,7 +173,10 @@ START_TEST(missing_rank_times_out_with_its_name)
 {
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    ck_assert_int_eq(pipe(answered), 0);
     int failed = hx_run(&cl, 2, "late", 500, 60, trainer_never_submits, NULL);
+    close(answered[0]);
+    close(answered[1]);
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
 }

@@ -1,10 +1,19 @@
-/* Frame headers and ring arithmetic: pure functions. */
+/* Frame headers, the hashes they carry, and ring arithmetic: pure
+ * functions. */
+/* coll.h before check.h: Check's fail() macro would rename the member
+ * fail of coll.h's struct obd_opsvc. */
+#include "coll.h"
+
 #include <check.h>
 
 #include "ck_run.h"
 #include <string.h>
 
+#include "config.h"
+#include "efstate.h"
 #include "frame.h"
+#include "hash.h"
+#include "job.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -56,6 +65,56 @@ START_TEST(frame_round_trip_and_bounds)
 }
 END_TEST
 
+/* FNV-1a (proto/hash.h) against the published test vectors, and the
+ * values built on it that nodes compare or files carry in their names:
+ * the job id and the op fingerprint of every frame header, the world's
+ * fingerprint in Hello, an efstate file's name. They are fixed for good;
+ * a change here splits a cluster of old and new daemons. */
+START_TEST(hashes_are_fixed)
+{
+    uint64_t h = OBCOMM_HASH_FNV1A_INIT;
+    ck_assert_uint_eq(obcomm_hash_fnv1a(h, "", 0),
+                      UINT64_C(0xcbf29ce484222325));
+    ck_assert_uint_eq(obcomm_hash_fnv1a(h, "a", 1),
+                      UINT64_C(0xaf63dc4c8601ec8c));
+    ck_assert_uint_eq(obcomm_hash_fnv1a_str(h, "foobar"),
+                      UINT64_C(0x85944171f73967e8));
+    ck_assert_uint_eq(obcomm_hash_fnv1a_u64(h, UINT64_C(0x0102030405060708)),
+                      UINT64_C(0x0c6d4496e17859d5));
+    ck_assert_uint_eq(obcomm_hash_fnv1a_word(h, 0x1111),
+                      (h ^ 0x1111) * OBCOMM_HASH_FNV1A_PRIME);
+
+    ck_assert_uint_eq(obd_frame_job_id(""), 0x4fd0bfc1);
+    ck_assert_uint_eq(obd_frame_job_id("j"), 0x29621871);
+    ck_assert_uint_eq(obd_frame_job_id("torture-1-2"), 0xc1a18f25);
+    struct obd_opdesc a = {4, 1, 0, 1000003, 77, -1};
+    struct obd_opdesc b = {2, 0, 3, 12, 0, 5};
+    ck_assert_uint_eq(obd_coll_fingerprint(&a), UINT64_C(0x01ea7275d6eb062b));
+    ck_assert_uint_eq(obd_coll_fingerprint(&b), UINT64_C(0x580b58f90899230d));
+
+    char path[128];
+    obd_ef_path("/d", "job/with slash", 42, path, sizeof(path));
+    ck_assert_str_eq(path, "/d/ef-86d52485ba7f2fa8-000000000000002a.lz4");
+
+    struct obd_config c;
+    char err[512];
+    int check = 0, help = 0;
+    char *argv[] = {"obcommd",
+                    "--cluster",
+                    "prod",
+                    "--peers",
+                    "10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7001",
+                    "--rank",
+                    "1",
+                    NULL};
+    obd_config_defaults(&c);
+    ck_assert_int_eq(
+        obd_config_parse_args(&c, 7, argv, &check, &help, err, sizeof(err)), 0);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
+    ck_assert_uint_eq(c.fingerprint, UINT64_C(0x47ca030d9c513241));
+}
+END_TEST
+
 /* For every world size and count: chunks tile the tensor, the chunk a node
  * receives at step s is the one it sends at s+1, and after the
  * reduce-scatter every chunk has passed through every node exactly once. */
@@ -93,6 +152,7 @@ int main(void)
     Suite *s = suite_create("frame");
     TCase *tc = tcase_create("frame");
     tcase_add_test(tc, frame_round_trip_and_bounds);
+    tcase_add_test(tc, hashes_are_fixed);
     tcase_add_test(tc, ring_schedule_is_consistent);
     suite_add_tcase(s, tc);
     return ck_run(s);

@@ -1,5 +1,5 @@
-/* Op, buffer and daemon lifetimes (issue 9), through real daemons. Where the
- * public API cannot express a misbehaving trainer (release a buffer under
+/* Op, buffer and daemon lifetimes, through real daemons. Where the public
+ * API cannot express a misbehaving trainer (release a buffer under
  * its own op, close right after a submit, never read the replies) the test
  * speaks the client protocol itself (proto/obcomm.proto: length-prefixed
  * ClientMsg/DaemonMsg, memfd buffers as SCM_RIGHTS) through client/sock.c.
@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "hash.h"
 #include "ops.h"
 #include "rawclient.h"
 #include "sock.h"
@@ -175,6 +176,30 @@ static int trainer_exact(obcomm_t *c, void *arg)
         if (!isfinite(x[i]))
             return hx_fail(c, "1-bit x[%zu] = %g", i, x[i]);
     return 0;
+}
+
+/* What op `seq` of `job` on daemon i still waits for, as `obcommctl --json
+ * ops` says it; "" when the daemon lists no such op. */
+static void waiting_for(const struct hx_cluster *cl, int i, const char *job,
+                        unsigned seq, char *buf, size_t len)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "%s -s %s --json ops 2>/dev/null | python3 -c '"
+             "import json, sys\n"
+             "j = json.load(sys.stdin)\n"
+             "print(\"\".join(o[\"waiting_for\"] for x in j[\"jobs\"] "
+             "if x[\"name\"] == \"%s\" for o in x[\"ops\"] "
+             "if o[\"seq\"] == %u))' 2>/dev/null",
+             getenv("OBCOMMCTL"), cl->sock[i], job, seq);
+    buf[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return;
+    if (fgets(buf, (int)len, p) == NULL)
+        buf[0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    pclose(p);
 }
 
 /* Every daemon alive, a fresh job with `ls` trainers per node exact, and a
@@ -336,16 +361,24 @@ START_TEST(disconnect_mid_op)
     for (size_t i = 0; i < BIG; i++)
         base[i] = pattern(7, 0, i);
 
-    /* Every other trainer is about to submit or has submitted; the raw
-     * one's submit starts the op and its close lands in it. */
-    int ready = 0;
-    for (int t = 0; t < 30000 && ready < n; t += 5) {
-        ready = 0;
-        for (int i = 0; i < 2 * ls; i++)
-            ready += sh->flag[i] != 0;
-        sleep_ms(5);
+    /* Every other trainer has submitted, and the raw trainer's node has
+     * every other node's announce: that node waits for the raw trainer
+     * alone. Then the raw one's submit starts the op and its close lands
+     * in it. */
+    char only_raw[64], waits[512] = "";
+    snprintf(only_raw, sizeof(only_raw), "rank %d (node %d local %d)",
+             raw_node * ls + raw_lr, raw_node, raw_lr);
+    for (int t = 0; t < 1500 && strcmp(waits, only_raw) != 0; t++) {
+        waiting_for(&cl, raw_node, "dmo", 0, waits, sizeof(waits));
+        if (strcmp(waits, only_raw) != 0)
+            sleep_ms(20);
     }
-    sleep_ms(50);
+    int ready = 0;
+    for (int i = 0; i < 2 * ls; i++)
+        ready += sh->flag[i] != 0;
+    ck_assert_msg(strcmp(waits, only_raw) == 0,
+                  "node %d waits for '%s', not only the raw trainer", raw_node,
+                  waits);
     ck_assert_int_eq(raw_submit(&r, 0, kind, BIG, 5), 0);
     close(r.fd);
     munmap(base, BIG * 4);
@@ -556,7 +589,15 @@ START_TEST(submit_and_close_one_node)
                          k, st);
         }
     }
-    sleep_ms(200); /* let the last one reach the daemon before checking */
+    /* The daemon has read the last submit and the close: it holds no
+     * connection but obcommctl's own. */
+    long long clients = -1;
+    for (int t = 0; t < 500 && clients != 1; t++) {
+        clients = hx_metric(&cl, 0, "clients");
+        if (clients != 1)
+            sleep_ms(20);
+    }
+    ck_assert_int_eq(clients, 1);
     finish(&cl, 2, "sac-after");
 }
 END_TEST
@@ -794,15 +835,6 @@ END_TEST
 
 /* ---- 1-bit sequences (f, g, h) ---- */
 
-static uint64_t fnv(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 struct efplan {
     struct shared *sh;
     size_t count;
@@ -854,7 +886,8 @@ static int trainer_ef(obcomm_t *c, void *arg)
             if (!isfinite(x[i]))
                 return hx_fail(c, "step %d x[%zu] = %g", st, i, x[i]);
         if (rank == 0)
-            sh->hash[st] = fnv(x, p->count * 4);
+            sh->hash[st] =
+                obcomm_hash_fnv1a(OBCOMM_HASH_FNV1A_INIT, x, p->count * 4);
         sh->ops[rank]++;
         uint64_t id;
         if (st == p->snapshot_after && obcomm_save_1bit(c, &id))

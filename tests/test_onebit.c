@@ -619,9 +619,10 @@ START_TEST(failed_snapshot_keeps_the_previous_set)
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_eq(failed, 0);
     ck_assert(hx_log_contains(&cl, 1, "Read-only file system"));
-    /* Nodes 0 and 2 wrote the set and dropped it again. The drop happens
-     * when the failed op is freed, a loop turn after its answer reached
-     * the trainers: allow it a moment. */
+    /* Nodes 0 and 2 wrote the set and drop it again when the failed op
+     * is freed, a loop turn after its answer reached the trainers, with a
+     * pool task. Nothing outside the daemon signals that, so this polls
+     * the condition itself: the directory, every 50 ms for at most 5 s. */
     for (int i = 0; i < 3; i++) {
         int sets = count_sets(sd[i]);
         for (int t = 0; t < 100 && sets != 1; t++) {

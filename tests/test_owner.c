@@ -1,4 +1,4 @@
-/* Jobs owned by their users, against real daemons (issue 10, item 4).
+/* Jobs owned by their users, against real daemons.
  *
  * The tests run as root and drop to uid/gid 65534 (nobody/nogroup) in a
  * forked child: setresgid, setgroups(0), setresuid, as setpriv

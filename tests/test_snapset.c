@@ -8,11 +8,13 @@
 
 #include <obcomm.h>
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "efstate.h"
@@ -57,7 +59,7 @@ static void make_dir(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char why[512];
     ck_assert_int_eq(
-        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
 }
 
 static void remove_dir(void)
@@ -180,6 +182,16 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
 }
 END_TEST
 
+/* Sets the time of set `id` of job "j" to `sec`. */
+static void set_time(uint64_t id, time_t sec)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/set-6a-%016llx", dir,
+             (unsigned long long)id);
+    struct timespec when[2] = {{sec, 0}, {sec, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, when, 0), 0);
+}
+
 /* Commit keeps the newest `keep` sets of the job (the committed one
  * among them) and no other job's; an unfinished set is removed at start. */
 START_TEST(commit_prunes_and_start_removes_unfinished)
@@ -192,7 +204,11 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
             obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
             0);
         obd_snapset_commit(dir, "j", id, 3);
-        usleep(20000); /* distinct directory times */
+        /* Commit stamps the set with the current time; within one clock
+         * tick sets would tie. Each set gets its own time instead, in
+         * commit order and all in the past, so the next commit's "now"
+         * is the newest. */
+        set_time(id, (time_t)(1000000000 + id));
     }
     struct obd_ef *kefs[1] = {state("k", 1, 100)};
     ck_assert_int_eq(
@@ -215,13 +231,42 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     snprintf(path, sizeof(path), "%s/set-6a-0000000000000009.tmp", dir);
     ck_assert_int_eq(mkdir(path, 0700), 0);
     ck_assert_int_eq(
-        obd_snapset_check_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
     ck_assert_int_eq(access(path, F_OK), -1);
     obd_snapset_delete(dir, "j", 6);
     list = NULL;
     ck_assert_int_eq(
         obd_snapset_read(dir, "j", 6, &world, 1 << 30, &list, why, sizeof(why)),
         OBD_SNAP_MISSING);
+    obd_ef_free(efs[0]);
+    remove_dir();
+}
+END_TEST
+
+/* The set just committed is kept whatever the clock says: earlier sets
+ * that look newer (a clock set back since) lose to it, and among the
+ * others the newest stay. */
+START_TEST(commit_keeps_the_committed_set_whatever_the_clock)
+{
+    make_dir();
+    struct obd_ef *efs[1] = {state("j", 1, 100)};
+    char why[512];
+    for (uint64_t id = 1; id <= 5; id++) {
+        ck_assert_int_eq(
+            obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
+            0);
+        if (id < 5)
+            set_time(id, (time_t)4000000000 + (time_t)id); /* year 2096 */
+    }
+    obd_snapset_commit(dir, "j", 5, 3);
+    for (uint64_t id = 1; id <= 5; id++) {
+        struct obd_ef *list = NULL;
+        int rc = obd_snapset_read(dir, "j", id, &world, 1 << 30, &list, why,
+                                  sizeof(why));
+        ck_assert_msg(rc == (id >= 3 ? 0 : OBD_SNAP_MISSING),
+                      "set %llu: %d (%s)", (unsigned long long)id, rc, why);
+        free_list(list);
+    }
     obd_ef_free(efs[0]);
     remove_dir();
 }
@@ -332,6 +377,7 @@ static Suite *snapset_suite(void)
     tcase_add_test(tc, set_round_trip_exact);
     tcase_add_test(tc, a_damaged_file_spoils_the_whole_set);
     tcase_add_test(tc, commit_prunes_and_start_removes_unfinished);
+    tcase_add_test(tc, commit_keeps_the_committed_set_whatever_the_clock);
     tcase_add_test(tc, part_round_trip_and_refusals);
     tcase_add_test(tc, verdict_names_every_failing_node);
     tcase_add_test(tc, ids_agree_and_differ);

@@ -22,8 +22,11 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-base=$((30000 + $$ % 1000 * 4))
-peers=127.0.0.1:$base,127.0.0.1:$((base + 1))
+# Ports from tests/python/ports.py: outside the kernel's ephemeral range and
+# locked against other tests until this script exits.
+ports=$(python3 "$(dirname "$0")/../../tests/python/ports.py" 2 $$)
+read -r p0 p1 <<<"$ports"
+peers=127.0.0.1:$p0,127.0.0.1:$p1
 for n in 0 1; do
     "$obcommd" --rank $n --peers "$peers" --socket "$dir/node$n.sock" \
         --log-level warn >"$dir/node$n.log" 2>&1 &

@@ -14,11 +14,12 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+import ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -30,19 +31,6 @@ LIBRARY = os.environ.get("OBCOMM_LIBRARY",
                          os.path.join(BUILD, "client", "libobcomm.so.0"))
 PYPATH = os.path.join(ROOT, "client", "python")
 WORKERS = os.path.join(HERE, "workers.py")
-
-
-def free_ports(k):
-    """k TCP ports free on 127.0.0.1 right now (the kernel picks them)."""
-    socks, ports = [], []
-    for _ in range(k):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def trainer_env(extra=None):
@@ -66,8 +54,7 @@ class Cluster:
         self.flags = list(flags)
         self.timeout_ms = timeout_ms
         self.procs = [None] * k
-        ports = free_ports(k)
-        self.peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        self.peers = ",".join(f"127.0.0.1:{p}" for p in ports.reserve(k))
 
     def sock(self, n):
         return os.path.join(self.dir, f"node{n}.sock")

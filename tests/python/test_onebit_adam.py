@@ -133,9 +133,9 @@ def test_ddp_allreduce_hook(make_cluster):
     nodes x 1 trainer: every rank's gradients are bitwise the average of
     all ranks' own gradients (fp32 sum in rank order, then / size, as the
     daemon computes it)."""
-    import cluster
+    import ports
     cl = make_cluster(2)
-    port = cluster.free_ports(1)[0]
+    port = ports.reserve(1)[0]
     res = cl.run("ddp", "ddp_hook", 1, args={"port": port})
     for r in res:
         assert r["same"], r["diff"]
