@@ -1343,15 +1343,6 @@ static void tell_left(struct obd_job *job, uint64_t from_seq,
             (void)d->hooks.send_ctrl(d, i, &msg);
 }
 
-/* Ops that read or write the run's 1-bit state. */
-static int uses_run_state(uint32_t kind)
-{
-    return kind == OBCOMM_KIND_ALLREDUCE_1BIT ||
-           kind == OBCOMM_KIND_RESET_1BIT ||
-           kind == OBCOMM_KIND_SNAPSHOT_1BIT ||
-           kind == OBCOMM_KIND_RESTORE_1BIT || kind == OBCOMM_KIND_EXPORT_1BIT;
-}
-
 void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
 {
     struct obd_daemon *d = job->d;
@@ -1365,26 +1356,16 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
     obd_log_info(&d->log, "job %s: rank %d (local %d) left: %s", job->name,
                  rank, local_rank, reason);
 
-    /* The first op this trainer never submitted: ops from it on can never
-     * complete. An op it did submit holds its data (the buffer stays
-     * mapped while the op lives) and runs to its end on every node as if
-     * the trainer were still here: failing it here could leave another
-     * node that had already finished it with the other outcome. Except,
-     * once the node's last trainer is gone and the run ends here, the ops
-     * that use the run's 1-bit state: they fail, and their report phase
-     * keeps every node from answering success first. */
+    /* The first op this trainer has no answer for: ops before it are over
+     * here, ops from it on can never complete. */
     uint64_t from = job->next_seq;
-    for (struct obd_op *op = job->ops; op; op = op->next) {
-        if (!op->submitted[local_rank]) {
+    for (struct obd_op *op = job->ops; op; op = op->next)
+        if (obd_op_open(op) || !op->answered[local_rank]) {
             from = op->seq < from ? op->seq : from;
             break;
         }
-        from = op->seq + 1 > from ? op->seq + 1 : from;
-    }
     for (struct obd_op *op = job->ops; op; op = op->next)
-        if (obd_op_open(op) &&
-            (op->seq >= from ||
-             (job->joined == 0 && uses_run_state(op->sub[local_rank].kind))))
+        if (obd_op_open(op))
             op_fail(op, OBCOMM_E_PEER_LOST, 1,
                     "op %llu of job %s: rank %d (node %d local %d) "
                     "vanished: %s",

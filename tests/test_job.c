@@ -1250,13 +1250,11 @@ START_TEST(snapshot_write_on_the_pool_does_not_stall_other_jobs)
 END_TEST
 
 /* A node loses its peer while a reduce-scatter segment's reduction is on
- * the pool (_i 0): the op fails on every node. A trainer leaves while the
- * local load is on the pool (_i 1): it had submitted the op, whose data
- * the op holds, so the op completes on every node for the others (a
- * failure here could meet a node that had finished it). Either way every
- * answer comes only once its node has no task in flight, and nothing the
- * tasks touch is freed before they end (the ASan build checks). The gate
- * keeps the tasks queued while the loops turn. */
+ * the pool (_i 0), and a trainer leaves while the local load is (_i 1):
+ * the op fails on every node, every answer comes only once its node has
+ * no task in flight, and nothing the tasks touch is freed before they end
+ * (the ASan build checks). The gate keeps the tasks queued while the
+ * loops turn and the op fails. */
 START_TEST(failure_while_reducing_on_the_pool)
 {
     segment_bytes = "262144"; /* 8 or more segments: the pool (coll.h) */
@@ -1327,33 +1325,26 @@ START_TEST(failure_while_reducing_on_the_pool)
         gate_release(&nodes[0].loop);
         pump_until(node0_second_gone);
         ck_assert_int_eq(trainers[0][1].answers, 0);
-        ck_assert_int_eq(trainers[0][0].status, 0);
+        ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
         for (int l = 0; l < 2; l++)
-            ck_assert_int_eq(trainers[1][l].status, 0);
-        float want = 0;
-        for (int k = 0; k < 4; k++)
-            want += (float)k;
-        ck_assert_float_eq(buf[0][0][0], want);
-        ck_assert_float_eq(buf[1][1][0], want);
+            ck_assert_int_eq(trainers[1][l].status, OBCOMM_E_PEER_LOST);
     }
     answer_after_tasks = 0;
     stop();
 }
 END_TEST
 
-/* Node 1's trainer submits op 0 and dies before node 0's trainer comes
- * to it, its JobLeft held on the link: node 1 keeps op 0 (it holds the
- * trainer's data), so the op completes on both nodes with the dead
- * trainer's part, node 0's next op fails naming it, and node 1 then
- * drops the job. Before, node 1 failed op 0 at once while node 0 could
- * already have finished it: one op with two outcomes. */
-START_TEST(dead_trainers_submitted_op_completes_everywhere)
+/* Node 1's trainer announces op 0 and dies; its JobLeft is late, and so
+ * node 0 runs op 0 and sends node 1 data while node 1, which has dropped
+ * the job, meets node 0's announce and re-creates the op waiting for a
+ * trainer that will never come. That op's data must not stop the link:
+ * the failure node 0 echoes behind it ends the re-created job at once,
+ * not at its deadline (seen in the torture test: every later job on the
+ * link stalled with it). */
+START_TEST(late_announce_does_not_stall_the_link)
 {
     start(2, 1);
     static float x[2][POOL_COUNT];
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < POOL_COUNT; i++)
-            x[k][i] = (float)(k + 1);
     struct obd_opdesc a = {.kind = OBCOMM_KIND_ALLREDUCE,
                            .dtype = OBCOMM_FLOAT32,
                            .redop = OBCOMM_SUM,
@@ -1366,21 +1357,19 @@ START_TEST(dead_trainers_submitted_op_completes_everywhere)
     obd_job_leave(jobs[1], 0, "killed");
     in_call--;
     jobs[1] = NULL;
-    pump_some(20);
-    ck_assert_msg(nodes[1].jobs != NULL, "node 1 dropped op 0");
+    for (int i = 0; i < 1000 && nodes[1].jobs != NULL; i++)
+        pump_some(1);
+    ck_assert_msg(nodes[1].jobs == NULL, "node 1 did not drop job j");
+    nlocal = 1;
     submit(0, 0, 0, &a, x[0]);
-    hold_from = hold_to = -1;
+    for (int i = 0; i < 1000 && data_sent[0] == 0; i++)
+        pump_some(1);
+    ck_assert_int_gt(data_sent[0], 0); /* node 0 runs op 0 */
+    ck_assert_msg(nodes[1].jobs != NULL, "node 1 did not re-create job j");
+    hold_from = hold_to = -1; /* the JobLeft arrives */
     for (int i = 0; i < 1000 && trainers[0][0].answers == 0; i++)
         pump_some(1);
-    ck_assert_int_eq(trainers[0][0].status, 0);
-    ck_assert_float_eq(x[0][0], 3.0f);
-    ck_assert_float_eq(x[0][POOL_COUNT - 1], 3.0f);
-    submit(0, 0, 1, &a, x[0]);
-    for (int i = 0; i < 1000 && trainers[0][0].answers < 2; i++)
-        pump_some(1);
     ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
-    ck_assert_ptr_nonnull(
-        strstr(trainers[0][0].message, "rank 1 (node 1 local 0) left"));
     for (int i = 0; i < 1000 && nodes[1].jobs != NULL; i++)
         pump_some(1);
     ck_assert_msg(nodes[1].jobs == NULL, "node 1 still has job j");
@@ -1412,7 +1401,7 @@ int main(void)
     tcase_add_loop_test(tc, gather_and_scatter_on_the_pool_exact, 0, 3);
     tcase_add_test(tc, gather_mismatch_names_kinds);
     tcase_add_loop_test(tc, failure_while_reducing_on_the_pool, 0, 2);
-    tcase_add_test(tc, dead_trainers_submitted_op_completes_everywhere);
+    tcase_add_test(tc, late_announce_does_not_stall_the_link);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
