@@ -665,7 +665,11 @@ static void describe_missing(const struct obd_op *op, char *buf, size_t len)
         } else if (!op->ann[n].have && off < len) {
             int ls = job->local_size;
             const char *link = link_words(d, n);
-            if (ls > 0)
+            if (ls == 1)
+                off += (size_t)snprintf(buf + off, len - off,
+                                        "%snode %d (rank %d%s)",
+                                        off ? ", " : "", n, n, link);
+            else if (ls > 0)
                 off += (size_t)snprintf(
                     buf + off, len - off, "%snode %d (ranks %d-%d%s)",
                     off ? ", " : "", n, n * ls, n * ls + ls - 1, link);

@@ -59,6 +59,6 @@ for _ in $(seq 200); do
     grep -q 'has waited' "$dir/plog" && break
     sleep 0.05
 done
-grep -q 'rank=0 warn: op 0 of job lonely (allreduce, count 1000, key 0, fingerprint [0-9a-f]\{16\}) has waited [0-9]* ms, collecting: node 1 (ranks 1-1); the link to node 1 is down (never up since this daemon started' \
+grep -q 'rank=0 warn: op 0 of job lonely (allreduce, count 1000, key 0, fingerprint [0-9a-f]\{16\}) has waited [0-9]* ms, collecting: node 1 (rank 1); the link to node 1 is down (never up since this daemon started' \
     "$dir/plog" || fail "stall line: $(grep 'has waited' "$dir/plog")"
 echo "ok: the stall line names the link that is down"

@@ -812,13 +812,21 @@ START_TEST(killed_with_ops_in_flight)
     long ms =
         (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
     ck_assert_msg(ms < 10000, "survivors took %ld ms after the kill", ms);
-    /* Every survivor saw the same first failure. */
+    /* What docs/operations.md promises ("A failed op stops the run on
+     * every rank"): the op the victim's death fails may still complete
+     * on a node that had all its data before the failure reached it, but
+     * no survivor gets past it: every first failure is that op or the
+     * next. */
     int first = k.victim == 0 ? 1 : 0;
+    int lo = k.first_failed[first];
+    for (int i = 0; i < total; i++)
+        if (i != k.victim && k.first_failed[i] < lo)
+            lo = k.first_failed[i];
     for (int i = 0; i < total; i++)
         if (i != k.victim)
-            ck_assert_msg(k.first_failed[i] == k.first_failed[first],
-                          "rank %d: first failed op %d, rank %d: %d", i,
-                          k.first_failed[i], first, k.first_failed[first]);
+            ck_assert_msg(k.first_failed[i] >= 0 && k.first_failed[i] <= lo + 1,
+                          "rank %d: first failed op %d, the earliest %d", i,
+                          k.first_failed[i], lo);
     fprintf(stderr,
             "killed with ops in flight %d: the first op to fail was %d, "
             "%ld ms after the kill\n",

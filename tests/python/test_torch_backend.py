@@ -9,6 +9,7 @@ import os
 import torch
 
 import cluster
+import ports
 from workers import COUNT, DTYPES, values
 
 NODES, TRAINERS = 2, 2
@@ -17,7 +18,7 @@ SCRIPT = os.path.join(cluster.HERE, "backend_workers.py")
 
 
 def run(cl, job, func, args=None, **kw):
-    port = cluster.free_ports(1)[0]
+    port = ports.reserve(1)[0]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env.update(kw.pop("env", {}))
     return cl.run(job, func, TRAINERS, args=args, env=env, script=SCRIPT,
