@@ -117,8 +117,9 @@ def test_ddp_matches_gloo(make_cluster):
 
 
 def test_killed_trainer_fails_works(make_cluster):
-    """The last trainer is SIGKILLed with an all_reduce in flight: on the
-    others, wait() and the future raise ObcommError (peer lost) well
+    """The last trainer is SIGKILLed while the others have an all_reduce
+    in flight that it never joins: on the others, wait() and the future
+    raise ObcommError (peer lost) well
     before the op's 60 s deadline, DDP's backward raises too, and later
     ops fail at once."""
     import obcomm
