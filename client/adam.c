@@ -28,8 +28,10 @@ struct obcomm_adam {
     int auto_frozen;  /* auto_thr comes from the frozen v (kept) */
     uint8_t *keep;    /* explicit mask (owned), or NULL: automatic */
     float *m;         /* shared memory: averaged in place by the collectives */
-    float *g;         /* shared memory: the warm-up's gradient average */
+    float *g;         /* shared memory: the warm-up's gradient average; in
+                         the compression stage the next momentum */
     float *v;         /* private */
+    obcomm_request_t *req; /* the started step's collective, or NULL */
 };
 
 obcomm_adam_config_t obcomm_adam_defaults(void)
@@ -88,6 +90,10 @@ void obcomm_adam_destroy(obcomm_adam_t *a)
         obcomm_free(a->c, a->m);
     if (a->g)
         obcomm_free(a->c, a->g);
+    if (a->req) {
+        obcomm_wait(a->req);
+        obcomm_request_free(a->req);
+    }
     free(a->v);
     free(a->keep);
     free(a);
@@ -186,35 +192,56 @@ static void update(obcomm_adam_t *a, float *p)
     }
 }
 
-int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
+int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
 {
-    if (a == NULL || params == NULL || grads == NULL)
+    if (a == NULL || grads == NULL || a->req != NULL)
         return OBCOMM_E_INVAL;
     const obcomm_adam_config_t *k = &a->cfg;
-    float b1 = k->beta1, b2 = k->beta2;
+    float b1 = k->beta1;
     int rc;
 
     if (a->step < k->freeze_step) {
-        /* Warm-up: the exact average of the gradients, then Adam. */
+        /* Warm-up: the exact average of the gradients. */
         memcpy(a->g, grads, a->count * sizeof(float));
-        rc = obcomm_allreduce(a->c, a->g, a->count, OBCOMM_FLOAT32, OBCOMM_AVG);
-        if (rc)
-            return rc;
+        return obcomm_iallreduce(a->c, a->g, a->count, OBCOMM_FLOAT32,
+                                 OBCOMM_AVG, &a->req);
+    }
+    /* Compression: local momentum, averaged with 1 bit per element; v is
+     * never touched again. The new momentum is built in g (unused in this
+     * stage), which becomes m when the op succeeds: a failed step leaves m
+     * as it was. */
+    if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
+        return rc;
+    for (size_t i = 0; i < a->count; i++)
+        a->g[i] = b1 * a->m[i] + (1.0f - b1) * grads[i];
+    return obcomm_iallreduce_1bit(a->c, a->key, a->g, a->count, &a->req);
+}
+
+int obcomm_adam_finish(obcomm_adam_t *a, float *params)
+{
+    if (a == NULL || params == NULL || a->req == NULL)
+        return OBCOMM_E_INVAL;
+    const obcomm_adam_config_t *k = &a->cfg;
+    float b1 = k->beta1, b2 = k->beta2;
+    int rc = obcomm_wait(a->req);
+    if (rc) {
+        obc_fail(a->c, rc, "%s", obcomm_request_error(a->req));
+        obcomm_request_free(a->req);
+        a->req = NULL;
+        return rc;
+    }
+    obcomm_request_free(a->req);
+    a->req = NULL;
+    if (a->step < k->freeze_step) {
         for (size_t i = 0; i < a->count; i++) {
             float g = a->g[i];
             a->m[i] = b1 * a->m[i] + (1.0f - b1) * g;
             a->v[i] = b2 * a->v[i] + (1.0f - b2) * g * g;
         }
     } else {
-        /* Compression: local momentum, averaged with 1 bit per element;
-         * v is never touched again. */
-        for (size_t i = 0; i < a->count; i++)
-            a->m[i] = b1 * a->m[i] + (1.0f - b1) * grads[i];
-        if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
-            return rc;
-        rc = obcomm_allreduce_1bit(a->c, a->key, a->m, a->count);
-        if (rc)
-            return rc;
+        float *m = a->g;
+        a->g = a->m;
+        a->m = m;
         /* As DeepSpeed applies exp_avg_mask: after the average, so every
          * rank zeroes the same coordinates of the same momentum. */
         if (!a->keep && a->auto_on)
@@ -227,6 +254,14 @@ int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
     update(a, params);
     a->step++;
     return 0;
+}
+
+int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
+{
+    if (a == NULL || params == NULL || grads == NULL)
+        return OBCOMM_E_INVAL;
+    int rc = obcomm_adam_start(a, grads);
+    return rc ? rc : obcomm_adam_finish(a, params);
 }
 
 /* The checkpoint file (obcomm.h, obcomm_adam_save): a header of
@@ -424,6 +459,9 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 {
     char tmp[4096];
     struct adam_file h;
+    if (a->req)
+        return obc_fail(a->c, OBCOMM_E_INVAL,
+                        "a step is started, not finished");
     memset(&h, 0, sizeof(h));
     /* The daemons' error feedback first: no file names a snapshot that
      * some node could not save. */
@@ -476,6 +514,9 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 int obcomm_adam_load(obcomm_adam_t *a, const char *path)
 {
     struct adam_file h;
+    if (a->req)
+        return obc_fail(a->c, OBCOMM_E_INVAL,
+                        "a step is started, not finished");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return OBCOMM_E_IO;

@@ -286,6 +286,16 @@ OBCOMM_API int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
  * this rank's grads. A collective: every rank calls it. */
 OBCOMM_API int obcomm_adam_step(obcomm_adam_t *a, float *params,
                                 const float *grads);
+/* The same step in two halves, so that communication overlaps other work
+ * (a backward pass producing other gradients): start reads grads and
+ * submits the step's collective without waiting (grads may change once it
+ * returns); finish waits for it and updates params. step = start + finish.
+ * One step at a time per optimizer: start again, save or load before
+ * finish is OBCOMM_E_INVAL. A failed start or finish leaves the optimizer
+ * as before the step (the step is not counted); destroy finishes nothing
+ * but waits for a started collective to end. */
+OBCOMM_API int obcomm_adam_start(obcomm_adam_t *a, const float *grads);
+OBCOMM_API int obcomm_adam_finish(obcomm_adam_t *a, float *params);
 OBCOMM_API void obcomm_adam_destroy(obcomm_adam_t *a);
 
 /* Learning rate from the next step on (schedules). */

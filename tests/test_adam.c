@@ -161,7 +161,30 @@ struct plan {
     size_t want_masked;
     int expect_blowup; /* some |p_i| ends above 1e6 or not finite (a 1-bit
                         * op may fail with OBCOMM_E_NONFINITE on the way) */
+    int split; /* two optimizers (keys 11, 12) over the two halves, stepped
+                  with start, start, finish (second), finish (first) */
 };
+
+#define HALF (COUNT / 2)
+
+/* One step of the split plan: both halves' collectives in flight at once,
+ * finished in the reverse order. Also checks that a second start and a
+ * save of a started optimizer are refused. */
+static int split_step(obcomm_t *c, obcomm_adam_t *a, obcomm_adam_t *b, float *p,
+                      const float *g)
+{
+    int rc = obcomm_adam_start(a, g);
+    if (rc == 0)
+        rc = obcomm_adam_start(b, g + HALF);
+    if (rc)
+        return rc;
+    if (obcomm_adam_start(a, g) != OBCOMM_E_INVAL ||
+        obcomm_adam_save(b, "/nonexistent/x") != OBCOMM_E_INVAL)
+        return hx_fail(c, "a started optimizer took another start or a save");
+    if ((rc = obcomm_adam_finish(b, p + HALF)) != 0)
+        return rc;
+    return obcomm_adam_finish(a, p);
+}
 
 static int same_everywhere(obcomm_t *c, const float *p, float *tmp)
 {
@@ -192,10 +215,14 @@ static int trainer_adam(obcomm_t *c, void *arg)
     }
 
     obcomm_adam_config_t k = config(pl->freeze);
-    obcomm_adam_t *a;
-    int rc = obcomm_adam_create(c, 11, COUNT, &k, &a);
+    obcomm_adam_t *a, *b = NULL;
+    int rc = obcomm_adam_create(c, 11, pl->split ? HALF : COUNT, &k, &a);
+    if (rc == 0 && pl->split)
+        rc = obcomm_adam_create(c, 12, COUNT - HALF, &k, &b);
     if (rc)
         return hx_fail(c, "create: %s", obcomm_strerror(rc));
+    if (pl->mask == MASK_RATIO_0 && b)
+        obcomm_adam_set_auto_mask(b, 0.0f);
     if (pl->mask == MASK_RATIO_0)
         obcomm_adam_set_auto_mask(a, 0.0f);
     if (pl->mask == MASK_OFF)
@@ -215,7 +242,7 @@ static int trainer_adam(obcomm_t *c, void *arg)
 
     for (int st = pl->first_step; st < pl->first_step + pl->steps; st++) {
         grads_of(rank, st, p, g, pl->dead, pl->freeze);
-        rc = obcomm_adam_step(a, p, g);
+        rc = b ? split_step(c, a, b, p, g) : obcomm_adam_step(a, p, g);
         if (rc == OBCOMM_E_NONFINITE && pl->expect_blowup) {
             obcomm_adam_destroy(a);
             return 0;
@@ -234,7 +261,8 @@ static int trainer_adam(obcomm_t *c, void *arg)
                 return 0;
         return hx_fail(c, "no parameter blew up");
     }
-    size_t nm = obcomm_adam_masked(a);
+    size_t nm = obcomm_adam_masked(a) + (b ? obcomm_adam_masked(b) : 0);
+    obcomm_adam_destroy(b);
     if (pl->check_masked && nm != pl->want_masked)
         return hx_fail(c, "%zu coordinates masked, want %zu", nm,
                        pl->want_masked);
@@ -329,6 +357,37 @@ START_TEST(one_node_masks)
                        .expect_blowup = 1};
     ck_assert_int_eq(hx_run(&cl, 2, "mask-off", 20000, 120, trainer_adam, &off),
                      0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+/* obcomm_adam_start/finish with two optimizers over the halves, both
+ * collectives in flight at once: on one node (1 and 3 trainers) bit-exact
+ * against the one-optimizer reference (ratio 0 masks by v alone, so the
+ * halves mask what the whole would: the 201 dead coordinates), and on
+ * 2 x 2 every rank identical after every step. */
+START_TEST(split_steps_overlap)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    for (int ls = 1; ls <= 3; ls += 2) {
+        struct plan pl = {.freeze = 7,
+                          .steps = 20,
+                          .dead = 1,
+                          .mask = MASK_RATIO_0,
+                          .split = 1,
+                          .compare_reference = 1,
+                          .check_masked = 1,
+                          .want_masked = 201};
+        char job[32];
+        snprintf(job, sizeof(job), "split-%d", ls);
+        ck_assert_int_eq(hx_run(&cl, ls, job, 20000, 120, trainer_adam, &pl),
+                         0);
+    }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    struct plan pl = {.freeze = 5, .steps = 20, .split = 1};
+    ck_assert_int_eq(hx_run(&cl, 2, "split", 20000, 120, trainer_adam, &pl), 0);
     ck_assert_int_eq(hx_stop(&cl), 0);
 }
 END_TEST
@@ -483,6 +542,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, one_node_matches_reference);
     tcase_add_test(tc, one_node_masks);
+    tcase_add_test(tc, split_steps_overlap);
     tcase_add_loop_test(tc, nodes_hold_identical_parameters, 0, 2);
     tcase_add_test(tc, save_and_load_continue_bit_for_bit);
     suite_add_tcase(s, tc);
