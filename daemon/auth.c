@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "err.h"
+
 _Static_assert(sizeof(crypto_onetimeauth_poly1305_state) <=
                    sizeof(((struct obd_auth_mac *)0)->state),
                "obd_auth_mac too small for libsodium's poly1305 state");
@@ -26,7 +28,7 @@ int obd_auth_wire_parse(const char *text)
 
 int obd_auth_init(void)
 {
-    return sodium_init() < 0 ? -1 : 0;
+    return sodium_init() < 0 ? OBD_E_SYS : 0;
 }
 
 int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
@@ -45,7 +47,7 @@ int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
                  "whose LoadCredential= provides it, or give an absolute "
                  "path)",
                  path);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (credential)
         snprintf(full, sizeof(full), "%s/%s", creds, path);
@@ -65,12 +67,12 @@ int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
         else
             snprintf(err, errlen, "auth_key_file %s: %s", full,
                      strerror(errno));
-        return -1;
+        return OBD_E_INVAL;
     }
     struct stat st;
     uint8_t buf[OBD_AUTH_KEY_MAX + 1];
     ssize_t n = 0;
-    int rc = -1;
+    int rc = OBD_E_INVAL;
     if (fstat(fd, &st) != 0) {
         snprintf(err, errlen, "auth_key_file %s: %s", full, strerror(errno));
         goto out;

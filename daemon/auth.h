@@ -49,7 +49,7 @@ enum obd_wire {
 /* Returns the mode named by text ("none", "integrity", "encrypt"), or -1. */
 int obd_auth_wire_parse(const char *text);
 
-/* Initialises libsodium; 0 or -1. Call once before anything below. */
+/* Initialises libsodium; 0 or OBD_E_SYS. Call once before anything below. */
 int obd_auth_init(void);
 
 /* Reads the cluster key from `path`. A relative path is a systemd
@@ -59,8 +59,8 @@ int obd_auth_init(void);
  * effective uid or root, that neither group nor others may read or write;
  * its whole content is the key, hashed into key[]. Both the start and
  * --check-config call this, so they refuse the same files. On failure
- * returns -1 with the reason and the fix in err; key is written only on
- * success. */
+ * returns OBD_E_INVAL with the reason and the fix in err; key is written only
+ * on success. */
 int obd_auth_key_load(const char *path, uint8_t key[OBD_AUTH_KEY], char *err,
                       size_t errlen);
 

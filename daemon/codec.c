@@ -56,12 +56,12 @@ int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
     double sum = 0.0;
 
     if (elems == 0)
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     /* Left to right from 0.0, the order every caller relies on. */
     for (size_t j = 0; j < nblocks; j++)
         sum += block_sums[j];
     if (!isfinite(sum))
-        return OBD_CODEC_ENONFINITE;
+        return OBD_E_NONFINITE;
     /* A sum of finite fp32 squares is finite and its root mean square is
      * at most the largest |b_i|, so the conversion to float cannot
      * overflow. */
@@ -421,7 +421,7 @@ int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
 
     if (nsrc < 1 || padded == 0 || padded % 8 != 0 || count > padded ||
         !lazy_ok(prev))
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     /* One pass; the block sums are added left to right from 0.0 as
      * obd_codec_scale adds them, so the scale is the one a caller gets
      * that runs the blocks on threads. */
@@ -442,10 +442,10 @@ int obd_codec_lazy_server(const struct obd_codec_impl *impl,
     double sum = 0.0;
 
     if (n < 1 || chunk == 0 || chunk % 8 != 0 || !lazy_ok(prev))
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     for (int k = 0; k < n; k++)
         if (!scale_ok(scales[k]))
-            return OBD_CODEC_ENONFINITE;
+            return OBD_E_NONFINITE;
     for (size_t j = 0; j < chunk; j += OBD_CODEC_BLOCK) {
         size_t end = chunk - j < OBD_CODEC_BLOCK ? chunk : j + OBD_CODEC_BLOCK;
         sum += impl->lazy_server_block(in, scales, n, prev, next, j, end,

@@ -40,7 +40,7 @@
  *
  * Non-finite input: if any b_i (or m_i) is NaN or +-Inf, or a scale handed
  * to the server step is negative or not finite, the step fails with
- * OBD_CODEC_ENONFINITE and yields no scale. The op that fed such data must
+ * OBD_E_NONFINITE and yields no scale. The op that fed such data must
  * fail; error feedback is never poisoned (the state model below says what
  * the failed step costs the state).
  *
@@ -54,11 +54,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Non-finite input or scale; see the file comment. */
-#define OBD_CODEC_ENONFINITE (-1)
-/* Invalid sizes: a padded length or chunk of 0 or not a multiple of 8,
- * count > padded, or n < 1. Nothing is written. */
-#define OBD_CODEC_EINVAL (-2)
+#include "err.h"
+
+/* Failures (err.h): OBD_E_NONFINITE, non-finite input or scale (see
+ * above); OBD_E_INVAL, invalid sizes: a padded length or chunk of 0 or not
+ * a multiple of 8, count > padded, or n < 1. Nothing is written. */
 
 /* Elements per norm block. Sums of squares are formed per block of this
  * many elements (the last block of a tensor may be shorter) and blocks are
@@ -283,8 +283,8 @@ const struct obd_codec_impl *obd_codec_best(void);
 
 /* Combines per-block sums of squares into a scale: sum = 0.0, then
  * sum += block_sums[j] for j = 0..nblocks-1 in order (double), and
- * *scale = (float)sqrt(sum / elems). Returns OBD_CODEC_ENONFINITE if the sum
- * is not finite and OBD_CODEC_EINVAL if elems is 0; *scale is written only
+ * *scale = (float)sqrt(sum / elems). Returns OBD_E_NONFINITE if the sum
+ * is not finite and OBD_E_INVAL if elems is 0; *scale is written only
  * on success. A caller that splits a tensor over threads collects the block
  * sums of blocks [j * OBD_CODEC_BLOCK, (j + 1) * OBD_CODEC_BLOCK) and gets
  * the same scale as obd_codec_lazy_compress. */
@@ -299,10 +299,10 @@ int obd_codec_scale(const double *block_sums, size_t nblocks, size_t elems,
  * `padded` elements, bits padded / 8 bytes. On success writes bits, next
  * and *scale: the bits and scale of the worker step of the file comment
  * from prev's error, whose new error {DEFERRED, *scale, next} holds byte
- * for byte; the caller then commits that state. Returns OBD_CODEC_EINVAL
+ * for byte; the caller then commits that state. Returns OBD_E_INVAL
  * (bad sizes, nsrc < 1, a DEFERRED prev with a scale that is negative or
  * not finite, or a non-ZERO prev without v), writing nothing;
- * OBD_CODEC_ENONFINITE when some b_i is NaN or +-Inf, with bits and next
+ * OBD_E_NONFINITE when some b_i is NaN or +-Inf, with bits and next
  * partly written and *scale untouched: prev is untouched when
  * next != prev->v, and destroyed when they are the same buffer (that
  * caller resets the state to ZERO). */
@@ -315,8 +315,8 @@ int obd_codec_lazy_compress(const struct obd_codec_impl *impl,
  * scales[k] from each of the n participants (in[k] the chunk's bits), the
  * chunk's server error held as prev (read) and next (written) as for
  * obd_codec_lazy_compress. On success writes bits (chunk / 8 bytes), next
- * and *sscale. OBD_CODEC_EINVAL as for obd_codec_lazy_compress (n < 1
- * for nsrc); OBD_CODEC_ENONFINITE for a participant scale that is
+ * and *sscale. OBD_E_INVAL as for obd_codec_lazy_compress (n < 1
+ * for nsrc); OBD_E_NONFINITE for a participant scale that is
  * negative or not finite (nothing written) or a non-finite m_i (bits and
  * next partly written, *sscale untouched). */
 int obd_codec_lazy_server(const struct obd_codec_impl *impl,

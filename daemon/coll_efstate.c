@@ -31,6 +31,7 @@
  * run; a set it wrote stays (some node may have seen every report and
  * committed it) until later commits prune it. */
 #include "coll.h"
+#include "err.h"
 
 #include <obcomm.h>
 
@@ -97,7 +98,7 @@ static void free_list(struct obd_ef *ef)
 
 /* ---- on the pool ---- */
 
-/* Copies of states, linked; 0 or OBCOMM_E_NOMEM. */
+/* Copies of states, linked; 0 or OBD_E_NOMEM. */
 static int copy_all(struct efop *e, const struct obd_ef *const *src, int n,
                     const struct obd_ef *chain)
 {
@@ -108,7 +109,7 @@ static int copy_all(struct efop *e, const struct obd_ef *const *src, int n,
             free_list(e->list);
             e->list = NULL;
             snprintf(e->why, sizeof(e->why), "out of memory for a copy");
-            return OBCOMM_E_NOMEM;
+            return OBD_E_NOMEM;
         }
         c->next = e->list;
         e->list = c;
@@ -116,14 +117,6 @@ static int copy_all(struct efop *e, const struct obd_ef *const *src, int n,
             chain = chain->next;
     }
     return 0;
-}
-
-static int read_code(int rc)
-{
-    return rc == 0                  ? 0
-           : rc == OBD_SNAP_MISSING ? OBCOMM_E_STATE
-           : rc == OBD_SNAP_DAMAGED ? OBCOMM_E_CORRUPT
-                                    : OBCOMM_E_IO;
 }
 
 /* Packs the states of `list` as this node's part into every buffer. */
@@ -135,7 +128,7 @@ static int export_part(struct efop *e, const struct obd_ef *list)
     const struct obd_ef **efs = calloc((size_t)n + 1, sizeof(*efs));
     if (efs == NULL) {
         snprintf(e->why, sizeof(e->why), "out of memory");
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     n = 0;
     for (const struct obd_ef *ef = list; ef; ef = ef->next)
@@ -146,7 +139,7 @@ static int export_part(struct efop *e, const struct obd_ef *list)
         snprintf(e->why, sizeof(e->why),
                  "the part of snapshot %016llx has %zu bytes, the buffer %zu",
                  (unsigned long long)e->id, need, e->part_bytes);
-        rc = OBCOMM_E_INVAL;
+        rc = OBD_E_INVAL;
     } else {
         obd_snapset_pack(efs, n, e->job, e->id, &e->world, e->dst[0], need);
         for (int i = 1; i < e->ndst; i++)
@@ -163,28 +156,26 @@ static void run_local(uv_work_t *req)
     if (e->kind == OBCOMM_KIND_EXPORT_1BIT) {
         const struct obd_ef *src = e->from_memory;
         if (disk) {
-            e->rc = read_code(obd_snapset_read(
-                e->state_dir, e->job, e->id, &e->world, e->max_bytes, &e->list,
-                e->why, sizeof(e->why)));
+            e->rc = obd_snapset_read(e->state_dir, e->job, e->id, &e->world,
+                                     e->max_bytes, &e->list, e->why,
+                                     sizeof(e->why));
             src = e->list;
         }
         if (e->rc == 0)
             e->rc = export_part(e, src);
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && disk) {
-        int rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
-                                   &e->world, e->why, sizeof(e->why));
-        e->rc = rc == 0 ? 0 : OBCOMM_E_IO;
+        e->rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
+                                  &e->world, e->why, sizeof(e->why));
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT) {
         e->rc =
             copy_all(e, (const struct obd_ef *const *)e->efs, e->nefs, NULL);
     } else if (e->part != NULL) {
-        e->rc = read_code(obd_snapset_unpack(e->part, e->part_bytes, e->job,
-                                             e->id, &e->world, &e->list, e->why,
-                                             sizeof(e->why)));
+        e->rc = obd_snapset_unpack(e->part, e->part_bytes, e->job, e->id,
+                                   &e->world, &e->list, e->why, sizeof(e->why));
     } else if (disk) {
-        e->rc = read_code(obd_snapset_read(e->state_dir, e->job, e->id,
-                                           &e->world, e->max_bytes, &e->list,
-                                           e->why, sizeof(e->why)));
+        e->rc =
+            obd_snapset_read(e->state_dir, e->job, e->id, &e->world,
+                             e->max_bytes, &e->list, e->why, sizeof(e->why));
     } else {
         e->rc = copy_all(e, NULL, 0, e->from_memory);
     }
@@ -249,13 +240,13 @@ static void local_done(uv_work_t *req, int status)
     struct efop *e = container_of(req, struct efop, req);
     struct obd_op *op = e->req.data;
     if (status != 0 && e->rc == 0) {
-        e->rc = OBCOMM_E_IO;
+        e->rc = OBD_E_IO;
         snprintf(e->why, sizeof(e->why), "the pool task was cancelled");
     }
     e->saved = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && e->rc == 0;
     if (e->saved)
         obd_metric_add(&e->d->metrics, OBD_M_EF_SAVED, (uint64_t)e->nefs);
-    if (e->rc == OBCOMM_E_CORRUPT || e->rc == OBCOMM_E_IO)
+    if (e->rc == OBD_E_CORRUPT || e->rc == OBD_E_IO)
         obd_metric_add(&e->d->metrics, OBD_M_EF_REJECTED, 1);
     release_saved(e); /* the states may change again */
     if (op->state == OBD_OP_RUN) {
@@ -273,11 +264,11 @@ static int efop_queue(struct obd_op *op, struct efop *e)
     int rc = uv_queue_work(&e->d->loop, &e->req, run_local, local_done);
     if (rc != 0) {
         release_saved(e);
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+        obd_op_fail(op, OBD_E_NOMEM, 1,
                     "op %llu of job %s on node %d: cannot queue file work",
                     (unsigned long long)op->seq, op->job->name,
                     (int)e->d->cfg.rank);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     obd_op_task_begin(op);
     return 0;
@@ -288,7 +279,7 @@ static struct efop *efop_new(struct obd_op *op)
     struct obd_daemon *d = op->job->d;
     struct efop *e = calloc(1, sizeof(*e));
     if (e == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
+        obd_op_fail(op, OBD_E_NOMEM, 1, "out of memory");
         return NULL;
     }
     op->coll = e;
@@ -306,7 +297,7 @@ static int snapshot_start(struct obd_op *op)
 {
     struct efop *e = efop_new(op);
     if (e == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     e->id = obd_snapset_id(e->run, op->seq);
     int rc = obd_efstore_collect(e->d, e->job, e->run, &e->efs, &e->nefs,
                                  e->why, sizeof(e->why));
@@ -327,7 +318,7 @@ static int export_start(struct obd_op *op)
 {
     struct efop *e = efop_new(op);
     if (e == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     e->id = op->desc.key;
     e->part_bytes = op->desc.count;
     e->dst = op->data;
@@ -336,7 +327,7 @@ static int export_start(struct obd_op *op)
         int found;
         e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
         if (!found) {
-            e->rc = OBCOMM_E_STATE;
+            e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (obcommd keeps only the newest set of a job, "
                      "in memory, until it restarts)");
@@ -352,7 +343,7 @@ static int restore_start(struct obd_op *op)
 {
     struct efop *e = efop_new(op);
     if (e == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     e->id = op->desc.key;
     /* The node's part, if a local trainer brought one. */
     for (int i = 0; i < op->job->local_size && e->part == NULL; i++)
@@ -364,7 +355,7 @@ static int restore_start(struct obd_op *op)
         int found;
         e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
         if (!found) {
-            e->rc = OBCOMM_E_STATE;
+            e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (no state_dir: obcommd keeps only the newest "
                      "set of a job, in memory, until it restarts)");

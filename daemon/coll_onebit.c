@@ -57,6 +57,7 @@
  * bits, in order.
  */
 #include "coll.h"
+#include "err.h"
 
 #include <obcomm.h>
 
@@ -235,7 +236,7 @@ static int queue(struct obd_op *op, enum obd_onebit_pass pass, int chunk,
 {
     struct onebit *ob = op->coll;
     struct task *t = calloc(1, sizeof(*t));
-    int rc = t ? 0 : UV_ENOMEM;
+    int rc = t ? 0 : OBD_E_NOMEM;
     if (t != NULL) {
         t->op = op;
         t->ob = ob;
@@ -243,11 +244,13 @@ static int queue(struct obd_op *op, enum obd_onebit_pass pass, int chunk,
             .pass = pass, .begin = begin, .end = end, .scale = scale};
         t->chunk = chunk;
         t->seg = seg;
-        rc = uv_queue_work(&ob->d->loop, &t->req, run_task, task_done);
+        rc = uv_queue_work(&ob->d->loop, &t->req, run_task, task_done)
+                 ? OBD_E_NOMEM
+                 : 0;
     }
     if (rc) {
         free(t);
-        fail(op, OBCOMM_E_NOMEM, "cannot queue codec work");
+        fail(op, OBD_E_NOMEM, "cannot queue codec work");
         return rc;
     }
     obd_op_task_begin(op);
@@ -265,7 +268,7 @@ static int send_frame(struct obd_op *op, int to, uint32_t step, size_t x,
     if (rc) {
         char msg[96];
         snprintf(msg, sizeof(msg), "cannot send to node %d", to);
-        fail(op, OBCOMM_E_PEER_LOST, msg);
+        fail(op, OBD_E_PEER_LOST, msg);
         return rc;
     }
     obd_metric_add(&ob->d->metrics, OBD_M_ONEBIT_BYTES_SENT,
@@ -316,7 +319,7 @@ static int check_scale(struct obd_op *op, int node, const char *kind, float v)
     char what[160];
     snprintf(what, sizeof(what), "node %d sent a %s scale that is %s (%g)",
              node, kind, isfinite(v) ? "negative" : "not finite", (double)v);
-    fail(op, OBCOMM_E_PROTO, what);
+    fail(op, OBD_E_PROTO, what);
     return -1;
 }
 
@@ -383,7 +386,7 @@ static int serve(struct obd_op *op)
         return 0;
     size_t nblocks = (ob->C + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
     if (obd_codec_scale(ob->ctx.ssums, nblocks, ob->C, &ob->sscale)) {
-        fail(op, OBCOMM_E_NONFINITE,
+        fail(op, OBD_E_NONFINITE,
              "the server step met a non-finite value (a NaN or Inf in some "
              "node's tensor); this key's error feedback restarts at zero");
         return -1;
@@ -481,7 +484,7 @@ static void step(struct obd_op *op)
             return;
         size_t nblocks = (ob->N + OBD_CODEC_BLOCK - 1) / OBD_CODEC_BLOCK;
         if (obd_codec_scale(ob->ctx.wsums, nblocks, ob->N, &ob->scale)) {
-            fail(op, OBCOMM_E_NONFINITE,
+            fail(op, OBD_E_NONFINITE,
                  "the averaged tensor plus error feedback holds a NaN or "
                  "Inf; this key's error feedback restarts at zero");
             return;
@@ -694,8 +697,8 @@ static int start_one_node(struct obd_op *op, struct onebit *ob)
 {
     float *acc = malloc(ob->count * sizeof(float));
     if (acc == NULL) {
-        fail(op, OBCOMM_E_NOMEM, "out of memory");
-        return OBCOMM_E_NOMEM;
+        fail(op, OBD_E_NOMEM, "out of memory");
+        return OBD_E_NOMEM;
     }
     obd_reduce_load(OBCOMM_FLOAT32, OBCOMM_SUM, acc,
                     (const void *const *)op->data, ob->ls, ob->count);
@@ -734,8 +737,8 @@ static int begin(struct obd_op *op)
     if (!w || !ob->blk_done || !ob->ctx.wsums || !ob->ctx.ssums || !ob->sign ||
         !ob->ps_sent || !ob->scales || !ob->have_scale || !ob->ps_recv ||
         !ob->srv || !ob->sscales || !ob->have_sscale || !ob->res) {
-        fail(op, OBCOMM_E_NOMEM, "out of memory for codec buffers");
-        return OBCOMM_E_NOMEM;
+        fail(op, OBD_E_NOMEM, "out of memory for codec buffers");
+        return OBD_E_NOMEM;
     }
     ob->ctx = (struct obd_onebit_ctx){
         .impl = obd_codec_best(),
@@ -778,7 +781,7 @@ static int begin(struct obd_op *op)
                 b1 * OBD_CODEC_BLOCK < ob->N ? b1 * OBD_CODEC_BLOCK : ob->N;
             if (queue(op, OBD_ONEBIT_WORKER, c, j, b0 * OBD_CODEC_BLOCK, end,
                       0))
-                return OBCOMM_E_NOMEM;
+                return OBD_E_NOMEM;
             ob->norm_left++;
         }
     }
@@ -791,8 +794,8 @@ static int onebit_start(struct obd_op *op)
     struct obd_daemon *d = job->d;
     struct onebit *ob = calloc(1, sizeof(*ob));
     if (ob == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
-        return OBCOMM_E_NOMEM;
+        obd_op_fail(op, OBD_E_NOMEM, 1, "out of memory");
+        return OBD_E_NOMEM;
     }
     op->coll = ob;
     ob->d = d;

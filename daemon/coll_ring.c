@@ -37,6 +37,7 @@
  * before the op.
  */
 #include "coll.h"
+#include "err.h"
 
 #include <obcomm.h>
 
@@ -242,7 +243,7 @@ static void pool_done(uv_work_t *req, int status)
 static int piece_go(struct obd_op *op, struct piece *p, int pool)
 {
     struct obd_coll *c = op->coll;
-    int rc = p == NULL ? UV_ENOMEM : 0;
+    int rc = p == NULL ? OBD_E_NOMEM : 0;
     const char *what = p == NULL ? "allocate" : "queue";
     if (rc == 0 && !pool) {
         if (p->kind != PC_ACC)
@@ -253,10 +254,12 @@ static int piece_go(struct obd_op *op, struct piece *p, int pool)
         return 0;
     }
     if (rc == 0)
-        rc = uv_queue_work(&c->d->loop, &p->req, pool_run, pool_done);
+        rc = uv_queue_work(&c->d->loop, &p->req, pool_run, pool_done)
+                 ? OBD_E_NOMEM
+                 : 0;
     if (rc) {
         free(p);
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+        obd_op_fail(op, OBD_E_NOMEM, 1,
                     "op %llu of job %s on node %d: cannot %s reduction work",
                     (unsigned long long)op->seq, op->job->name, c->r, what);
         return rc;
@@ -340,9 +343,7 @@ static int spread(struct obd_op *op, enum piece_kind kind)
 
 static const char *send_error(int rc)
 {
-    return rc == OBCOMM_E_PEER_LOST ? "link is down"
-           : rc == OBCOMM_E_NOMEM   ? "out of memory"
-                                    : uv_strerror(rc);
+    return rc == OBD_E_PEER_LOST ? "link is down" : obd_err_str(rc);
 }
 
 /* Sends one data frame; on failure fails the op and returns non-zero. */
@@ -351,7 +352,7 @@ static int send_or_fail(struct obd_op *op, int to, uint32_t step,
 {
     int rc = obd_op_send(op, to, step, segment, payload, (uint32_t)len);
     if (rc)
-        obd_op_fail(op, OBCOMM_E_PEER_LOST, 1,
+        obd_op_fail(op, OBD_E_PEER_LOST, 1,
                     "op %llu of job %s: cannot send to node %d: %s",
                     (unsigned long long)op->seq, op->job->name, to,
                     send_error(rc));
@@ -722,11 +723,11 @@ static int ring_start(struct obd_op *op)
         (c->held = calloc(nidx, sizeof(*c->held))) == NULL ||
         (c->reduced = calloc(nidx, 1)) == NULL ||
         (c->load = calloc(nidx, 1)) == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+        obd_op_fail(op, OBD_E_NOMEM, 1,
                     "op %llu of job %s: no memory for %zu elements on node %d",
                     (unsigned long long)op->seq, job->name, count,
                     c ? c->r : -1);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES,
                    c->count * obd_dtype_size(dt));
@@ -918,8 +919,8 @@ static int ag_start(struct obd_op *op)
     struct obd_coll *c =
         coll_new(op, part * (size_t)ls * (size_t)d->cfg.nodes, 1);
     if (c == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
-        return OBCOMM_E_NOMEM;
+        obd_op_fail(op, OBD_E_NOMEM, 1, "out of memory");
+        return OBD_E_NOMEM;
     }
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
     c->zero_copy = 1;
@@ -944,7 +945,7 @@ static int ag_start(struct obd_op *op)
                 p->ptr[0] = to + b;
             }
             if (piece_go(op, p, pool))
-                return OBCOMM_E_NOMEM;
+                return OBD_E_NOMEM;
         }
     }
     ag_progress(op);
@@ -1038,17 +1039,17 @@ static int bcast_start(struct obd_op *op)
     int ls = job->local_size;
     int root = op->desc.root;
     if (root < 0 || root >= d->cfg.nodes * ls) {
-        obd_op_fail(op, OBCOMM_E_INVAL, 0,
+        obd_op_fail(op, OBD_E_INVAL, 0,
                     "op %llu of job %s: broadcast root %d is not a rank "
                     "(world of %d)",
                     (unsigned long long)op->seq, job->name, root,
                     d->cfg.nodes * ls);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     struct obd_coll *c = coll_new(op, op->desc.count, 1);
     if (c == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
-        return OBCOMM_E_NOMEM;
+        obd_op_fail(op, OBD_E_NOMEM, 1, "out of memory");
+        return OBD_E_NOMEM;
     }
     obd_metric_add(&d->metrics, OBD_M_LOGICAL_BYTES, c->count);
     int root_node = root / ls;
@@ -1064,10 +1065,10 @@ static int bcast_start(struct obd_op *op)
     } else {
         c->acc = obd_op_scratch_get(op, c->count, &c->acc_bytes);
         if (c->acc == NULL) {
-            obd_op_fail(op, OBCOMM_E_NOMEM, 1,
+            obd_op_fail(op, OBD_E_NOMEM, 1,
                         "op %llu of job %s: no memory for %zu bytes",
                         (unsigned long long)op->seq, job->name, c->count);
-            return OBCOMM_E_NOMEM;
+            return OBD_E_NOMEM;
         }
         c->src = c->acc;
     }
@@ -1137,8 +1138,8 @@ static int barrier_start(struct obd_op *op)
 {
     struct obd_coll *c = coll_new(op, 0, 1);
     if (c == NULL) {
-        obd_op_fail(op, OBCOMM_E_NOMEM, 1, "out of memory");
-        return OBCOMM_E_NOMEM;
+        obd_op_fail(op, OBD_E_NOMEM, 1, "out of memory");
+        return OBD_E_NOMEM;
     }
     obd_op_finish(op);
     return 0;

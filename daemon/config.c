@@ -1,5 +1,6 @@
 #include "config.h"
 #include "auth.h"
+#include "err.h"
 #include "hash.h"
 #include "log.h"
 #include "snapset.h"
@@ -101,7 +102,7 @@ static const struct row rows[] = {
             "milliseconds (heartbeats go every quarter of it, at least "
             "once a second), or whose sent data stays unacknowledged as "
             "long (TCP_USER_TIMEOUT), is declared down: the ops that need "
-            "the node fail with OBCOMM_E_PEER_LOST. A value above "
+            "the node fail with OBD_E_PEER_LOST. A value above "
             "timeout_ms counts as timeout_ms."),
     INT_ROW(threads, U_NONE, 0, 256, "0",
             "Size of the worker pool (UV_THREADPOOL_SIZE) for codec and "
@@ -224,7 +225,7 @@ static int parse_int(const char *s, enum row_unit unit, long long *out)
     if (*p == '-' || *p == '+')
         p++;
     if (!isdigit((unsigned char)*p))
-        return -1;
+        return OBD_E_INVAL;
     while (isdigit((unsigned char)*p))
         p++;
     const char *num_end = p;
@@ -237,20 +238,20 @@ static int parse_int(const char *s, enum row_unit unit, long long *out)
         else if (unit == U_S && strcmp(p, "s") == 0)
             mul = 1;
         else
-            return -1;
+            return OBD_E_INVAL;
     }
     char digits[32];
     size_t n = (size_t)(num_end - s);
     if (n >= sizeof(digits))
-        return -2;
+        return OBD_E_TOOBIG;
     memcpy(digits, s, n);
     digits[n] = '\0';
     errno = 0;
     long long v = strtoll(digits, NULL, 10);
     if (errno != 0)
-        return -2;
+        return OBD_E_TOOBIG;
     if (v > LLONG_MAX / mul || v < LLONG_MIN / mul)
-        return -2;
+        return OBD_E_TOOBIG;
     *out = v * mul;
     return 0;
 }
@@ -277,7 +278,7 @@ static int set_row(struct obd_config *cfg, const struct row *r,
         if (len >= r->size) {
             fail(err, errlen, "%s: value is %zu bytes long, at most %zu",
                  r->name, len, r->size - 1);
-            return -1;
+            return OBD_E_INVAL;
         }
         memcpy(field, value, len + 1);
         return 0;
@@ -288,16 +289,16 @@ static int set_row(struct obd_config *cfg, const struct row *r,
         v = -1;
     } else {
         int rc = parse_int(value, r->unit, &v);
-        if (rc == -1) {
+        if (rc == OBD_E_INVAL) {
             fail(err, errlen, "%s: '%s' is not a decimal integer%s", r->name,
                  value, unit_forms(r->unit));
-            return -1;
+            return OBD_E_INVAL;
         }
-        if (rc == -2 || v < r->min || v > r->max) {
+        if (rc == OBD_E_TOOBIG || v < r->min || v > r->max) {
             fail(err, errlen,
                  "%s: %s is out of range [%" PRId64 ", %" PRId64 "]", r->name,
                  value, r->min, r->max);
-            return -1;
+            return OBD_E_INVAL;
         }
     }
     memcpy(field, &(int64_t){v}, sizeof(int64_t));
@@ -318,7 +319,7 @@ int obd_config_set(struct obd_config *cfg, const char *name, const char *value,
     const struct row *r = find_row(name);
     if (r == NULL) {
         fail(err, errlen, "unknown option '%s'", name);
-        return -1;
+        return OBD_E_INVAL;
     }
     return set_row(cfg, r, value, err, errlen);
 }
@@ -363,11 +364,11 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
     if (strlen(path) >= sizeof(cfg->src_file)) {
         fail(err, errlen, "config file name longer than %zu bytes",
              sizeof(cfg->src_file) - 1);
-        return -1;
+        return OBD_E_INVAL;
     }
     FILE *f = open_regular(path, err, errlen);
     if (f == NULL)
-        return -1;
+        return OBD_E_INVAL;
     snprintf(cfg->src_file, sizeof(cfg->src_file), "%s", path);
 
     char *line = NULL;
@@ -386,7 +387,7 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
         char *eq = strchr(s, '=');
         if (eq == NULL) {
             fail(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
-            rc = -1;
+            rc = OBD_E_INVAL;
             break;
         }
         *eq = '\0';
@@ -395,20 +396,20 @@ int obd_config_load(struct obd_config *cfg, const char *path, char *err,
         if (r != NULL && cfg->src_line[r - rows] > 0) {
             fail(err, errlen, "%s:%d: %s is already set at line %d", path,
                  lineno, name, cfg->src_line[r - rows]);
-            rc = -1;
+            rc = OBD_E_INVAL;
             break;
         }
         char msg[512];
         if (obd_config_set(cfg, name, trim(eq + 1), msg, sizeof(msg))) {
             fail(err, errlen, "%s:%d: %s", path, lineno, msg);
-            rc = -1;
+            rc = OBD_E_INVAL;
             break;
         }
         cfg->src_line[r - rows] = lineno;
     }
     if (rc == 0 && ferror(f)) {
         fail(err, errlen, "%s:%d: %s", path, lineno + 1, strerror(errno));
-        rc = -1;
+        rc = OBD_E_IO;
     }
     free(line);
     fclose(f);
@@ -424,15 +425,15 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc) {
                 fail(err, errlen, "%s needs a file name", argv[i]);
-                return -1;
+                return OBD_E_INVAL;
             }
             if (++files > 1) {
                 fail(err, errlen, "%s given twice: one config file at most",
                      argv[i]);
-                return -1;
+                return OBD_E_INVAL;
             }
             if (obd_config_load(cfg, argv[++i], err, errlen))
-                return -1;
+                return OBD_E_INVAL;
         }
     }
 
@@ -460,7 +461,7 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
         }
         if (strncmp(a, "--", 2) != 0) {
             fail(err, errlen, "unexpected argument '%s' (see --help)", a);
-            return -1;
+            return OBD_E_INVAL;
         }
 
         char name[64];
@@ -469,7 +470,7 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
         size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
         if (len >= sizeof(name)) {
             fail(err, errlen, "unknown option '%s'", a);
-            return -1;
+            return OBD_E_INVAL;
         }
         memcpy(name, a + 2, len);
         name[len] = '\0';
@@ -482,15 +483,15 @@ int obd_config_parse_args(struct obd_config *cfg, int argc, char **argv,
             value = argv[++i];
         } else {
             fail(err, errlen, "--%s needs a value", name);
-            return -1;
+            return OBD_E_INVAL;
         }
         const struct row *r = find_row(name);
         if (r != NULL && cfg->src_line[r - rows] < 0) {
             fail(err, errlen, "--%s given twice", name);
-            return -1;
+            return OBD_E_INVAL;
         }
         if (obd_config_set(cfg, name, value, err, errlen))
-            return -1;
+            return OBD_E_INVAL;
         cfg->src_line[r - rows] = -1;
     }
     return 0;
@@ -500,22 +501,22 @@ int obd_config_parse_addr(const char *text, struct obd_addr *out)
 {
     const char *colon = strrchr(text, ':');
     if (colon == NULL || colon == text)
-        return -1;
+        return OBD_E_INVAL;
     size_t hlen = (size_t)(colon - text);
     if (hlen >= sizeof(out->host))
-        return -1;
+        return OBD_E_INVAL;
 
     const char *p = colon + 1;
     long port = 0;
     if (*p == '\0')
-        return -1;
+        return OBD_E_INVAL;
     for (; *p; p++) {
         if (!isdigit((unsigned char)*p) || port > 65535)
-            return -1;
+            return OBD_E_INVAL;
         port = port * 10 + (*p - '0');
     }
     if (port < 1 || port > 65535)
-        return -1;
+        return OBD_E_INVAL;
 
     memcpy(out->host, text, hlen);
     out->host[hlen] = '\0';
@@ -529,11 +530,11 @@ static int add_node(struct obd_config *cfg, const char *tok, const char *src,
 {
     if (cfg->nodes == OBD_MAX_NODES) {
         fail(err, errlen, "%smore than %d nodes", src, OBD_MAX_NODES);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (obd_config_parse_addr(tok, &cfg->world[cfg->nodes])) {
         fail(err, errlen, "%s'%s' is not host:port", src, tok);
-        return -1;
+        return OBD_E_INVAL;
     }
     cfg->nodes++;
     return 0;
@@ -547,7 +548,7 @@ static int world_from_text(struct obd_config *cfg, char *err, size_t errlen)
     char *copy = strdup(cfg->peers);
     if (copy == NULL) {
         fail(err, errlen, "out of memory");
-        return -1;
+        return OBD_E_INVAL;
     }
     int rc = 0;
     char *save = NULL;
@@ -567,7 +568,7 @@ static int world_from_file(struct obd_config *cfg, char *err, size_t errlen)
     FILE *f = open_regular(cfg->peers_file, msg, sizeof(msg));
     if (f == NULL) {
         fail(err, errlen, "%speers_file: %s", pre, msg);
-        return -1;
+        return OBD_E_INVAL;
     }
     char *line = NULL;
     size_t cap = 0;
@@ -586,7 +587,7 @@ static int world_from_file(struct obd_config *cfg, char *err, size_t errlen)
     }
     if (rc == 0 && ferror(f)) {
         fail(err, errlen, "%s: %s", cfg->peers_file, strerror(errno));
-        rc = -1;
+        rc = OBD_E_IO;
     }
     free(line);
     fclose(f);
@@ -602,13 +603,13 @@ static int derive_listen(struct obd_config *cfg, char *err, size_t errlen)
              "%srank: %" PRId64 " but peers lists only %d nodes (0..%d)",
              where(cfg, "rank", pre, sizeof(pre)), cfg->rank, cfg->nodes,
              cfg->nodes - 1);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (cfg->listen[0] != '\0') {
         if (obd_config_parse_addr(cfg->listen, &cfg->listen_addr)) {
             fail(err, errlen, "%slisten: '%s' is not host:port",
                  where(cfg, "listen", pre, sizeof(pre)), cfg->listen);
-            return -1;
+            return OBD_E_INVAL;
         }
     } else {
         /* This rank's own address, never every interface (protected
@@ -631,21 +632,21 @@ static int finish_security(struct obd_config *cfg, char *err, size_t errlen)
     } else {
         fail(err, errlen, "allow_insecure: '%s' is not true or false",
              cfg->allow_insecure);
-        return -1;
+        return OBD_E_INVAL;
     }
     cfg->wire = obd_auth_wire_parse(cfg->wire_protection);
     if (cfg->wire < 0) {
         fail(err, errlen,
              "wire_protection: '%s' is not one of none, integrity, encrypt",
              cfg->wire_protection);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (cfg->wire != OBD_WIRE_NONE && cfg->auth_key_file[0] == '\0') {
         fail(err, errlen,
              "wire_protection: %s needs auth_key_file (the session keys "
              "come from the cluster key)",
              cfg->wire_protection);
-        return -1;
+        return OBD_E_INVAL;
     }
     return 0;
 }
@@ -658,39 +659,39 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
         fail(err, errlen,
              "%slog_level: '%s' is not one of error, warn, info, debug",
              where(cfg, "log_level", pre, sizeof(pre)), cfg->log_level);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (cfg->cluster[0] == '\0') {
         fail(err, errlen, "%scluster: must not be empty",
              where(cfg, "cluster", pre, sizeof(pre)));
-        return -1;
+        return OBD_E_INVAL;
     }
     if (cfg->socket[0] == '\0') {
         fail(err, errlen, "%ssocket: must not be empty",
              where(cfg, "socket", pre, sizeof(pre)));
-        return -1;
+        return OBD_E_INVAL;
     }
     if (cfg->peers[0] != '\0' && cfg->peers_file[0] != '\0') {
         fail(err, errlen, "%speers_file: set together with peers; give one",
              where(cfg, "peers_file", pre, sizeof(pre)));
-        return -1;
+        return OBD_E_INVAL;
     }
 
     if (finish_security(cfg, err, errlen))
-        return -1;
+        return OBD_E_INVAL;
 
     cfg->nodes = 0;
     if (cfg->peers[0] != '\0' && world_from_text(cfg, err, errlen))
-        return -1;
+        return OBD_E_INVAL;
     if (cfg->peers_file[0] != '\0' && world_from_file(cfg, err, errlen))
-        return -1;
+        return OBD_E_INVAL;
     memset(&cfg->listen_addr, 0, sizeof(cfg->listen_addr));
     if (cfg->nodes == 0) {
         /* One-node world: no TCP at all. */
         if (cfg->rank > 0) {
             fail(err, errlen, "%srank: %" PRId64 " needs a peers list",
                  where(cfg, "rank", pre, sizeof(pre)), cfg->rank);
-            return -1;
+            return OBD_E_INVAL;
         }
         cfg->rank = 0;
         cfg->nodes = 1;
@@ -704,10 +705,10 @@ int obd_config_finish(struct obd_config *cfg, char *err, size_t errlen)
                     fail(err, errlen, "%s%s: ranks %d and %d are both %s:%u",
                          where(cfg, src, pre, sizeof(pre)), src, i, j,
                          cfg->world[i].host, cfg->world[i].port);
-                    return -1;
+                    return OBD_E_INVAL;
                 }
         if (cfg->rank >= 0 && derive_listen(cfg, err, errlen))
-            return -1;
+            return OBD_E_INVAL;
     }
 
     /* The fingerprint covers what every node must agree on: the cluster
@@ -931,21 +932,21 @@ int obd_config_socket_dir_ok(const char *socket, int create, char *why,
                          "socket directory %s: missing, and cannot be "
                          "created in %s: %s",
                          dir, parent, no);
-                return -1;
+                return OBD_E_INVAL;
             }
             return 0;
         }
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
             snprintf(why, len, "socket directory %s: cannot create it: %s", dir,
                      strerror(errno));
-            return -1;
+            return OBD_E_INVAL;
         }
         if (created != NULL)
             *created = 1;
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         snprintf(why, len, "socket directory %s is not a directory", dir);
-        return -1;
+        return OBD_E_INVAL;
     }
     if (st.st_uid != geteuid() && st.st_uid != 0) {
         snprintf(why, len,
@@ -954,7 +955,7 @@ int obd_config_socket_dir_ok(const char *socket, int create, char *why,
                  "replace the socket); use a directory of the daemon's "
                  "user such as /run/obcomm",
                  dir, (unsigned)st.st_uid, (unsigned)geteuid());
-        return -1;
+        return OBD_E_INVAL;
     }
     if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
         snprintf(why, len,
@@ -962,12 +963,12 @@ int obd_config_socket_dir_ok(const char *socket, int create, char *why,
                  "the sticky bit (mode %04o): refused (another user "
                  "could replace the socket)",
                  dir, (unsigned)(st.st_mode & 07777));
-        return -1;
+        return OBD_E_INVAL;
     }
     if (access(dir, W_OK | X_OK) != 0) {
         snprintf(why, len, "socket directory %s is not writable: %s", dir,
                  strerror(errno));
-        return -1;
+        return OBD_E_INVAL;
     }
     return 0;
 }
@@ -985,7 +986,7 @@ int obd_config_socket_gid(const char *group, gid_t *out, char *why, size_t len)
         if (getgrnam_r(group, &grp, buf, sizeof(buf), &found) != 0 ||
             found == NULL) {
             snprintf(why, len, "socket_group %s: no such group", group);
-            return -1;
+            return OBD_E_INVAL;
         }
         gid = found->gr_gid;
     }
@@ -1001,7 +1002,7 @@ int obd_config_socket_gid(const char *group, gid_t *out, char *why, size_t len)
                  "member, so it cannot give the socket to the group (the "
                  "unit needs SupplementaryGroups=%s)",
                  group, (unsigned)geteuid(), group);
-        return -1;
+        return OBD_E_INVAL;
     }
     *out = gid;
     return 0;
@@ -1011,7 +1012,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
                        size_t errlen)
 {
     char pre[4200];
-    int rc = -1;
+    int rc = OBD_E_INVAL;
     struct resolved *res = NULL;
     const char *src = cfg->peers_file[0] ? "peers_file" : "peers";
 
@@ -1042,7 +1043,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
             (cfg->trace_file[0] != '\0' &&
              trace_file_ok(cfg->trace_file, why, sizeof(why)) != 0)) {
             fail(err, errlen, "%s", why);
-            return -1;
+            return OBD_E_INVAL;
         }
         if (cfg->auth_key_file[0] != '\0') {
             uint8_t key[OBD_AUTH_KEY];
@@ -1053,7 +1054,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
             explicit_bzero(key, sizeof(key));
             if (bad) {
                 fail(err, errlen, "%s", why);
-                return -1;
+                return OBD_E_INVAL;
             }
         }
     }
@@ -1064,7 +1065,7 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
     res = calloc((size_t)cfg->nodes, sizeof(*res));
     if (res == NULL) {
         fail(err, errlen, "out of memory");
-        return -1;
+        return OBD_E_INVAL;
     }
     where(cfg, src, pre, sizeof(pre));
     for (int i = 0; i < cfg->nodes; i++) {
@@ -1149,17 +1150,17 @@ static int trace_file_ok(const char *path, char *why, size_t len)
     if (lstat(path, &st) == 0) {
         if (!S_ISREG(st.st_mode)) {
             snprintf(why, len, "trace_file %s is not a regular file", path);
-            return -1;
+            return OBD_E_INVAL;
         }
         if (access(path, W_OK) != 0) {
             snprintf(why, len, "trace_file %s: %s", path, strerror(errno));
-            return -1;
+            return OBD_E_INVAL;
         }
         return 0;
     }
     if (errno != ENOENT) {
         snprintf(why, len, "trace_file %s: %s", path, strerror(errno));
-        return -1;
+        return OBD_E_INVAL;
     }
     char dir[4200];
     snprintf(dir, sizeof(dir), "%s", path);
@@ -1173,7 +1174,7 @@ static int trace_file_ok(const char *path, char *why, size_t len)
     if (access(dir, W_OK | X_OK) != 0) {
         snprintf(why, len, "trace_file %s: directory %s: %s", path, dir,
                  strerror(errno));
-        return -1;
+        return OBD_E_INVAL;
     }
     return 0;
 }
@@ -1190,7 +1191,7 @@ static int listen_ok(const struct obd_addr *a, char *why, size_t len)
     if (g != 0) {
         snprintf(why, len, "listen %s:%u does not resolve: %s", a->host,
                  a->port, gai_strerror(g));
-        return -1;
+        return OBD_E_INVAL;
     }
     int rc = -1, e = 0;
     for (struct addrinfo *r = res; r && rc != 0; r = r->ai_next) {
@@ -1205,10 +1206,11 @@ static int listen_ok(const struct obd_addr *a, char *why, size_t len)
         close(fd);
     }
     freeaddrinfo(res);
-    if (rc != 0)
-        snprintf(why, len, "listen %s:%u: this machine cannot listen there: %s",
-                 a->host, a->port, strerror(e));
-    return rc;
+    if (rc == 0)
+        return 0;
+    snprintf(why, len, "listen %s:%u: this machine cannot listen there: %s",
+             a->host, a->port, strerror(e));
+    return OBD_E_INVAL;
 }
 
 void obd_config_print(const struct obd_config *cfg, FILE *out)
@@ -1314,7 +1316,7 @@ int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
 {
     const struct row *r = find_row(name);
     if (r == NULL)
-        return -1;
+        return OBD_E_INVAL;
     row_text(cfg, r, buf, len);
     return 0;
 }

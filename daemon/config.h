@@ -1,6 +1,8 @@
 /* obcommd's configuration: one table of options, read from a file and from
  * command-line flags. The parser, --check-config, --help and the example
- * config in deploy/ all come from the same table (config.c). */
+ * config in deploy/ all come from the same table (config.c). A function
+ * that can fail returns 0 or an OBD_E_* code (err.h), OBD_E_INVAL for
+ * anything wrong in what was given, with a message in its err or why. */
 #ifndef OBD_CONFIG_H
 #define OBD_CONFIG_H
 
@@ -83,8 +85,8 @@ void obd_config_defaults(struct obd_config *cfg);
 
 /* Sets option `name` from text. Integers are decimal; options in
  * milliseconds also take "250ms" and "2s", options in seconds "10s". On
- * failure returns -1 and writes a message naming the option, the value and
- * the bound into err. */
+ * failure returns OBD_E_INVAL and writes a message naming the option, the value
+ * and the bound into err. */
 int obd_config_set(struct obd_config *cfg, const char *name, const char *value,
                    char *err, size_t errlen);
 
@@ -130,13 +132,14 @@ int obd_config_resolve(struct obd_config *cfg, int strict, char *err,
  * passes when it can be created; refused when it is not a directory, when
  * another user than this process's or root owns it, or everybody may
  * write it without the sticky bit (whoever may write it can replace the
- * socket). 0, or -1 with why. ctl.c calls it at the start with `create`,
+ * socket). 0, or OBD_E_INVAL with why. ctl.c calls it at the start with
+ * `create`,
  * --check-config without. */
 int obd_config_socket_dir_ok(const char *socket, int create, char *why,
                              size_t len, int *created);
 
-/* socket_group (a name or a number) as a gid, refused (-1 with why) when
- * there is no such group or this process may not give a file to it (not
+/* socket_group (a name or a number) as a gid, refused (OBD_E_INVAL with why)
+ * when there is no such group or this process may not give a file to it (not
  * root and not a member). */
 int obd_config_socket_gid(const char *group, gid_t *gid, char *why, size_t len);
 
@@ -161,7 +164,8 @@ int obd_config_diff_fixed(const struct obd_config *cur,
                           const struct obd_config *next, char *changed,
                           size_t len);
 
-/* Writes option `name`'s value as text into buf; -1 for an unknown name. */
+/* Writes option `name`'s value as text into buf; OBD_E_INVAL for an
+ * unknown name. */
 int obd_config_value(const struct obd_config *cfg, const char *name, char *buf,
                      size_t len);
 

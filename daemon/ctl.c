@@ -1,4 +1,5 @@
 #include "ctl.h"
+#include "err.h"
 #include "status.h"
 
 #include <obcomm.h>
@@ -33,7 +34,7 @@ static int prepare_socket_dir(struct obd_daemon *d, const char *sock)
     int created;
     if (obd_config_socket_dir_ok(sock, 1, why, sizeof(why), &created) != 0) {
         obd_log_error(&d->log, "%s", why);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     if (created)
         obd_log_info(&d->log, "created the socket directory of %s", sock);
@@ -45,7 +46,7 @@ static int socket_gid(struct obd_daemon *d, gid_t *out)
     char why[512];
     if (obd_config_socket_gid(d->cfg.socket_group, out, why, sizeof(why))) {
         obd_log_error(&d->log, "%s", why);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     return 0;
 }
@@ -93,7 +94,7 @@ static uint64_t buffer_bytes_per_uid(const struct obd_daemon *d)
  * stacks) would fail and with them the ops of every other user. So each
  * connection and each user has a bound, and all users together stay
  * under max_buffers, which leaves the daemon room of its own. Returns 0
- * or OBCOMM_E_NOMEM with the bound named in why. */
+ * or OBD_E_TOOBIG with the bound named in why. */
 static int admit_buffer(const struct obd_client *c, uint64_t bytes, char *why,
                         size_t whylen)
 {
@@ -107,7 +108,7 @@ static int admit_buffer(const struct obd_client *c, uint64_t bytes, char *why,
                  "buffer refused: this connection has %lld buffers "
                  "registered, max_buffers_per_client is %lld",
                  (long long)c->nbufs, (long long)d->cfg.max_buffers_per_client);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     }
     if (n >= d->cfg.max_buffers_per_uid) {
         snprintf(why, whylen,
@@ -115,7 +116,7 @@ static int admit_buffer(const struct obd_client *c, uint64_t bytes, char *why,
                  "max_buffers_per_uid is %lld",
                  (unsigned)c->uid, (long long)n,
                  (long long)d->cfg.max_buffers_per_uid);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     }
     if (used > cap || bytes > cap - used) {
         snprintf(why, whylen,
@@ -123,14 +124,14 @@ static int admit_buffer(const struct obd_client *c, uint64_t bytes, char *why,
                  "registered, max_buffer_bytes_per_uid is %llu",
                  (unsigned long long)bytes, (unsigned)c->uid,
                  (unsigned long long)used, (unsigned long long)cap);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     }
     if (d->shm_buffers >= d->shm_buffers_max) {
         snprintf(why, whylen,
                  "buffer refused: all users have %lld buffers registered, "
                  "max_buffers is %lld",
                  (long long)d->shm_buffers, (long long)d->shm_buffers_max);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     }
     return 0;
 }
@@ -187,15 +188,17 @@ static void on_join_timeout(uv_timer_t *t)
 static int claim_path(struct obd_daemon *d, const struct sockaddr_un *sa)
 {
     int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (probe < 0)
-        return -errno;
+    if (probe < 0) {
+        obd_log_error(&d->log, "socket: %s", strerror(errno));
+        return OBD_E_SYS;
+    }
     int rc = connect(probe, (const struct sockaddr *)sa, sizeof(*sa));
     int err = errno;
     close(probe);
     if (rc == 0) {
         obd_log_error(&d->log, "socket %s: another obcommd is serving it",
                       sa->sun_path);
-        return -EADDRINUSE;
+        return OBD_E_BUSY;
     }
     if (err == ECONNREFUSED)
         unlink(sa->sun_path);
@@ -293,7 +296,7 @@ int obd_ctl_start(struct obd_daemon *d)
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
     if (strlen(d->cfg.socket) >= sizeof(sa.sun_path))
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     strcpy(sa.sun_path, d->cfg.socket);
 
     gid_t gid = (gid_t)-1;
@@ -306,8 +309,10 @@ int obd_ctl_start(struct obd_daemon *d)
         return rc;
 
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
+    if (fd < 0) {
+        obd_log_error(&d->log, "socket: %s", strerror(errno));
+        return OBD_E_SYS;
+    }
     /* Created 0660 from the start (the loop has no other thread yet, so
      * the process-wide umask is ours for the call): the daemon's user and
      * socket_group may connect, nobody else. SO_PEERCRED then says which
@@ -318,10 +323,9 @@ int obd_ctl_start(struct obd_daemon *d)
     if (rc != 0 || listen(fd, 128) != 0 ||
         (gid != (gid_t)-1 && chown(d->cfg.socket, (uid_t)-1, gid) != 0) ||
         chmod(d->cfg.socket, 0660) != 0) {
-        rc = -errno;
-        obd_log_error(&d->log, "socket %s: %s", d->cfg.socket, strerror(-rc));
+        obd_log_error(&d->log, "socket %s: %s", d->cfg.socket, strerror(errno));
         close(fd);
-        return rc;
+        return OBD_E_SYS;
     }
 
     int64_t maps = max_map_count();
@@ -478,7 +482,7 @@ void obd_ctl_complete(struct obd_client *c, uint64_t seq, int status,
     Obcomm__Complete done = OBCOMM__COMPLETE__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
     done.seq = seq;
-    done.status = status;
+    done.status = obd_err_public(status);
     done.value = value;
     done.bytes = bytes;
     done.message = (char *)(message ? message : "");
@@ -492,7 +496,7 @@ static void reply_join(struct obd_client *c, int status, const char *message)
     struct obd_daemon *d = c->d;
     Obcomm__JoinReply r = OBCOMM__JOIN_REPLY__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
-    r.status = status;
+    r.status = obd_err_public(status);
     r.message = (char *)message;
     r.node_rank = (uint32_t)d->cfg.rank;
     r.nodes = (uint32_t)d->cfg.nodes;
@@ -507,14 +511,14 @@ static void handle_join(struct obd_client *c, const Obcomm__Join *j)
 {
     char why[256] = "";
     if (c->job != NULL) {
-        reply_join(c, OBCOMM_E_PROTO, "already joined a job");
+        reply_join(c, OBD_E_PROTO, "already joined a job");
         return;
     }
     if (j->proto_version != OBCOMM_PROTO_VERSION) {
         snprintf(why, sizeof(why),
                  "client speaks protocol %u, this daemon speaks %u",
                  j->proto_version, OBCOMM_PROTO_VERSION);
-        reply_join(c, OBCOMM_E_VERSION, why);
+        reply_join(c, OBD_E_VERSION, why);
         return;
     }
     int timeout = j->timeout_ms ? (int)j->timeout_ms : 0;
@@ -535,7 +539,7 @@ static void reply_register(struct obd_client *c, uint64_t id, int status,
 {
     Obcomm__RegisterReply r = OBCOMM__REGISTER_REPLY__INIT;
     Obcomm__DaemonMsg msg = OBCOMM__DAEMON_MSG__INIT;
-    r.status = status;
+    r.status = obd_err_public(status);
     r.message = (char *)message;
     r.id = id;
     msg.body_case = OBCOMM__DAEMON_MSG__BODY_REGISTER;
@@ -558,13 +562,13 @@ static void handle_register(struct obd_client *c,
     int fd = c->pending_fd;
     c->pending_fd = -1;
     if (fd < 0) {
-        reply_register(c, r->id, OBCOMM_E_PROTO,
+        reply_register(c, r->id, OBD_E_PROTO,
                        "RegisterBuffer came without a file descriptor");
         return;
     }
     if (r->id == 0 || find_buf(c, r->id) != NULL) {
         close(fd);
-        reply_register(c, r->id, OBCOMM_E_INVAL, "buffer id 0 or in use");
+        reply_register(c, r->id, OBD_E_INVAL, "buffer id 0 or in use");
         return;
     }
     int rc = admit_buffer(c, r->bytes, why, sizeof(why));
@@ -628,7 +632,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     };
 
     if (c->job == NULL) {
-        obd_ctl_complete(c, s->seq, OBCOMM_E_PROTO, "submit before join", 0, 0);
+        obd_ctl_complete(c, s->seq, OBD_E_PROTO, "submit before join", 0, 0);
         return;
     }
     if (s->seq != c->next_seq) {
@@ -656,7 +660,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         uint64_t n = s->kind == OBCOMM_KIND_ALLREDUCE ? 1 : (uint64_t)size;
         if (s->kind == OBCOMM_KIND_ALLGATHER)
             desc.redop = 0;
-        status = OBCOMM_E_INVAL;
+        status = OBD_E_INVAL;
         if (!obd_dtype_valid((int)s->dtype))
             snprintf(why, sizeof(why), "unknown dtype %u", s->dtype);
         else if (s->kind != OBCOMM_KIND_ALLGATHER &&
@@ -686,10 +690,10 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         desc.redop = 0;
         bytes = s->count;
         if (s->count == 0) {
-            status = OBCOMM_E_INVAL;
+            status = OBD_E_INVAL;
             snprintf(why, sizeof(why), "broadcast of 0 bytes");
         } else if (s->root < 0 || s->root >= size) {
-            status = OBCOMM_E_INVAL;
+            status = OBD_E_INVAL;
             snprintf(why, sizeof(why), "broadcast root %d not in [0, %d)",
                      (int)s->root, size);
         }
@@ -699,7 +703,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         desc.redop = OBCOMM_AVG;
         desc.root = 0;
         if (s->count == 0 || s->count > UINT64_MAX / 8) {
-            status = OBCOMM_E_INVAL;
+            status = OBD_E_INVAL;
             snprintf(why, sizeof(why),
                      s->count == 0 ? "1-bit allreduce of %llu elements"
                                    : "1-bit allreduce of %llu elements "
@@ -721,7 +725,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         bytes = s->count;
         if (s->key == 0 ||
             (s->kind == OBCOMM_KIND_EXPORT_1BIT && s->count == 0)) {
-            status = OBCOMM_E_INVAL;
+            status = OBD_E_INVAL;
             snprintf(why, sizeof(why), "snapshot %llu with %llu bytes",
                      (unsigned long long)s->key, (unsigned long long)s->count);
         }
@@ -731,7 +735,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         desc = (struct obd_opdesc){.kind = s->kind};
         break;
     default:
-        status = OBCOMM_E_INVAL;
+        status = OBD_E_INVAL;
         snprintf(why, sizeof(why), "unknown op kind %u", s->kind);
         break;
     }
@@ -741,7 +745,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         data = buf ? obd_shm_range(buf, s->offset, bytes) : NULL;
         if (data == NULL) {
             buf = NULL;
-            status = OBCOMM_E_NOTREG;
+            status = OBD_E_NOTREG;
             snprintf(why, sizeof(why),
                      "data (buffer %llu, offset %llu, %llu bytes) is not "
                      "inside a registered buffer",
@@ -754,7 +758,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
         out = outbuf ? obd_shm_range(outbuf, s->recv_offset, out_bytes) : NULL;
         if (out == NULL) {
             outbuf = NULL;
-            status = OBCOMM_E_NOTREG;
+            status = OBD_E_NOTREG;
             snprintf(why, sizeof(why),
                      "result (buffer %llu, offset %llu, %llu bytes) is not "
                      "inside a registered buffer",
@@ -763,7 +767,7 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
                      (unsigned long long)out_bytes);
         } else if (s->kind == OBCOMM_KIND_ALLGATHER &&
                    !gather_alias_ok(c, data, bytes, out, out_bytes)) {
-            status = OBCOMM_E_INVAL;
+            status = OBD_E_INVAL;
             snprintf(why, sizeof(why),
                      "allgather: send overlaps recv other than at this "
                      "rank's own place in it");

@@ -1,4 +1,5 @@
 #include "daemon.h"
+#include "err.h"
 
 #include <obcomm.h>
 
@@ -100,8 +101,10 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
         d->threads = ncpu > 0 ? ncpu : 1;
     }
     int rc = uv_loop_init(&d->loop);
-    if (rc)
-        return rc;
+    if (rc) {
+        obd_log_error(&d->log, "event loop: %s", uv_strerror(rc));
+        return OBD_E_SYS;
+    }
     d->hooks = default_hooks;
     obd_runq_init(&d->runq, &d->loop);
     d->start_ms = uv_now(&d->loop);
@@ -172,7 +175,7 @@ int obd_daemon_start(struct obd_daemon *d)
     if (obd_trace_open(d, why, sizeof(why)) != 0) {
         obd_log_error(&d->log, "%s", why);
         obd_daemon_close(d);
-        return OBCOMM_E_IO;
+        return OBD_E_IO;
     }
     if (d->cfg.auth_key_file[0] != '\0') {
         char err[512] = "cannot initialise libsodium";
@@ -181,7 +184,7 @@ int obd_daemon_start(struct obd_daemon *d)
                               sizeof(err)) != 0) {
             obd_log_error(&d->log, "%s", err);
             obd_daemon_close(d);
-            return OBCOMM_E_INVAL;
+            return OBD_E_INVAL;
         }
         d->keyed = 1;
     }
@@ -190,7 +193,7 @@ int obd_daemon_start(struct obd_daemon *d)
         obd_snapset_prepare_dir(d->cfg.state_dir, (unsigned)geteuid(), why,
                                 sizeof(why)) != 0) {
         obd_log_error(&d->log, "%s", why);
-        rc = OBCOMM_E_INVAL;
+        rc = OBD_E_INVAL;
     }
     if (rc == 0)
         rc = obd_peers_start(d);

@@ -190,6 +190,7 @@ void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
              (unsigned long long)key);
 }
 
+/* 0, or -1 with errno set. */
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -198,7 +199,7 @@ static int write_all(int fd, const void *buf, size_t len)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            return -errno;
+            return -1;
         }
         p += n;
         len -= (size_t)n;
@@ -257,13 +258,14 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
         open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 || out == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createCompressionContext(&cctx, LZ4F_VERSION))) {
-        rc = fd < 0 ? -errno : -ENOMEM;
-        snprintf(why, whylen, "%s: %s", tmp, strerror(-rc));
+        rc = OBD_E_IO;
+        snprintf(why, whylen, "%s: %s", tmp,
+                 fd < 0 ? strerror(errno) : "out of memory");
         goto out;
     }
 
     size_t n = LZ4F_compressBegin(cctx, out, cap, &prefs);
-    if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+    if (LZ4F_isError(n) || write_all(fd, out, n) != 0)
         goto io;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
         const char *p = parts[i].p;
@@ -278,31 +280,26 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
                              (off + len) / sizeof(float));
             }
             n = LZ4F_compressUpdate(cctx, out, cap, src, len, NULL);
-            if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+            if (LZ4F_isError(n) || write_all(fd, out, n) != 0)
                 goto io;
         }
     }
     n = LZ4F_compressEnd(cctx, out, cap, NULL);
-    if (LZ4F_isError(n) || (rc = write_all(fd, out, n)) != 0)
+    if (LZ4F_isError(n) || write_all(fd, out, n) != 0 || fsync(fd) != 0)
         goto io;
-    if (fsync(fd) != 0) {
-        rc = -errno;
-        goto io;
-    }
     close(fd);
     fd = -1;
     if (rename(tmp, path) != 0) {
-        rc = -errno;
+        rc = OBD_E_IO;
         snprintf(why, whylen, "rename %s: %s", path, strerror(errno));
         unlink(tmp);
     }
     goto out;
 
-io:
-    if (rc == 0)
-        rc = -EIO;
+io: /* n is an LZ4F error, or a write or the fsync set errno */
+    rc = OBD_E_IO;
     snprintf(why, whylen, "%s: %s", tmp,
-             LZ4F_isError(n) ? LZ4F_getErrorName(n) : strerror(-rc));
+             LZ4F_isError(n) ? LZ4F_getErrorName(n) : strerror(errno));
     unlink(tmp);
 out:
     if (fd >= 0)
@@ -347,7 +344,7 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) {
         snprintf(why, whylen, "%s: %s", path, strerror(errno));
-        return OBD_EF_IOERR;
+        return OBD_E_IO;
     }
     int rc = obd_ef_read_fd(fd, path, w, max_bytes, out, why, whylen);
     close(fd);
@@ -358,7 +355,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
                    uint64_t max_bytes, struct obd_ef **out, char *why,
                    size_t whylen)
 {
-    int rc = OBD_EF_CORRUPT;
+    int rc = OBD_E_CORRUPT;
     struct sink s;
     memset(&s, 0, sizeof(s));
     struct obd_ef hdr_only = {.padded = 0, .nodes = 1};
@@ -371,12 +368,12 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
     if (in == NULL || stage == NULL ||
         LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
         snprintf(why, whylen, "%s: out of memory", path);
-        rc = OBD_EF_IOERR;
+        rc = OBD_E_IO;
         goto out;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(why, whylen, "%s: not a regular file", path);
-        rc = OBD_EF_IOERR;
+        rc = OBD_E_IO;
         goto out;
     }
 
@@ -386,7 +383,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
             if (errno == EINTR)
                 continue;
             snprintf(why, whylen, "%s: %s", path, strerror(errno));
-            rc = OBD_EF_IOERR;
+            rc = OBD_E_IO;
             goto out;
         }
         if (got == 0)
@@ -471,14 +468,14 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
                                  path, h->rank, h->nodes,
                                  (unsigned long long)h->fingerprint, w->rank,
                                  w->nodes, (unsigned long long)w->fingerprint);
-                        rc = OBD_EF_OTHER_WORLD;
+                        rc = OBD_E_OTHER_WORLD;
                         goto out;
                     }
                     s.ef = obd_ef_new(h->job, h->key, h->count, (int)h->nodes);
                     if (s.ef == NULL) {
                         s.ef = &hdr_only;
                         snprintf(why, whylen, "%s: out of memory", path);
-                        rc = OBD_EF_IOERR;
+                        rc = OBD_E_IO;
                         goto out;
                     }
                 }
@@ -498,7 +495,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
     obd_ef_restored(s.ef);
     *out = s.ef;
     s.ef = &hdr_only;
-    rc = OBD_EF_OK;
+    rc = 0;
 out:
     if (s.ef != &hdr_only)
         obd_ef_free(s.ef);

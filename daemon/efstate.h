@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "codec.h"
+#include "err.h"
 
 #define OBD_EF_JOB_MAX 64
 
@@ -98,14 +99,6 @@ struct obd_ef_world {
     uint64_t fingerprint;
 };
 
-/* Result of obd_ef_read. */
-enum {
-    OBD_EF_OK = 0,
-    OBD_EF_OTHER_WORLD = 1, /* intact, but of another world */
-    OBD_EF_CORRUPT = -1,    /* damaged, truncated or not a snapshot */
-    OBD_EF_IOERR = -2,
-};
-
 /* A zeroed state, or NULL when out of memory. Caller frees with
  * obd_ef_free. */
 struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
@@ -143,14 +136,16 @@ const struct obd_ef_work *obd_ef_work(struct obd_ef *ef, int rank);
 void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
                  size_t len);
 
-/* Writes ef atomically (temporary file, fsync, rename). Returns 0 or a
- * negative errno, with a reason in why. */
+/* Writes ef atomically (temporary file, fsync, rename). Returns 0 or
+ * OBD_E_IO, with a reason in why. */
 int obd_ef_write(const char *path, const struct obd_ef *ef,
                  const struct obd_ef_world *w, char *why, size_t whylen);
 
 /* Reads a snapshot. Every length in the file is bounded by max_bytes before
- * anything is allocated. OBD_EF_OK: *out is a new state (caller frees).
- * Otherwise *out is untouched and why says what was wrong. */
+ * anything is allocated. 0: *out is a new state (caller frees).
+ * Otherwise *out is untouched, why says what was wrong and the result is
+ * OBD_E_CORRUPT (damaged, truncated or not a snapshot), OBD_E_OTHER_WORLD
+ * (intact, but written by another world) or OBD_E_IO. */
 int obd_ef_read(const char *path, const struct obd_ef_world *w,
                 uint64_t max_bytes, struct obd_ef **out, char *why,
                 size_t whylen);

@@ -1,4 +1,5 @@
 #include "efstore.h"
+#include "err.h"
 
 #include <obcomm.h>
 
@@ -93,7 +94,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                      "op has %llu; reset the key first (obcomm_reset_1bit)",
                      (unsigned long long)key, (unsigned long long)ef->count,
                      (unsigned long long)count);
-            return OBCOMM_E_STATE;
+            return OBD_E_STATE;
         }
         *out = ef;
         return 0;
@@ -110,7 +111,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                  (unsigned long long)key, (unsigned long long)need,
                  (unsigned long long)used, (unsigned long long)limit,
                  (long long)d->cfg.rank);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     }
     ef = obd_ef_new(job, key, count, d->cfg.nodes);
     if (ef == NULL) {
@@ -118,7 +119,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                  "no memory for the error feedback of %llu "
                  "elements",
                  (unsigned long long)count);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     ef->run = run;
     ef->next = d->efs;
@@ -231,14 +232,14 @@ int obd_efstore_collect(struct obd_daemon *d, const char *job, uint64_t run,
                 snprintf(why, whylen,
                          "key %llu was left half-updated by a failed op",
                          (unsigned long long)ef->key);
-                return OBCOMM_E_STATE;
+                return OBD_E_STATE;
             }
             k++;
         }
     struct obd_ef **efs = calloc((size_t)k + 1, sizeof(*efs));
     if (efs == NULL) {
         snprintf(why, whylen, "out of memory");
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     int i = 0;
     for (struct obd_ef *ef = d->efs; ef; ef = ef->next)

@@ -26,9 +26,9 @@
 #include "efstate.h"
 
 /* The state of (job, run, key), created at zero on its first use. A key
- * that holds state for another count is an error (OBCOMM_E_STATE), never
+ * that holds state for another count is an error (OBD_E_STATE), never
  * silently re-initialised; a new state that would pass ef_max_bytes is
- * refused (OBCOMM_E_NOMEM, why names the bound). */
+ * refused (OBD_E_TOOBIG, why names the bound). */
 int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                     uint64_t key, uint64_t count, struct obd_ef **out,
                     char *why, size_t whylen);
@@ -70,8 +70,8 @@ int obd_efstore_idle(const struct obd_daemon *d, const char *job, uint64_t run);
 
 /* The states of (job, run), each begun (obd_efstore_begin), into a new
  * array *out of *n (caller ends each and frees the array:
- * obd_efstore_release). OBCOMM_E_STATE with why when one is torn (it is
- * neither the old step nor the new one), OBCOMM_E_NOMEM. */
+ * obd_efstore_release). OBD_E_STATE with why when one is torn (it is
+ * neither the old step nor the new one), OBD_E_NOMEM. */
 int obd_efstore_collect(struct obd_daemon *d, const char *job, uint64_t run,
                         struct obd_ef ***out, int *n, char *why, size_t whylen);
 void obd_efstore_release(struct obd_daemon *d, struct obd_ef **efs, int n);

@@ -7,7 +7,8 @@ static const struct {
     int pub;
     const char *name, *text;
 } errs[OBD_ERR_COUNT] = {
-#define XX(name, pub, text) [OBD_ERR_INDEX_##name] = {pub, "OBD_E_" #name, text},
+#define XX(name, pub, text) \
+    [OBD_ERR_INDEX_##name] = {pub, "OBD_E_" #name, text},
     OBD_ERR_MAP(XX)
 #undef XX
 };

@@ -35,6 +35,7 @@
     XX(EXISTS, OBCOMM_E_BUSY, "name already in use")                           \
     XX(NOTREG, OBCOMM_E_NOTREG, "data not inside a registered buffer")         \
     XX(STATE, OBCOMM_E_STATE, "1-bit state disagrees")                         \
+    XX(MISSING, OBCOMM_E_STATE, "no 1-bit snapshot of that id")                \
     XX(OTHER_WORLD, OBCOMM_E_STATE, "1-bit state of another world")            \
     XX(IO, OBCOMM_E_IO, "a file could not be read or written")                 \
     XX(CORRUPT, OBCOMM_E_CORRUPT, "a file is damaged or of another kind")      \

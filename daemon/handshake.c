@@ -2,6 +2,7 @@
  * keys and the options that must agree. What the peer says is trusted only
  * after its proof checks; an unauthenticated peer is told nothing but that
  * it was refused. */
+#include "err.h"
 #include "link.h"
 
 #include <obcomm.h>
@@ -51,7 +52,7 @@ int obd_handshake_begin(struct obd_link *l)
     if (text == NULL || world == NULL) {
         free(text);
         free(world);
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     }
     for (int i = 0; i < d->cfg.nodes; i++) {
         obd_config_world_entry(&d->cfg, i, text[i], sizeof(text[i]));
@@ -75,7 +76,7 @@ int obd_handshake_begin(struct obd_link *l)
     free(text);
     free(world);
     if (l->hello_mine == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     l->hello_mine_len = len;
     return obd_peers_link_send(l, l->hello_mine, len);
 }
@@ -142,7 +143,7 @@ static void refuse_auth(struct obd_link *l, const char *why)
 
 /* What every node must agree on, compared once the peer is
  * authenticated (so the values may be named): cluster, world and the
- * agreed options. 0, or -1 with the difference in why. */
+ * agreed options. 0, or OBD_E_MISMATCH with the difference in why. */
 static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
                            char *why, size_t len)
 {
@@ -151,7 +152,7 @@ static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
     if (strcmp(h->cluster, d->cfg.cluster) != 0) {
         snprintf(why, len, "cluster '%s' here (rank %lld), '%s' at rank %u",
                  d->cfg.cluster, me, h->cluster, h->rank);
-        return -1;
+        return OBD_E_MISMATCH;
     }
     if (h->world_size != (uint32_t)d->cfg.nodes ||
         h->world_fingerprint != d->cfg.fingerprint) {
@@ -165,7 +166,7 @@ static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
                  d->cfg.nodes, (unsigned long long)d->cfg.fingerprint, me,
                  h->world_size, (unsigned long long)h->world_fingerprint,
                  h->rank, diff);
-        return -1;
+        return OBD_E_MISMATCH;
     }
     for (size_t i = 0; i < NAGREED; i++) {
         char mine[128];
@@ -180,7 +181,7 @@ static int check_agreement(struct obd_link *l, const Obcomm__Hello *h,
                      "option %s is %s here (rank %lld) and %.64s at rank %u; "
                      "it must be equal on every node",
                      agreed_options[i], mine, me, theirs, h->rank);
-            return -1;
+            return OBD_E_MISMATCH;
         }
     }
     return 0;

@@ -1,3 +1,4 @@
+#include "err.h"
 #include "job.h"
 
 #include <obcomm.h>
@@ -120,25 +121,28 @@ static void job_detach(struct obd_job *job)
     d->njobs--;
 }
 
-static struct obd_job *job_create(struct obd_daemon *d, const char *name,
-                                  char *why, size_t whylen)
+/* A new job named `name` in *out; 0, or with why: OBD_E_INVAL (a name of
+ * no bytes or too many), OBD_E_EXISTS (another job's name hashes to the
+ * same wire id), OBD_E_BUSY (max_jobs reached), OBD_E_NOMEM. */
+static int job_create(struct obd_daemon *d, const char *name,
+                      struct obd_job **out, char *why, size_t whylen)
 {
     if (name[0] == '\0' || strlen(name) >= OBD_JOB_NAME) {
         snprintf(why, whylen, "job name must be 1 to %d bytes",
                  OBD_JOB_NAME - 1);
-        return NULL;
+        return OBD_E_INVAL;
     }
     uint32_t id = obd_frame_job_id(name);
     struct obd_job *other = obd_job_find_id(d, id);
     if (other != NULL) {
         snprintf(why, whylen, "job names '%s' and '%s' collide; rename one",
                  name, other->name);
-        return NULL;
+        return OBD_E_EXISTS;
     }
     if (d->njobs >= d->cfg.max_jobs) {
         snprintf(why, whylen, "max_jobs (%lld) reached",
                  (long long)d->cfg.max_jobs);
-        return NULL;
+        return OBD_E_BUSY;
     }
     struct obd_job *job = calloc(1, sizeof(*job));
     uint64_t *node_run = calloc((size_t)d->cfg.nodes, sizeof(*node_run));
@@ -146,7 +150,7 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
         free(job);
         free(node_run);
         snprintf(why, whylen, "out of memory");
-        return NULL;
+        return OBD_E_NOMEM;
     }
     job->node_run = node_run;
     job->d = d;
@@ -157,7 +161,8 @@ static struct obd_job *job_create(struct obd_daemon *d, const char *name,
     job->next = d->jobs;
     d->jobs = job;
     d->njobs++;
-    return job;
+    *out = job;
+    return 0;
 }
 
 int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
@@ -169,7 +174,7 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
         snprintf(why, whylen,
                  "local rank %d of local size %d is invalid (size 1..%d)",
                  local_rank, local_size, OBD_MAX_LOCAL);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     struct obd_job *job = obd_job_find(d, name);
     if (job != NULL && job->joined == 0 &&
@@ -181,15 +186,16 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
         obd_runq_post(&d->runq, &job->ready);
         job = NULL;
     }
-    if (job == NULL && (job = job_create(d, name, why, whylen)) == NULL)
-        return OBCOMM_E_NOMEM;
+    int rc;
+    if (job == NULL && (rc = job_create(d, name, &job, why, whylen)) != 0)
+        return rc;
     if (job->owned && job->owner != uid) {
         snprintf(why, whylen,
                  "job %s belongs to uid %u on node %lld; uid %u may not join "
                  "it (pick another job name)",
                  name, (unsigned)job->owner, (long long)d->cfg.rank,
                  (unsigned)uid);
-        return OBCOMM_E_DENIED;
+        return OBD_E_DENIED;
     }
 
     if (job->local_size != 0 && job->local_size != local_size) {
@@ -197,12 +203,12 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  "job %s has local size %d on this node, the trainer said %d",
                  name, job->local_size, local_size);
         obd_runq_post(&d->runq, &job->ready);
-        return OBCOMM_E_MISMATCH;
+        return OBD_E_MISMATCH;
     }
     if (job->trainer[local_rank] != NULL) {
         snprintf(why, whylen, "local rank %d of job %s is taken by pid %d",
                  local_rank, name, (int)job->pid[local_rank]);
-        return OBCOMM_E_BUSY;
+        return OBD_E_BUSY;
     }
     if (job->joined == 0 && timeout_ms > 0)
         job->timeout_ms = timeout_ms;
@@ -500,7 +506,7 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.count = a->desc.count;
     an.key = a->desc.key;
     an.root = a->desc.root;
-    an.status = a->status;
+    an.status = obd_err_public(a->status);
     an.message = (char *)a->message;
     an.agreed = a->agreed != 0;
     an.run = a->run;
@@ -538,7 +544,7 @@ static void op_report(struct obd_op *op, int status, const char *message)
     an.job = op->job->name;
     an.seq = op->seq;
     an.node_rank = (uint32_t)d->cfg.rank;
-    an.status = status;
+    an.status = obd_err_public(status);
     an.message = mine->report_message;
     an.phase = 1;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
@@ -566,7 +572,7 @@ static void on_report(struct obd_daemon *d, int from,
     if (op == NULL || !obd_op_open(op) || op->ann[from].reported)
         return;
     op->ann[from].reported = 1;
-    op->ann[from].report_status = m->status;
+    op->ann[from].report_status = obd_err_from_public(m->status);
     snprintf(op->ann[from].report_message, sizeof(op->ann[from].report_message),
              "%s",
              m->status != 0 && m->message[0] == '\0' ? "failed" : m->message);
@@ -593,9 +599,9 @@ static void op_fail(struct obd_op *op, int status, int announce,
     vsnprintf(op->message, sizeof(op->message), fmt, ap);
     va_end(ap);
     op->status = status;
-    if (status == OBCOMM_E_TIMEOUT)
+    if (status == OBD_E_TIMEOUT)
         obd_metric_add(&d->metrics, OBD_M_OPS_TIMEOUT, 1);
-    if (status == OBCOMM_E_MISMATCH)
+    if (status == OBD_E_MISMATCH)
         obd_metric_add(&d->metrics, OBD_M_OPS_MISMATCH, 1);
     obd_log_warn(&d->log, "job %s op %llu failed: %s", op->job->name,
                  (unsigned long long)op->seq, op->message);
@@ -696,7 +702,7 @@ static void on_deadline(uv_timer_t *t)
         obd_coll_algo(op->desc.kind)->waiting_on(op, who, sizeof(who));
         if (who[0] == '\0')
             describe_waiting(op, who, sizeof(who));
-        op_fail(op, OBCOMM_E_TIMEOUT, 1,
+        op_fail(op, OBD_E_TIMEOUT, 1,
                 "op %llu of job %s timed out after %d ms on node %d "
                 "waiting for %s",
                 (unsigned long long)op->seq, job->name, job->timeout_ms,
@@ -714,7 +720,7 @@ static void on_deadline(uv_timer_t *t)
         return;
     }
     describe_missing(op, who, sizeof(who));
-    op_fail(op, OBCOMM_E_TIMEOUT, 1,
+    op_fail(op, OBD_E_TIMEOUT, 1,
             "op %llu of job %s timed out after %d ms; never arrived: %s",
             (unsigned long long)op->seq, job->name, job->timeout_ms, who);
 }
@@ -782,11 +788,11 @@ static struct obd_op *op_get(struct obd_job *job, uint64_t seq)
         op_fail(op, job->stopped_status, 1, "op %llu of job %s: %s",
                 (unsigned long long)seq, job->name, job->stopped);
     else if (d->closing)
-        op_fail(op, OBCOMM_E_PEER_LOST, 0,
+        op_fail(op, OBD_E_PEER_LOST, 0,
                 "op %llu of job %s: obcommd on node %d is shutting down",
                 (unsigned long long)seq, job->name, (int)d->cfg.rank);
     else if (lost >= 0)
-        op_fail(op, OBCOMM_E_PEER_LOST, 1,
+        op_fail(op, OBD_E_PEER_LOST, 1,
                 "op %llu of job %s: node %d was lost: %s",
                 (unsigned long long)seq, job->name, lost, why);
     return op;
@@ -912,7 +918,7 @@ static int fail_if_differ(struct obd_op *op,
     char diff[400];
     if (!describe_mismatch(descs, labels, n, diff, sizeof(diff)))
         return 0;
-    op_fail(op, OBCOMM_E_MISMATCH, announce,
+    op_fail(op, OBD_E_MISMATCH, announce,
             "op %llu of job %s: ranks issued different ops: %s",
             (unsigned long long)op->seq, op->job->name, diff);
     return 1;
@@ -1005,7 +1011,7 @@ static int check_run(struct obd_op *op)
         if (op->ann[n].run != job->node_run[n])
             off += (size_t)snprintf(who + off, sizeof(who) - off, "%snode %d",
                                     off ? ", " : "", n);
-    op_fail(op, OBCOMM_E_MISMATCH, 0,
+    op_fail(op, OBD_E_MISMATCH, 0,
             "op %llu of job %s: %s started a new run of the job (its "
             "trainers restarted) while the other nodes go on with run "
             "%016llx; restart every trainer of the job",
@@ -1052,7 +1058,7 @@ static int check_ef(struct obd_op *op)
     }
     obd_metric_add(&d->metrics, OBD_M_EF_DISAGREED, 1);
     obd_efstore_reset_run(d, job->name, job->run, msg);
-    op_fail(op, OBCOMM_E_STATE, 0,
+    op_fail(op, OBD_E_STATE, 0,
             "op %llu of job %s: the nodes hold different versions of the "
             "error feedback of key %llu: %s; every node resets the job's "
             "error feedback",
@@ -1079,7 +1085,7 @@ static void op_check_ready(struct obd_op *op)
                 off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                                         "%snode %d has %u", m ? ", " : "", m,
                                         op->ann[m].local_size);
-            op_fail(op, OBCOMM_E_MISMATCH, 0,
+            op_fail(op, OBD_E_MISMATCH, 0,
                     "job %s: nodes run different numbers of trainers: %s",
                     job->name, msg);
             return;
@@ -1119,7 +1125,7 @@ static void job_start_next(struct obd_job *job)
             return;
         const struct obd_algo *algo = obd_coll_algo(o->desc.kind);
         if (algo == NULL) {
-            op_fail(o, OBCOMM_E_INVAL, 0, "op kind %u is not supported",
+            op_fail(o, OBD_E_INVAL, 0, "op kind %u is not supported",
                     o->desc.kind);
             return;
         }
@@ -1152,11 +1158,11 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
         snprintf(why, whylen,
                  "op %llu is outside the job's window (next op is %llu)",
                  (unsigned long long)seq, (unsigned long long)job->next_seq);
-        return OBCOMM_E_PROTO;
+        return OBD_E_PROTO;
     }
     if (op->submitted[local_rank]) {
         snprintf(why, whylen, "op submitted twice");
-        return OBCOMM_E_PROTO;
+        return OBD_E_PROTO;
     }
     op->submitted[local_rank] = 1;
     op->nsubmitted++;
@@ -1200,7 +1206,7 @@ static void on_announce(struct obd_daemon *d, int from,
     char why[160];
     struct obd_announce a = {
         .have = 1,
-        .status = m->status,
+        .status = obd_err_from_public(m->status),
         .local_size = m->local_size,
         .desc = {.kind = m->kind,
                  .dtype = m->dtype,
@@ -1235,8 +1241,7 @@ static void on_announce(struct obd_daemon *d, int from,
     if (job == NULL) {
         if (a.status != 0)
             return; /* a failure of an op nobody here waits for */
-        job = job_create(d, m->job, why, sizeof(why));
-        if (job == NULL) {
+        if (job_create(d, m->job, &job, why, sizeof(why)) != 0) {
             obd_log_warn(&d->log, "announce from node %d for job %s: %s", from,
                          m->job, why);
             return;
@@ -1309,7 +1314,7 @@ static void on_job_left(struct obd_daemon *d, int from,
                  m->message);
     /* Failures are announced, so that a node that learnt of the op only
      * from us (no trainer of the job there any more) drops it too. */
-    job_stop(job, m->from_seq, OBCOMM_E_PEER_LOST, m->message, 0);
+    job_stop(job, m->from_seq, OBD_E_PEER_LOST, m->message, 0);
 }
 
 void obd_job_on_peer_msg(struct obd_daemon *d, int from,
@@ -1370,13 +1375,13 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
         }
     for (struct obd_op *op = job->ops; op; op = op->next)
         if (obd_op_open(op))
-            op_fail(op, OBCOMM_E_PEER_LOST, 1,
+            op_fail(op, OBD_E_PEER_LOST, 1,
                     "op %llu of job %s: rank %d (node %d local %d) "
                     "vanished: %s",
                     (unsigned long long)op->seq, job->name, rank,
                     (int)d->cfg.rank, local_rank, reason);
     if (job->joined > 0)
-        job_stop(job, from, OBCOMM_E_PEER_LOST, gone, 0);
+        job_stop(job, from, OBD_E_PEER_LOST, gone, 0);
     if (d->cfg.nodes > 1 && !d->closing)
         tell_left(job, from, gone);
     /* Failed ops that waited only for this trainer may retire now. */
@@ -1388,7 +1393,7 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
 void obd_job_fail_all(struct obd_daemon *d, const char *reason)
 {
     for (struct obd_job *job = d->jobs; job; job = job->next)
-        fail_open(job, 0, OBCOMM_E_PEER_LOST, 1, reason);
+        fail_open(job, 0, OBD_E_PEER_LOST, 1, reason);
 }
 
 /* Fails the open ops that still need the node: a running op that has
@@ -1406,7 +1411,7 @@ void obd_job_on_peer_lost(struct obd_daemon *d, int node, const char *why)
             if (op->state == OBD_OP_RUN && op->coll != NULL && algo &&
                 algo->needs_node && !algo->needs_node(op, node))
                 continue;
-            op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+            op_fail(op, OBD_E_PEER_LOST, 1, "op %llu of job %s: %s",
                     (unsigned long long)op->seq, job->name, reason);
         }
 }
@@ -1419,7 +1424,7 @@ void obd_job_shutdown(struct obd_daemon *d)
     for (struct obd_job *job = d->jobs; job; job = job->next)
         for (struct obd_op *op = job->ops; op; op = op->next)
             if (op->state < OBD_OP_RUN)
-                op_fail(op, OBCOMM_E_PEER_LOST, 1, "op %llu of job %s: %s",
+                op_fail(op, OBD_E_PEER_LOST, 1, "op %llu of job %s: %s",
                         (unsigned long long)op->seq, job->name, reason);
 }
 
@@ -1465,7 +1470,7 @@ enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
     void *p = obd_coll_algo(op->desc.kind)->recv_dest(op, from, f, &why);
     if (p == NULL) {
         obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
-        op_fail(op, OBCOMM_E_PROTO, 1,
+        op_fail(op, OBD_E_PROTO, 1,
                 "op %llu of job %s: node %d sent step %u segment %u of "
                 "%u bytes: %s",
                 (unsigned long long)op->seq, op->job->name, from, f->step,

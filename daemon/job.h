@@ -156,7 +156,7 @@ struct obd_job {
     uint32_t id;
     int local_size; /* 0 until the first trainer joins */
     /* The uid of the job's first trainer here: trainers of other users
-     * are refused (OBCOMM_E_DENIED) while the job lives. */
+     * are refused (OBD_E_DENIED) while the job lives. */
     uid_t owner;
     int owned;
     int timeout_ms;
@@ -190,7 +190,7 @@ struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id);
 
 /* A trainer of user `uid` joins: checks the owner, local rank and size
  * against the job; the first trainer's uid becomes the owner. On failure
- * returns a negative code with a reason in why (OBCOMM_E_DENIED: the job
+ * returns a negative code with a reason in why (OBD_E_DENIED: the job
  * belongs to another user). */
 int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,

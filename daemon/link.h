@@ -74,7 +74,8 @@ struct obd_link {
 /* peers.c, for handshake.c. */
 
 /* Sends a control frame whose body is packed already (borrowed); with a
- * session it gets its tag. 0 or a negative code. */
+ * session it gets its tag. 0, OBD_E_PEER_LOST (the link is broken),
+ * OBD_E_TOOBIG (past OBCOMM_WIRE_MAX) or OBD_E_NOMEM. */
 int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t len);
 /* Packs msg and sends it as obd_peers_link_send. */
 int obd_peers_link_send_msg(struct obd_link *l, const ProtobufCMessage *msg);

@@ -1,3 +1,4 @@
+#include "err.h"
 #include "peers.h"
 
 #include <obcomm.h>
@@ -98,6 +99,15 @@ static void set_sockopts(struct obd_link *l)
 
 /* ---- writing ---- */
 
+/* libuv refused to start a write (uv_write's code `uvrc`): the link is
+ * broken. Logged with libuv's reason; the caller sees a lost peer. */
+static int write_refused(struct obd_link *l, int uvrc)
+{
+    obd_log_debug(&l->d->log, "write to %s refused: %s", l->where,
+                  uv_strerror(uvrc));
+    return OBD_E_PEER_LOST;
+}
+
 static void on_ctrl_written(uv_write_t *req, int status)
 {
     struct ctrl_write *w = container_of(req, struct ctrl_write, req);
@@ -116,11 +126,11 @@ static void on_ctrl_written(uv_write_t *req, int status)
 int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t body)
 {
     if (body > OBCOMM_WIRE_MAX)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     size_t tag = l->tx_on ? OBD_AUTH_TAG : 0;
     struct ctrl_write *w = malloc(sizeof(*w) + OBD_FRAME_HDR + body + tag);
     if (w == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
                           .type = OBD_FRAME_CTRL,
                           .len = (uint32_t)body};
@@ -149,7 +159,7 @@ int obd_peers_link_send(struct obd_link *l, const uint8_t *packed, size_t body)
         uv_write(&w->req, (uv_stream_t *)&l->tcp, &buf, 1, on_ctrl_written);
     if (rc) {
         free(w);
-        return rc;
+        return write_refused(l, rc);
     }
     if (l->tx_on)
         l->tx_ctr++;
@@ -160,11 +170,11 @@ int obd_peers_link_send_msg(struct obd_link *l, const ProtobufCMessage *msg)
 {
     size_t body = protobuf_c_message_get_packed_size(msg);
     if (body > OBCOMM_WIRE_MAX)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_TOOBIG;
     uint8_t stack[512];
     uint8_t *buf = body <= sizeof(stack) ? stack : malloc(body);
     if (buf == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     protobuf_c_message_pack(msg, buf);
     int rc = obd_peers_link_send(l, buf, body);
     if (buf != stack)
@@ -177,7 +187,7 @@ int obd_peers_send_ctrl(struct obd_daemon *d, int to,
 {
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
-        return OBCOMM_E_PEER_LOST;
+        return OBD_E_PEER_LOST;
     return obd_peers_link_send_msg(p->link, &msg->base);
 }
 
@@ -193,7 +203,7 @@ static void on_data_written(uv_write_t *req, int status)
     struct obd_link *l = w->link;
     free(w);
     write_failed(l, status);
-    done(arg, status);
+    done(arg, status == 0 ? 0 : OBD_E_PEER_LOST);
 }
 
 int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
@@ -202,13 +212,13 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
 {
     struct obd_peer *p = &d->peers[to];
     if (p->state != OBD_PEER_UP)
-        return OBCOMM_E_PEER_LOST;
+        return OBD_E_PEER_LOST;
     struct obd_link *l = p->link;
     int wire = l->tx_on ? d->cfg.wire : OBD_WIRE_NONE;
     size_t copy = wire == OBD_WIRE_ENCRYPT ? f->len : 0;
     struct data_write *w = malloc(sizeof(*w) + copy);
     if (w == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     f->version = OBCOMM_PROTO_VERSION;
     f->type = OBD_FRAME_DATA;
     obd_frame_encode(f, w->hdr);
@@ -245,7 +255,7 @@ int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
         uv_write(&w->req, (uv_stream_t *)&l->tcp, bufs, n, on_data_written);
     if (rc) {
         free(w);
-        return rc;
+        return write_refused(l, rc);
     }
     if (wire != OBD_WIRE_NONE)
         l->tx_ctr++;
@@ -965,7 +975,7 @@ static int listen_open(struct obd_daemon *d)
     if (resolve(&d->cfg.listen_addr, &sa) != 0) {
         obd_log_error(&d->log, "cannot resolve listen address %s",
                       d->cfg.listen_addr.host);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     /* Protected mode: without a key only loopback. */
     if (!d->keyed && !d->cfg.insecure && !obd_config_is_loopback(&sa)) {
@@ -977,7 +987,7 @@ static int listen_open(struct obd_daemon *d)
             "chmod 600 it; copy it to every node), or set allow_insecure = "
             "true to accept the risk",
             d->cfg.listen_addr.host, d->cfg.listen_addr.port);
-        return OBCOMM_E_INVAL;
+        return OBD_E_INVAL;
     }
     uv_tcp_init(&d->loop, &d->listener);
     d->listening = 1;
@@ -989,7 +999,7 @@ static int listen_open(struct obd_daemon *d)
                       d->cfg.listen_addr.port, uv_strerror(rc));
         d->listening = 0;
         uv_close((uv_handle_t *)&d->listener, NULL);
-        return rc;
+        return OBD_E_SYS;
     }
     return 0;
 }
@@ -1005,7 +1015,7 @@ int obd_peers_start(struct obd_daemon *d)
     d->links_resume.run = resume_links;
     d->peers = calloc((size_t)d->cfg.nodes, sizeof(*d->peers));
     if (d->peers == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     for (int i = 0; i < d->cfg.nodes; i++) {
         d->peers[i].d = d;
         d->peers[i].rank = i;

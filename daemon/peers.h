@@ -64,16 +64,18 @@ int obd_peers_down(const struct obd_daemon *d, int node, char *why, size_t len);
 /* 1 when every other node's link is up. */
 int obd_peers_complete(const struct obd_daemon *d);
 
-/* Sends a control message to node `to` (not ourselves). Returns 0 or a
- * negative code when the link is down. */
+/* Sends a control message to node `to` (not ourselves). Returns 0,
+ * OBD_E_PEER_LOST when the link is down or broken, OBD_E_TOOBIG past
+ * OBCOMM_WIRE_MAX or OBD_E_NOMEM. */
 int obd_peers_send_ctrl(struct obd_daemon *d, int to,
                         const Obcomm__PeerMsg *msg);
 
 /* Sends a data frame to node `to`: the header f (version and type are
  * filled in here) and f->len bytes at `payload`, which must stay valid
  * until done(arg, status) runs, from the write's callback on a later
- * turn. Returns 0, or a negative code when nothing was sent (done then
- * never runs). */
+ * turn, with status 0 or OBD_E_PEER_LOST (the link broke; it closes).
+ * Returns 0, or OBD_E_PEER_LOST or OBD_E_NOMEM when nothing was sent
+ * (done then never runs). */
 int obd_peers_send_data(struct obd_daemon *d, int to, struct obd_frame *f,
                         const void *payload,
                         void (*done)(void *arg, int status), void *arg);

@@ -1,3 +1,4 @@
+#include "err.h"
 #include "shm.h"
 
 #include <obcomm.h>
@@ -14,7 +15,7 @@
 int obd_shm_map(int fd, uint64_t id, uint64_t bytes, uint64_t max_bytes,
                 struct obd_shm **out, char *why, size_t whylen)
 {
-    int rc = OBCOMM_E_INVAL;
+    int rc = OBD_E_INVAL;
     struct stat st;
     void *base = MAP_FAILED;
     struct obd_shm *b = NULL;
@@ -38,14 +39,14 @@ int obd_shm_map(int fd, uint64_t id, uint64_t bytes, uint64_t max_bytes,
     }
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
-        rc = -errno;
+        rc = OBD_E_NOMEM;
         snprintf(why, whylen, "mmap of %llu bytes: %s",
                  (unsigned long long)bytes, strerror(errno));
         goto out;
     }
     b = calloc(1, sizeof(*b));
     if (b == NULL) {
-        rc = OBCOMM_E_NOMEM;
+        rc = OBD_E_NOMEM;
         snprintf(why, whylen, "out of memory");
         goto out_unmap;
     }

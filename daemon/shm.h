@@ -23,7 +23,8 @@ struct obd_shm {
  * holding one reference (the trainer's).
  * The memfd must be sealed against shrinking, so that the trainer cannot
  * make the daemon's accesses fault, and exactly `bytes` long. On failure
- * returns a negative code and writes a reason into why. */
+ * returns OBD_E_INVAL (the fd or its size is not what is required) or
+ * OBD_E_NOMEM (no memory, or the mapping failed) with a reason in why. */
 int obd_shm_map(int fd, uint64_t id, uint64_t bytes, uint64_t max_bytes,
                 struct obd_shm **out, char *why, size_t whylen);
 

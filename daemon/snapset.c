@@ -52,14 +52,18 @@ static void remove_dir(const char *dir)
     (void)rmdir(dir);
 }
 
-static int fsync_dir(const char *dir)
+/* 0, or OBD_E_IO with why. */
+static int fsync_dir(const char *dir, char *why, size_t whylen)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = fsync(fd) != 0 ? -errno : 0;
+    if (fd < 0 || fsync(fd) != 0) {
+        snprintf(why, whylen, "fsync %s: %s", dir, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return OBD_E_IO;
+    }
     close(fd);
-    return rc;
+    return 0;
 }
 
 int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
@@ -72,23 +76,22 @@ int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
     remove_dir(tmp);
     remove_dir(final); /* a set of this id that did not complete */
     if (mkdir(tmp, 0700) != 0) {
-        int rc = -errno;
         snprintf(why, whylen, "%s: %s", tmp, strerror(errno));
-        return rc;
+        return OBD_E_IO;
     }
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         obd_ef_path(tmp, job, efs[i]->key, path, sizeof(path));
         rc = obd_ef_write(path, efs[i], w, why, whylen);
     }
-    if (rc == 0 && (rc = fsync_dir(tmp)) != 0)
-        snprintf(why, whylen, "fsync %s: %s", tmp, strerror(-rc));
+    if (rc == 0)
+        rc = fsync_dir(tmp, why, whylen);
     if (rc == 0 && rename(tmp, final) != 0) {
-        rc = -errno;
+        rc = OBD_E_IO;
         snprintf(why, whylen, "rename %s: %s", final, strerror(errno));
     }
-    if (rc == 0 && (rc = fsync_dir(state_dir)) != 0)
-        snprintf(why, whylen, "fsync %s: %s", state_dir, strerror(-rc));
+    if (rc == 0)
+        rc = fsync_dir(state_dir, why, whylen);
     if (rc != 0) {
         remove_dir(tmp);
         remove_dir(final);
@@ -115,7 +118,7 @@ int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
     if (dh == NULL) {
         int e = errno;
         snprintf(why, whylen, "missing (%s: %s)", dir, strerror(e));
-        return e == ENOENT || e == ENOTDIR ? OBD_SNAP_MISSING : OBD_SNAP_IOERR;
+        return e == ENOENT || e == ENOTDIR ? OBD_E_MISSING : OBD_E_IO;
     }
     struct obd_ef *list = NULL;
     int rc = 0;
@@ -128,26 +131,26 @@ int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
         if (fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             !S_ISREG(st.st_mode)) {
             snprintf(why, whylen, "damaged: %s is not a regular file", path);
-            rc = OBD_SNAP_DAMAGED;
+            rc = OBD_E_CORRUPT;
             break;
         }
         struct obd_ef *ef = NULL;
         char one[512];
         int r = obd_ef_read(path, w, max_bytes, &ef, one, sizeof(one));
-        if (r == OBD_EF_OK && strcmp(ef->job, job) != 0) {
+        if (r == 0 && strcmp(ef->job, job) != 0) {
             snprintf(one, sizeof(one), "%s: a state of another job", path);
             obd_ef_free(ef);
-            r = OBD_EF_CORRUPT;
+            r = OBD_E_CORRUPT;
         }
-        if (r == OBD_EF_OK) {
+        if (r == 0) {
             ef->next = list;
             list = ef;
-        } else if (r == OBD_EF_IOERR) {
+        } else if (r == OBD_E_IO) {
             snprintf(why, whylen, "unreadable: %s", one);
-            rc = OBD_SNAP_IOERR;
+            rc = OBD_E_IO;
         } else {
             snprintf(why, whylen, "damaged: %s", one);
-            rc = OBD_SNAP_DAMAGED;
+            rc = OBD_E_CORRUPT;
         }
     }
     closedir(dh);
@@ -430,7 +433,7 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
     uint8_t digest[32];
     if (bytes < sizeof(h)) {
         snprintf(why, whylen, "damaged: a part of %zu bytes", bytes);
-        return OBD_SNAP_DAMAGED;
+        return OBD_E_CORRUPT;
     }
     memcpy(&h, part, sizeof(h));
     crypto_generichash(digest, sizeof(digest),
@@ -439,11 +442,11 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
     if (memcmp(h.magic, PART_MAGIC, sizeof(PART_MAGIC)) != 0 ||
         h.version != PART_VERSION) {
         snprintf(why, whylen, "damaged: not a part of a snapshot");
-        return OBD_SNAP_DAMAGED;
+        return OBD_E_CORRUPT;
     }
     if (sodium_memcmp(digest, h.digest, sizeof(digest)) != 0) {
         snprintf(why, whylen, "damaged: the part's digest does not match");
-        return OBD_SNAP_DAMAGED;
+        return OBD_E_CORRUPT;
     }
     if (h.nodes != w->nodes || h.fingerprint != w->fingerprint ||
         h.rank != w->rank) {
@@ -453,7 +456,7 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
                  (unsigned)h.rank, (unsigned)h.nodes, (unsigned)w->rank,
                  (unsigned)w->nodes,
                  h.fingerprint != w->fingerprint ? " (another world)" : "");
-        return OBD_SNAP_DAMAGED;
+        return OBD_E_CORRUPT;
     }
     h.job[sizeof(h.job) - 1] = '\0';
     if (h.id != id || strcmp(h.job, job) != 0) {
@@ -461,7 +464,7 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
                  "damaged: the part is of snapshot %016" PRIx64
                  " of another job or id, not %016" PRIx64,
                  h.id, id);
-        return OBD_SNAP_DAMAGED;
+        return OBD_E_CORRUPT;
     }
     const char *p = (const char *)part + sizeof(h);
     size_t left = bytes - sizeof(h);
@@ -479,7 +482,7 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
         if (ef == NULL) {
             free_list(list);
             snprintf(why, whylen, "out of memory for a part's state");
-            return OBD_SNAP_IOERR;
+            return OBD_E_IO;
         }
         p += sizeof(st);
         memcpy(ef->werr, p, st.padded * sizeof(float));
@@ -499,5 +502,5 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
 short_part:
     free_list(list);
     snprintf(why, whylen, "damaged: the part's states do not fit its length");
-    return OBD_SNAP_DAMAGED;
+    return OBD_E_CORRUPT;
 }

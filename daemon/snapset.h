@@ -25,18 +25,10 @@
 /* Sets of a job a node keeps on disk: the newest ones by commit. */
 #define OBD_SNAP_KEEP 4
 
-/* Results of obd_snapset_read besides 0. */
-enum {
-    OBD_SNAP_MISSING = 1, /* this node holds no set of that id */
-    OBD_SNAP_DAMAGED = 2, /* a file damaged, truncated, or of another world
-                             or job */
-    OBD_SNAP_IOERR = 3,   /* the set could not be read (why says what) */
-};
-
 /* Writes states efs[0..n) (all of one job, none torn, none changed by
  * anyone meanwhile) as set `id` of `job`: the temporary directory, every
- * file fsync'd, rename, the state_dir fsync'd. Returns 0 or a negative
- * errno with why. */
+ * file fsync'd, rename, the state_dir fsync'd. Returns 0 or OBD_E_IO with
+ * why. */
 int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
                       struct obd_ef *const *efs, int n,
                       const struct obd_ef_world *w, char *why, size_t whylen);
@@ -44,7 +36,9 @@ int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
 /* Reads every state of set `id` of `job`; each length is bounded by
  * max_bytes before allocation. 0: *out is a list (linked by next) of new
  * states (caller frees each with obd_ef_free), possibly empty; otherwise
- * one of the results above with why, and *out untouched. */
+ * OBD_E_MISSING (this node holds no set of that id), OBD_E_CORRUPT (a
+ * file damaged, truncated, or of another world or job) or OBD_E_IO (the
+ * set could not be read) with why, and *out untouched. */
 int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
                      const struct obd_ef_world *w, uint64_t max_bytes,
                      struct obd_ef **out, char *why, size_t whylen);
@@ -86,7 +80,7 @@ void obd_snapset_pack(const struct obd_ef *const *efs, int n, const char *job,
                       size_t bytes);
 /* Reads a part: 0 and *out a list (linked by next) of new states, when
  * it is intact, of this world and node, of `job` and of set `id`, every
- * length bounded by bytes before allocation; else OBD_SNAP_DAMAGED with
+ * length bounded by bytes before allocation; else OBD_E_CORRUPT with
  * why (which names what differs), *out untouched. */
 int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
                        uint64_t id, const struct obd_ef_world *w,

@@ -1,3 +1,4 @@
+#include "err.h"
 #include "stall.h"
 
 #include <obcomm.h>
@@ -84,7 +85,7 @@ int obd_stall_start(struct obd_daemon *d)
         return 0;
     struct obd_stall *s = calloc(1, sizeof(*s));
     if (s == NULL)
-        return OBCOMM_E_NOMEM;
+        return OBD_E_NOMEM;
     s->d = d;
     /* A quarter of the limit: an op is logged at most 25% late. */
     uint64_t period = limit / 4;

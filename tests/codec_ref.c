@@ -42,7 +42,7 @@ static int scale_ok(float s)
 static int scale_of(double sum, size_t elems, float *scale)
 {
     if (!isfinite(sum))
-        return OBD_CODEC_ENONFINITE;
+        return OBD_E_NONFINITE;
     *scale = (float)sqrt(sum / (double)elems);
     return 0;
 }
@@ -217,7 +217,7 @@ int codec_ref_compress(const float *x, size_t count, float *e, size_t padded,
     int rc;
 
     if (padded == 0 || padded % 8 != 0 || count > padded)
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     /* Pass 1 reads only, so a non-finite b leaves everything untouched. */
     for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK)
         sum += codec_ref_sumsq_block(x, count, e, j, block_end(j, padded));
@@ -238,7 +238,7 @@ int codec_ref_compress_avg(const float *const *src, int nsrc, size_t count,
     int rc;
 
     if (nsrc < 1 || padded == 0 || padded % 8 != 0 || count > padded)
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     /* Pass 1 writes only the scratch b. */
     for (size_t j = 0; j < padded; j += OBD_CODEC_BLOCK)
         sum += codec_ref_avg_sumsq_block(src, nsrc, count, e, j,
@@ -259,10 +259,10 @@ int codec_ref_server(const uint8_t *const *in, const float *scales, int n,
     int rc;
 
     if (n < 1 || chunk == 0 || chunk % 8 != 0)
-        return OBD_CODEC_EINVAL;
+        return OBD_E_INVAL;
     for (int k = 0; k < n; k++)
         if (!scale_ok(scales[k]))
-            return OBD_CODEC_ENONFINITE;
+            return OBD_E_NONFINITE;
     for (size_t j = 0; j < chunk; j += OBD_CODEC_BLOCK)
         sum += codec_ref_server_sumsq_block(in, scales, n, err, j,
                                             block_end(j, chunk));

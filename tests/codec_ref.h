@@ -72,8 +72,8 @@ void codec_ref_server_range(const uint8_t *const *in, const float *scales,
                             int n, float *err, size_t begin, size_t end,
                             float sscale, uint8_t *bits);
 
-/* Whole-tensor steps on one thread, returning 0, OBD_CODEC_EINVAL (bad
- * sizes, nsrc or n < 1; nothing written) or OBD_CODEC_ENONFINITE (a b_i or
+/* Whole-tensor steps on one thread, returning 0, OBD_E_INVAL (bad
+ * sizes, nsrc or n < 1; nothing written) or OBD_E_NONFINITE (a b_i or
  * m_i not finite, or a participant scale negative or not finite).
  *
  * Worker: x has `count` elements, e and the padded tensor `padded`, bits

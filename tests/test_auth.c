@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "err.h"
 
 static uint8_t key[OBD_AUTH_KEY];
 static uint8_t hdr[48];
@@ -180,26 +181,31 @@ START_TEST(key_files_are_checked)
 
     write_key("short", 31, 0600);
     snprintf(path, sizeof(path), "%s/short", dir);
-    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "31 bytes; a key is 32 to 4096 bytes"));
 
     write_key("long", OBD_AUTH_KEY_MAX + 1, 0600);
     snprintf(path, sizeof(path), "%s/long", dir);
-    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)),
+                     OBD_E_INVAL);
 
     write_key("open", 32, 0640);
     snprintf(path, sizeof(path), "%s/open", dir);
-    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "mode 0640"));
     ck_assert_ptr_nonnull(strstr(err, "chmod 600"));
 
     write_key("world", 32, 0604);
     snprintf(path, sizeof(path), "%s/world", dir);
-    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)),
+                     OBD_E_INVAL);
 
     snprintf(path, sizeof(path), "%s/fifo", dir);
     ck_assert_int_eq(mkfifo(path, 0600), 0);
-    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_auth_key_load(path, k1, err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
 
     write_key("good", 32, 0600);

@@ -481,12 +481,12 @@ START_TEST(scale_combine)
 
     ck_assert_int_eq(obd_codec_scale(sums, 3, 9, &sc), 0);
     ck_assert(sc == 1.0f);
-    ck_assert_int_eq(obd_codec_scale(bad, 2, 9, &sc), OBD_CODEC_ENONFINITE);
+    ck_assert_int_eq(obd_codec_scale(bad, 2, 9, &sc), OBD_E_NONFINITE);
     ck_assert(sc == 1.0f);
     bad[1] = NAN;
-    ck_assert_int_eq(obd_codec_scale(bad, 2, 9, &sc), OBD_CODEC_ENONFINITE);
+    ck_assert_int_eq(obd_codec_scale(bad, 2, 9, &sc), OBD_E_NONFINITE);
     ck_assert(sc == 1.0f);
-    ck_assert_int_eq(obd_codec_scale(sums, 1, 0, &sc), OBD_CODEC_EINVAL);
+    ck_assert_int_eq(obd_codec_scale(sums, 1, 0, &sc), OBD_E_INVAL);
     ck_assert(sc == 1.0f);
 }
 END_TEST
@@ -628,7 +628,7 @@ static void expect_worker_rejects(const float *const *src, int nsrc,
     ck_assert_int_eq(naive_worker(src, nsrc, count, e, N, bits, &sc, b), -1);
     ck_assert_int_eq(
         codec_ref_compress_avg(src, nsrc, count, e, b, N, bits, &sc),
-        OBD_CODEC_ENONFINITE);
+        OBD_E_NONFINITE);
     for (int k = 0; k < ni; k++) {
         struct obd_codec_lazy prev = {OBD_CODEC_LAZY_EAGER, 0.0f, e};
         float sc0 = 1234.5f;
@@ -637,12 +637,12 @@ static void expect_worker_rejects(const float *const *src, int nsrc,
         sc = sc0;
         ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, nsrc, count, &prev,
                                                  next, N, bits, &sc),
-                         OBD_CODEC_ENONFINITE);
+                         OBD_E_NONFINITE);
         ck_assert(memcmp(&sc, &sc0, sizeof(float)) == 0);
         ck_assert(memcmp(e, e0, N * sizeof(float)) == 0);
         ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, nsrc, count, &prev,
                                                  e, N, bits, &sc),
-                         OBD_CODEC_ENONFINITE);
+                         OBD_E_NONFINITE);
         ck_assert(memcmp(&sc, &sc0, sizeof(float)) == 0);
     }
     free(next);
@@ -804,7 +804,7 @@ static void expect_server_rejects(const struct server_in *s, int bad_scale)
         -1);
     ck_assert_int_eq(
         codec_ref_server(s->in, s->scales, s->n, err, s->chunk, bits, &sc),
-        OBD_CODEC_ENONFINITE);
+        OBD_E_NONFINITE);
     memset(bits0, 0x3c, nb);
     memset(next0, 0x11, fb);
     for (int k = 0; k < ni; k++) {
@@ -818,7 +818,7 @@ static void expect_server_rejects(const struct server_in *s, int bad_scale)
         ck_assert_int_eq(obd_codec_lazy_server(im[k], s->in, s->scales, s->n,
                                                &prev, next, s->chunk, bits,
                                                &sc),
-                         OBD_CODEC_ENONFINITE);
+                         OBD_E_NONFINITE);
         ck_assert(memcmp(&sc, &sc0, sizeof(float)) == 0);
         ck_assert(memcmp(err, s->err, fb) == 0);
         if (bad_scale) {
@@ -828,7 +828,7 @@ static void expect_server_rejects(const struct server_in *s, int bad_scale)
         memcpy(bits, bits0, nb);
         ck_assert_int_eq(obd_codec_lazy_server(im[k], s->in, s->scales, s->n,
                                                &prev, err, s->chunk, bits, &sc),
-                         OBD_CODEC_ENONFINITE);
+                         OBD_E_NONFINITE);
         ck_assert(memcmp(&sc, &sc0, sizeof(float)) == 0);
         if (bad_scale) {
             ck_assert(memcmp(err, s->err, fb) == 0);
@@ -1715,7 +1715,7 @@ START_TEST(lazy_server_equals_reference)
 END_TEST
 
 /* NaN or Inf anywhere, in a source or in a restored error: the step
- * returns OBD_CODEC_ENONFINITE, *scale is untouched and a double-buffered
+ * returns OBD_E_NONFINITE, *scale is untouched and a double-buffered
  * state is untouched, so the next step (with good data) is exactly the
  * reference's step that never saw the bad one. Also b overflowing from finite
  * inputs. */
@@ -1775,7 +1775,7 @@ START_TEST(lazy_worker_nonfinite)
                             ck_assert_int_eq(lstate_worker(im[k], &bad_st, src,
                                                            nsrc, count, lbits,
                                                            &lsc),
-                                             OBD_CODEC_ENONFINITE);
+                                             OBD_E_NONFINITE);
                             ck_assert(lsc == 42.0f);
                             ck_assert(memcmp(le, lstate_cur(&bad_st)->v,
                                              sizeof(le)) == 0);
@@ -1810,7 +1810,7 @@ START_TEST(lazy_worker_nonfinite)
                         lsc = 42.0f;
                         ck_assert_int_eq(lstate_worker(im[k], &ls, src, nsrc,
                                                        count, lbits, &lsc),
-                                         OBD_CODEC_ENONFINITE);
+                                         OBD_E_NONFINITE);
                         ck_assert(lsc == 42.0f);
                         /* The step wrote the other buffer only: the
                          * state it read needs no abort. */
@@ -1886,7 +1886,7 @@ START_TEST(lazy_server_nonfinite)
                 ck_assert_int_eq(obd_codec_lazy_server(im[k], in, scales, n,
                                                        &prev, nx, chunk, bits,
                                                        &sc),
-                                 OBD_CODEC_ENONFINITE);
+                                 OBD_E_NONFINITE);
                 ck_assert(sc == 42.0f);
                 ck_assert(memcmp(nx, keep, sizeof(nx)) == 0);
                 for (int q = 0; q < 6; q++)
@@ -1916,7 +1916,7 @@ START_TEST(lazy_server_nonfinite)
                     sc = 42.0f;
                     ck_assert_int_eq(
                         lstate_server(im[k], &ls, in, scales, n, bits, &sc),
-                        OBD_CODEC_ENONFINITE);
+                        OBD_E_NONFINITE);
                     ck_assert(sc == 42.0f);
                     ck_assert_int_eq(ls.cur, 0);
                     ck_assert_int_eq(ls.st[0].mode, OBD_CODEC_LAZY_EAGER);
@@ -1952,29 +1952,29 @@ START_TEST(lazy_invalid)
         memset(nx, 0x11, sizeof(nx));
         ck_assert_int_eq(
             obd_codec_lazy_compress(im[k], src, 0, 1, &ok, nx, 8, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         ck_assert_int_eq(
             obd_codec_lazy_compress(im[k], src, 1, 1, &ok, nx, 0, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         ck_assert_int_eq(
             obd_codec_lazy_compress(im[k], src, 1, 1, &ok, nx, 12, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         ck_assert_int_eq(
             obd_codec_lazy_compress(im[k], src, 1, 17, &ok, nx, 16, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         ck_assert_int_eq(
             obd_codec_lazy_server(im[k], in, scales, 0, &ok, nx, 8, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         ck_assert_int_eq(
             obd_codec_lazy_server(im[k], in, scales, 1, &ok, nx, 12, bits, &sc),
-            OBD_CODEC_EINVAL);
+            OBD_E_INVAL);
         for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
             ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, 16, &bad[b],
                                                      nx, 16, bits, &sc),
-                             OBD_CODEC_EINVAL);
+                             OBD_E_INVAL);
             ck_assert_int_eq(obd_codec_lazy_server(im[k], in, scales, 1,
                                                    &bad[b], nx, 16, bits, &sc),
-                             OBD_CODEC_EINVAL);
+                             OBD_E_INVAL);
         }
         ck_assert(sc == 7.0f);
         ck_assert_uint_eq(bits[0], 0x5a);
@@ -2121,7 +2121,7 @@ START_TEST(lazy_state_abort)
             x[count / 2] = other ? x[count / 2] : NAN;
             {
                 struct obd_codec_lazy p1 = lstate_prev(&ls);
-                int want = other ? 0 : OBD_CODEC_ENONFINITE;
+                int want = other ? 0 : OBD_E_NONFINITE;
                 ck_assert_int_eq(obd_codec_lazy_compress(im[k], src, 1, count,
                                                          &p1, lstate_next(&ls),
                                                          N, lbits, &lsc),

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "err.h"
 
 static char err[512];
 
@@ -36,24 +37,26 @@ START_TEST(bounds_and_types_are_enforced)
     struct obd_config c;
     obd_config_defaults(&c);
     ck_assert_int_eq(obd_config_set(&c, "timeout_ms", "5", err, sizeof(err)),
-                     -1);
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "out of range [10, 3600000]"));
     ck_assert_int_eq(obd_config_set(&c, "timeout_ms", "12x", err, sizeof(err)),
-                     -1);
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "not a decimal integer"));
-    ck_assert_int_eq(obd_config_set(&c, "nonsense", "1", err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_set(&c, "nonsense", "1", err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "unknown option 'nonsense'"));
     ck_assert_int_eq(
-        obd_config_set(&c, "segment_bytes", "0x10000", err, sizeof(err)), -1);
+        obd_config_set(&c, "segment_bytes", "0x10000", err, sizeof(err)),
+        OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "'0x10000' is not a decimal integer"));
     char longname[200];
     memset(longname, 'a', sizeof(longname) - 1);
     longname[sizeof(longname) - 1] = '\0';
     ck_assert_int_eq(obd_config_set(&c, "cluster", longname, err, sizeof(err)),
-                     -1);
+                     OBD_E_INVAL);
     ck_assert_int_eq(obd_config_set(&c, "log_level", "loud", err, sizeof(err)),
                      0);
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "log_level"));
 }
 END_TEST
@@ -104,7 +107,7 @@ START_TEST(file_then_flags_override)
     fputs("bogus line\n", f);
     fclose(f);
     obd_config_defaults(&c);
-    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, ":6: expected 'name = value'"));
     unlink(path);
 }
@@ -116,16 +119,16 @@ START_TEST(bad_worlds_are_refused)
     obd_config_defaults(&c);
     obd_config_set(&c, "peers", "a:1,b:2", err, sizeof(err));
     obd_config_set(&c, "rank", "2", err, sizeof(err));
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "lists only 2 nodes"));
 
     obd_config_set(&c, "rank", "0", err, sizeof(err));
     obd_config_set(&c, "peers", "a:1,a:1", err, sizeof(err));
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "ranks 0 and 1 are both a:1"));
 
     obd_config_set(&c, "peers", "a:1,b:99999", err, sizeof(err));
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "'b:99999' is not host:port"));
 }
 END_TEST
@@ -146,23 +149,28 @@ START_TEST(integers_are_decimal_with_unit_suffixes)
                      0);
     ck_assert_int_eq(c.timeout_ms, 2000);
     ck_assert_int_eq(
-        obd_config_set(&c, "timeout_ms", "3601s", err, sizeof(err)), -1);
+        obd_config_set(&c, "timeout_ms", "3601s", err, sizeof(err)),
+        OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "3601s is out of range [10, 3600000]"));
     ck_assert_int_eq(obd_config_set(&c, "keepalive_s", "30s", err, sizeof(err)),
                      0);
     ck_assert_int_eq(c.keepalive_s, 30);
     ck_assert_int_eq(
-        obd_config_set(&c, "keepalive_s", "30ms", err, sizeof(err)), -1);
+        obd_config_set(&c, "keepalive_s", "30ms", err, sizeof(err)),
+        OBD_E_INVAL);
     ck_assert_int_eq(
-        obd_config_set(&c, "segment_bytes", "65536s", err, sizeof(err)), -1);
+        obd_config_set(&c, "segment_bytes", "65536s", err, sizeof(err)),
+        OBD_E_INVAL);
     ck_assert_int_eq(obd_config_set(&c, "max_jobs", "1e3", err, sizeof(err)),
-                     -1);
-    ck_assert_int_eq(obd_config_set(&c, "max_jobs", "", err, sizeof(err)), -1);
+                     OBD_E_INVAL);
+    ck_assert_int_eq(obd_config_set(&c, "max_jobs", "", err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_int_eq(obd_config_set(&c, "max_jobs", "99999999999999999999", err,
                                     sizeof(err)),
-                     -1);
+                     OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "out of range"));
-    ck_assert_int_eq(obd_config_set(&c, "rank", "-1", err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_set(&c, "rank", "-1", err, sizeof(err)),
+                     OBD_E_INVAL);
     ck_assert_int_eq(obd_config_set(&c, "rank", "auto", err, sizeof(err)), 0);
     ck_assert_int_eq(c.rank, -1);
     ck_assert_int_eq(c.max_jobs, 16); /* untouched by the failures */
@@ -187,13 +195,13 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
 
     /* A directory (or a FIFO, a device) is not a config file. */
     obd_config_defaults(&c);
-    ck_assert_int_eq(obd_config_load(&c, dir, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_load(&c, dir, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
 
     /* A key given twice is an error naming both lines. */
     write_file(path, "timeout_ms = 100\n# x\ntimeout_ms = 200\n");
     obd_config_defaults(&c);
-    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(
         strstr(err, ":3: timeout_ms is already set at line 1"));
 
@@ -201,7 +209,7 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
     write_file(path, "cluster = x\n\npeers = a:1, b:2\nrank = 2\n");
     obd_config_defaults(&c);
     ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     char want[256];
     snprintf(want, sizeof(want),
              "%s:4: rank: 2 but peers lists only 2 nodes (0..1)", path);
@@ -209,7 +217,7 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
     write_file(path, "peers = a:1, b:x\n");
     obd_config_defaults(&c);
     ck_assert_int_eq(obd_config_load(&c, path, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     snprintf(want, sizeof(want), "%s:1: peers: 'b:x' is not host:port", path);
     ck_assert_str_eq(err, want);
 
@@ -221,13 +229,13 @@ START_TEST(files_are_checked_and_errors_name_file_and_line)
     obd_config_defaults(&c);
     ck_assert_int_eq(
         obd_config_parse_args(&c, 4, argv1, &check, &help, err, sizeof(err)),
-        -1);
+        OBD_E_INVAL);
     ck_assert_str_eq(err, "--rank given twice");
     char *argv2[] = {"obcommd", "-c", path, "-c", path, NULL};
     obd_config_defaults(&c);
     ck_assert_int_eq(
         obd_config_parse_args(&c, 5, argv2, &check, &help, err, sizeof(err)),
-        -1);
+        OBD_E_INVAL);
     char *argv3[] = {"obcommd", "-c", path, "--timeout-ms", "7s", NULL};
     obd_config_defaults(&c);
     ck_assert_int_eq(
@@ -299,10 +307,10 @@ START_TEST(long_worlds_fit_in_a_line_and_in_peers_file)
     write_file(path, "a:1\n# c\nb:2:x\n");
     obd_config_defaults(&c);
     obd_config_set(&c, "peers_file", path, err, sizeof(err));
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, ":3: 'b:2:x' is not host:port"));
     obd_config_set(&c, "peers", "a:1", err, sizeof(err));
-    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "set together with peers"));
     unlink(path);
     unlink(conf);
@@ -321,7 +329,7 @@ START_TEST(resolve_finds_the_rank_and_refuses_two_spellings)
                    sizeof(err));
     obd_config_set(&c, "rank", "0", err, sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(
         strstr(err, "ranks 0 (127.0.0.1:7000) and 1 (localhost:7000) are the "
                     "same node"));
@@ -348,7 +356,7 @@ START_TEST(resolve_finds_the_rank_and_refuses_two_spellings)
     obd_config_set(&c, "peers", "127.0.0.1:7000,127.0.0.1:7001", err,
                    sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "both addresses of this machine"));
     obd_config_set(&c, "listen", "127.0.0.1:7001", err, sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
@@ -360,7 +368,7 @@ START_TEST(resolve_finds_the_rank_and_refuses_two_spellings)
     obd_config_set(&c, "peers", "198.51.100.1:7000,203.0.113.1:7000", err,
                    sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(strstr(err, "no entry of peers is an address"));
 
     /* threads 0 becomes the number of usable cores. */
@@ -381,7 +389,7 @@ START_TEST(check_config_is_strict)
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
     /* At start an unresolvable peer is retried later; the check fails. */
     ck_assert_int_eq(obd_config_resolve(&c, 0, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(
         strstr(err, "rank 1's host no-such-host.invalid does not resolve"));
 
@@ -398,7 +406,7 @@ START_TEST(check_config_is_strict)
     ck_assert_int_eq(access(path, F_OK), -1); /* the check created nothing */
     snprintf(path, sizeof(path), "%s/no/run/obcommd.sock", dir);
     obd_config_set(&c, "socket", path, err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     char want[512];
     snprintf(want, sizeof(want),
              "socket directory %s/no/run: missing, and cannot be created in "
@@ -410,10 +418,10 @@ START_TEST(check_config_is_strict)
      * nobody else may write; a missing one passes when it can be made. */
     obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
     obd_config_set(&c, "state_dir", "/etc/hostname", err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_str_eq(err, "state_dir /etc/hostname is not a directory");
     obd_config_set(&c, "state_dir", "/tmp", err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_ptr_nonnull(
         strstr(err, "state_dir /tmp belongs to uid 0 with mode 1777: "
                     "refused"));
@@ -430,14 +438,14 @@ START_TEST(check_config_is_strict)
     ck_assert_int_eq(access(path, F_OK), -1);
     snprintf(path, sizeof(path), "%s/none/trace.json", dir);
     obd_config_set(&c, "trace_file", path, err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     snprintf(want, sizeof(want),
              "trace_file %s/none/trace.json: directory %s/none: No such "
              "file or directory",
              dir, dir);
     ck_assert_str_eq(err, want);
     obd_config_set(&c, "trace_file", dir, err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     snprintf(want, sizeof(want), "trace_file %s is not a regular file", dir);
     ck_assert_str_eq(err, want);
     rmdir(dir);
@@ -453,7 +461,7 @@ START_TEST(check_config_is_strict)
     ck_assert_msg(obd_config_resolve(&c, 1, err, sizeof(err)) == 0, "%s", err);
     obd_config_set(&c, "listen", "192.0.2.1:7000", err, sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_str_eq(err, "listen 192.0.2.1:7000: this machine cannot listen "
                           "there: Cannot assign requested address");
 }
@@ -473,7 +481,7 @@ START_TEST(check_config_reads_the_key_as_the_start_does)
     obd_config_set(&c, "socket", "/tmp/obcommd.sock", err, sizeof(err));
     obd_config_set(&c, "auth_key_file", path, err, sizeof(err));
     ck_assert_int_eq(obd_config_finish(&c, err, sizeof(err)), 0);
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     snprintf(want, sizeof(want),
              "auth_key_file %s: mode 0644 lets group or others at the key; "
              "run chmod 600 %s",
@@ -484,7 +492,7 @@ START_TEST(check_config_reads_the_key_as_the_start_does)
 
     unsetenv("CREDENTIALS_DIRECTORY");
     obd_config_set(&c, "auth_key_file", "cluster.key", err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     ck_assert_str_eq(err, "auth_key_file cluster.key: a relative name is a "
                           "systemd credential, but $CREDENTIALS_DIRECTORY is "
                           "not set (run under the unit, whose LoadCredential= "
@@ -492,7 +500,7 @@ START_TEST(check_config_reads_the_key_as_the_start_does)
     setenv("CREDENTIALS_DIRECTORY", dir, 1);
     ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), 0);
     obd_config_set(&c, "auth_key_file", "obcomm-cluster.key", err, sizeof(err));
-    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), -1);
+    ck_assert_int_eq(obd_config_resolve(&c, 1, err, sizeof(err)), OBD_E_INVAL);
     snprintf(want, sizeof(want),
              "auth_key_file %s/obcomm-cluster.key: no such credential (the "
              "unit's LoadCredential=obcomm-cluster.key finds the key in "

@@ -60,8 +60,7 @@ START_TEST(round_trip_is_exact)
         struct obd_ef *ef = sample(counts[k]), *back = NULL;
         ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
         ck_assert_int_eq(
-            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-            OBD_EF_OK);
+            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
         ck_assert_str_eq(back->job, "job/with slash");
         ck_assert_uint_eq(back->key, 42);
         ck_assert_uint_eq(back->count, counts[k]);
@@ -108,7 +107,7 @@ START_TEST(lazy_step_snapshots_its_error)
 
     ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
     ck_assert_int_eq(back->wl.mode, OBD_CODEC_LAZY_EAGER);
     ck_assert_int_eq(memcmp(back->werr, e, N * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(back->serr, se, C * sizeof(float)), 0);
@@ -120,7 +119,7 @@ START_TEST(lazy_step_snapshots_its_error)
     ck_assert_int_eq(ef->sl.mode, OBD_CODEC_LAZY_ZERO);
     ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
     float *zero = calloc(N, sizeof(float)); /* +0.0f */
     ck_assert_int_eq(memcmp(back->werr, zero, N * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(back->serr, zero, C * sizeof(float)), 0);
@@ -150,7 +149,7 @@ START_TEST(damaged_files_are_rejected)
     close(fd);
     ck_assert_int_eq(
         obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_CORRUPT);
+        OBD_E_CORRUPT);
     ck_assert_ptr_null(back);
     ck_assert_ptr_nonnull(strstr(why, "not an intact snapshot"));
 
@@ -160,8 +159,7 @@ START_TEST(damaged_files_are_rejected)
         ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
         ck_assert_int_eq(truncate(path, (off_t)(size * cuts[i])), 0);
         ck_assert_int_ne(
-            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-            OBD_EF_OK);
+            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
         ck_assert_ptr_null(back);
     }
 
@@ -171,7 +169,7 @@ START_TEST(damaged_files_are_rejected)
     fclose(f);
     ck_assert_int_eq(
         obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_CORRUPT);
+        OBD_E_CORRUPT);
     obd_ef_free(ef);
 }
 END_TEST
@@ -183,8 +181,7 @@ START_TEST(only_regular_files_are_read)
     struct obd_ef *back = NULL;
     ck_assert_int_eq(mkfifo(path, 0600), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_IOERR);
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_E_IO);
     ck_assert_ptr_null(back);
     ck_assert_ptr_nonnull(strstr(why, "not a regular file"));
     unlink(path);
@@ -195,8 +192,7 @@ START_TEST(only_regular_files_are_read)
     ck_assert_int_eq(obd_ef_write(real, ef, &world, why, sizeof(why)), 0);
     ck_assert_int_eq(symlink(real, path), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_IOERR);
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_E_IO);
     ck_assert_ptr_null(back);
     unlink(path);
     unlink(real);
@@ -223,7 +219,7 @@ START_TEST(planted_temp_symlink_is_not_followed)
     ck_assert_int_eq(st.st_size, 8); /* untouched */
     ck_assert_int_eq(lstat(tmp, &st), -1);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_EF_OK);
+        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
     ck_assert_mem_eq(back->werr, ef->werr, ef->padded * sizeof(float));
     obd_ef_free(back);
     obd_ef_free(ef);
@@ -240,23 +236,23 @@ START_TEST(other_world_and_bound)
     other.nodes = 4;
     ck_assert_int_eq(
         obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_OTHER_WORLD);
+        OBD_E_OTHER_WORLD);
     ck_assert_ptr_nonnull(strstr(why, "rank 1 of a 3-node world"));
     other = world;
     other.rank = 2;
     ck_assert_int_eq(
         obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_OTHER_WORLD);
+        OBD_E_OTHER_WORLD);
     other = world;
     other.fingerprint++;
     ck_assert_int_eq(
         obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
-        OBD_EF_OTHER_WORLD);
+        OBD_E_OTHER_WORLD);
 
     /* The header announces more than the bound: refused before any
      * allocation of that size. */
     ck_assert_int_eq(obd_ef_read(path, &world, 1000, &back, why, sizeof(why)),
-                     OBD_EF_CORRUPT);
+                     OBD_E_CORRUPT);
     ck_assert_ptr_null(back);
     obd_ef_free(ef);
 }

@@ -85,7 +85,7 @@ static void answer(struct obd_client *c, uint64_t seq, int status,
     if (answer_after_tasks)
         ck_assert_int_eq(nodes[(t - &trainers[0][0]) / MAXL].pool_tasks, 0);
     t->answers++;
-    t->status = status;
+    t->status = obd_err_public(status); /* what ctl.c sends */
     t->seq = seq;
     snprintf(t->message, sizeof(t->message), "%s", message);
 }

@@ -147,7 +147,7 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     fclose(f);
     ck_assert_int_eq(
         obd_snapset_read(dir, "j", 7, &world, 1 << 30, &list, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
     ck_assert_ptr_eq(list, (struct obd_ef *)0x1);
     ck_assert_ptr_nonnull(strstr(why, "damaged"));
 
@@ -157,7 +157,7 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     ck_assert_int_eq(truncate(path, 40), 0);
     ck_assert_int_eq(
         obd_snapset_read(dir, "j", 8, &world, 1 << 30, &list, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
 
     ck_assert_int_eq(
         obd_snapset_write(dir, "j", 9, efs, 2, &world, why, sizeof(why)), 0);
@@ -165,16 +165,16 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     other.rank = 0;
     ck_assert_int_eq(
         obd_snapset_read(dir, "j", 9, &other, 1 << 30, &list, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
 
     ck_assert_int_eq(obd_snapset_read(dir, "j", 10, &world, 1 << 30, &list, why,
                                       sizeof(why)),
-                     OBD_SNAP_MISSING);
+                     OBD_E_MISSING);
     ck_assert_ptr_nonnull(strstr(why, "missing"));
     /* Another job's set of the same id is not this job's. */
     ck_assert_int_eq(
         obd_snapset_read(dir, "k", 9, &world, 1 << 30, &list, why, sizeof(why)),
-        OBD_SNAP_MISSING);
+        OBD_E_MISSING);
     ck_assert_ptr_eq(list, (struct obd_ef *)0x1);
     for (int i = 0; i < 2; i++)
         obd_ef_free(efs[i]);
@@ -220,7 +220,7 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
         list = NULL;
         int rc = obd_snapset_read(dir, "j", id, &world, 1 << 30, &list, why,
                                   sizeof(why));
-        ck_assert_int_eq(rc, id >= 4 ? 0 : OBD_SNAP_MISSING);
+        ck_assert_int_eq(rc, id >= 4 ? 0 : OBD_E_MISSING);
         free_list(list);
     }
     list = NULL;
@@ -237,7 +237,7 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     list = NULL;
     ck_assert_int_eq(
         obd_snapset_read(dir, "j", 6, &world, 1 << 30, &list, why, sizeof(why)),
-        OBD_SNAP_MISSING);
+        OBD_E_MISSING);
     obd_ef_free(efs[0]);
     remove_dir();
 }
@@ -263,8 +263,8 @@ START_TEST(commit_keeps_the_committed_set_whatever_the_clock)
         struct obd_ef *list = NULL;
         int rc = obd_snapset_read(dir, "j", id, &world, 1 << 30, &list, why,
                                   sizeof(why));
-        ck_assert_msg(rc == (id >= 3 ? 0 : OBD_SNAP_MISSING),
-                      "set %llu: %d (%s)", (unsigned long long)id, rc, why);
+        ck_assert_msg(rc == (id >= 3 ? 0 : OBD_E_MISSING), "set %llu: %d (%s)",
+                      (unsigned long long)id, rc, why);
         free_list(list);
     }
     obd_ef_free(efs[0]);
@@ -296,21 +296,21 @@ START_TEST(part_round_trip_and_refusals)
     node0.rank = 0;
     ck_assert_int_eq(
         obd_snapset_unpack(part, n, "j", 77, &node0, &none, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
     ck_assert_ptr_nonnull(strstr(why, "a part of node 1"));
     ck_assert_int_eq(
         obd_snapset_unpack(part, n, "j", 78, &world, &none, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
     ck_assert_int_eq(
         obd_snapset_unpack(part, n, "k", 77, &world, &none, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
     ck_assert_int_eq(obd_snapset_unpack(part, n - 4, "j", 77, &world, &none,
                                         why, sizeof(why)),
-                     OBD_SNAP_DAMAGED);
+                     OBD_E_CORRUPT);
     part[n / 2] ^= 1;
     ck_assert_int_eq(
         obd_snapset_unpack(part, n, "j", 77, &world, &none, why, sizeof(why)),
-        OBD_SNAP_DAMAGED);
+        OBD_E_CORRUPT);
     ck_assert_ptr_nonnull(strstr(why, "digest"));
     ck_assert_ptr_eq(none, (struct obd_ef *)0x1);
     free(part);
@@ -327,20 +327,19 @@ START_TEST(verdict_names_every_failing_node)
     ck_assert_str_eq(msg, "");
 
     struct obd_snapreport r[3] = {{0, ""},
-                                  {OBCOMM_E_CORRUPT, "damaged: x.lz4"},
-                                  {OBCOMM_E_STATE, "missing (y)"}};
+                                  {OBD_E_CORRUPT, "damaged: x.lz4"},
+                                  {OBD_E_STATE, "missing (y)"}};
     ck_assert_int_eq(obd_snapset_verdict(r, 3, msg, sizeof(msg)),
-                     OBCOMM_E_CORRUPT);
+                     OBD_E_CORRUPT);
     ck_assert_str_eq(msg, "node 1: damaged: x.lz4; node 2: missing (y)");
 
-    struct obd_snapreport one[2] = {{OBCOMM_E_IO, ""}, {0, ""}};
-    ck_assert_int_eq(obd_snapset_verdict(one, 2, msg, sizeof(msg)),
-                     OBCOMM_E_IO);
+    struct obd_snapreport one[2] = {{OBD_E_IO, ""}, {0, ""}};
+    ck_assert_int_eq(obd_snapset_verdict(one, 2, msg, sizeof(msg)), OBD_E_IO);
     ck_assert_str_eq(msg, "node 0: failed");
     /* A short buffer is cut, never overrun. */
     char tiny[8];
     ck_assert_int_eq(obd_snapset_verdict(r, 3, tiny, sizeof(tiny)),
-                     OBCOMM_E_CORRUPT);
+                     OBD_E_CORRUPT);
     ck_assert_str_eq(tiny, "node 1:");
 }
 END_TEST

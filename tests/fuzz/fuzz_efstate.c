@@ -56,8 +56,8 @@ static void read_file(const uint8_t *data, size_t size)
     char why[512] = "";
     int rc = obd_ef_read_fd(fd, "snapshot", &world, MAX_BYTES, &ef, why,
                             sizeof(why));
-    if (rc != OBD_EF_OK) {
-        FUZZ_CHECK(rc == OBD_EF_CORRUPT || rc == OBD_EF_OTHER_WORLD);
+    if (rc != 0) {
+        FUZZ_CHECK(rc == OBD_E_CORRUPT || rc == OBD_E_OTHER_WORLD);
         FUZZ_CHECK(ef == NULL && why[0] != '\0');
         return;
     }
