@@ -36,7 +36,7 @@ struct obcomm_adam {
                           frozen v's denominators with the mask folded in
                           (freeze_factors) */
     int factors_ready; /* d holds them for the current v, mask and eps */
-    const struct obc_adam_kernels *kern;
+    const struct obc_adam_kernels *kern; /* AVX2 when the CPU has it */
     obcomm_request_t *req; /* the started step's collective, or NULL */
 };
 
