@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "adam_kernels.h"
 #include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
@@ -22,15 +23,20 @@ struct obcomm_adam {
     obcomm_adam_config_t cfg;
     long step;
     int error_feedback;
-    int auto_on;      /* automatic mask in use */
-    float auto_ratio; /* masked: sqrt(v) <= ratio * sqrt(mean v) */
-    float auto_thr;   /* that threshold on v */
-    int auto_frozen;  /* auto_thr comes from the frozen v (kept) */
-    uint8_t *keep;    /* explicit mask (owned), or NULL: automatic */
-    float *m;         /* shared memory: averaged in place by the collectives */
-    float *g;         /* shared memory: the warm-up's gradient average; in
-                         the compression stage the next momentum */
-    float *v;         /* private */
+    int auto_on;       /* automatic mask in use */
+    float auto_ratio;  /* masked: sqrt(v) <= ratio * sqrt(mean v) */
+    float auto_thr;    /* that threshold on v */
+    int auto_frozen;   /* auto_thr comes from the frozen v (kept) */
+    uint8_t *keep;     /* explicit mask (owned), or NULL: automatic */
+    float *m;          /* shared memory: averaged in place by the collectives */
+    float *g;          /* shared memory: the warm-up's gradient average; in
+                          the compression stage the next momentum */
+    float *v;          /* private */
+    float *d;          /* private: the compression stage's factors, the
+                          frozen v's denominators with the mask folded in
+                          (freeze_factors) */
+    int factors_ready; /* d holds them for the current v, mask and eps */
+    const struct obc_adam_kernels *kern; /* AVX2 when the CPU has it */
     obcomm_request_t *req; /* the started step's collective, or NULL */
 };
 
@@ -69,10 +75,12 @@ int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
     a->error_feedback = 1;
     a->auto_on = 1;
     a->auto_ratio = OBCOMM_ADAM_AUTO_MASK_RATIO;
+    a->kern = obc_adam_kernels_best();
     int rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->m);
     if (rc == 0)
         rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->g);
-    if (rc == 0 && (a->v = calloc(count, sizeof(float))) == NULL)
+    if (rc == 0 && ((a->v = calloc(count, sizeof(float))) == NULL ||
+                    (a->d = malloc(count * sizeof(float))) == NULL))
         rc = OBCOMM_E_NOMEM;
     if (rc) {
         obcomm_adam_destroy(a);
@@ -95,6 +103,7 @@ void obcomm_adam_destroy(obcomm_adam_t *a)
         obcomm_request_free(a->req);
     }
     free(a->v);
+    free(a->d);
     free(a->keep);
     free(a);
 }
@@ -119,6 +128,7 @@ int obcomm_adam_set_mask(obcomm_adam_t *a, const uint8_t *keep)
     if (keep == NULL) {
         free(a->keep);
         a->keep = NULL;
+        a->factors_ready = 0;
         return 0;
     }
     uint8_t *k = malloc(a->count);
@@ -127,6 +137,7 @@ int obcomm_adam_set_mask(obcomm_adam_t *a, const uint8_t *keep)
     memcpy(k, keep, a->count);
     free(a->keep);
     a->keep = k;
+    a->factors_ready = 0;
     return 0;
 }
 
@@ -135,6 +146,7 @@ void obcomm_adam_set_auto_mask(obcomm_adam_t *a, float ratio)
     a->auto_on = ratio >= 0;
     a->auto_ratio = a->auto_on ? ratio : 0.0f;
     a->auto_frozen = 0;
+    a->factors_ready = 0;
 }
 
 /* The automatic mask's threshold on v, (ratio * sqrt(mean v))^2. v does
@@ -172,24 +184,68 @@ size_t obcomm_adam_masked(obcomm_adam_t *a)
     return n;
 }
 
-/* p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), with m_hat = m and
- * v_hat = v unless bias correction is on. In the compression stage v is
- * frozen, and so is its correction: it stays that of step freeze_step. */
-static void update(obcomm_adam_t *a, float *p)
+/* The step's constants: lr, betas, eps, weight decay, and the bias
+ * corrections mc = 1/(1 - beta1^(step+1)) and vc = 1/(1 - beta2^tv), or
+ * 1.0f without bias correction. v is frozen in the compression stage, and
+ * so is its correction: tv = step + 1 in the warm-up, freeze_step after
+ * it. */
+static struct obc_adam_coef coef(const obcomm_adam_t *a)
 {
     const obcomm_adam_config_t *k = &a->cfg;
-    float mc = 1.0f, vc = 1.0f;
+    struct obc_adam_coef c = {.lr = k->lr,
+                              .beta1 = k->beta1,
+                              .beta2 = k->beta2,
+                              .eps = k->eps,
+                              .weight_decay = k->weight_decay,
+                              .mc = 1.0f,
+                              .vc = 1.0f};
     if (k->bias_correction) {
         long tv = a->step < k->freeze_step ? a->step + 1 : k->freeze_step;
-        mc = 1.0f / (1.0f - powf(k->beta1, (float)(a->step + 1)));
-        vc = tv > 0 ? 1.0f / (1.0f - powf(k->beta2, (float)tv)) : 1.0f;
+        c.mc = 1.0f / (1.0f - powf(k->beta1, (float)(a->step + 1)));
+        c.vc = tv > 0 ? 1.0f / (1.0f - powf(k->beta2, (float)tv)) : 1.0f;
     }
-    const float *m = a->m, *v = a->v;
-    for (size_t i = 0; i < a->count; i++) {
-        float u = (m[i] * mc) / (sqrtf(v[i] * vc) + k->eps);
-        u += k->weight_decay * p[i];
-        p[i] -= k->lr * u;
+    return c;
+}
+
+/* The compression stage divides by nothing: v, its correction vc and eps
+ * are fixed from freeze_step on, so each coordinate's 1/(sqrt(v*vc) + eps)
+ * is computed once, here, and the mask is folded into the same array
+ * (OBC_ADAM_MASKED), so that the step's one pass reads a single array for
+ * both. Run at the first compression step, and again after whatever
+ * changes v, the mask or eps (a load, obcomm_adam_set_mask,
+ * obcomm_adam_set_auto_mask). */
+static void freeze_factors(obcomm_adam_t *a)
+{
+    float vc = coef(a).vc, eps = a->cfg.eps;
+    if (!a->keep && a->auto_on)
+        auto_threshold(a);
+    for (size_t i = 0; i < a->count; i++)
+        a->d[i] =
+            masked(a, i) ? OBC_ADAM_MASKED : obc_adam_factor(a->v[i], vc, eps);
+    a->factors_ready = 1;
+}
+
+/* The update, one pass over the tensor per step (the kernels of
+ * adam_kernels.h, which state the arithmetic to the rounding), with
+ * mc and vc of coef():
+ *   warm-up:     m = b1*m + (1-b1)*g,  v = b2*v + ((1-b2)*g)*g,
+ *                p = p - lr*((m*mc) / (sqrt(v*vc) + eps) + wd*p)
+ *   compression: with d = 1/(sqrt(v*vc) + eps) of the frozen v,
+ *                p = p - lr*((m*mc)*d + wd*p),
+ *                and for a masked coordinate m = 0, p = p - lr*(0 + wd*p).
+ * So the compression stage multiplies by a rounded reciprocal where the
+ * warm-up divides: the two differ in the last bit at times, which is why
+ * the formula is stated here and in docs/design.md, "The idea". */
+static void update(obcomm_adam_t *a, float *p)
+{
+    struct obc_adam_coef k = coef(a);
+    if (a->step < a->cfg.freeze_step) {
+        a->kern->warmup(a->count, a->g, a->m, a->v, p, &k);
+        return;
     }
+    if (!a->factors_ready)
+        freeze_factors(a);
+    a->kern->compress(a->count, a->m, a->d, p, &k);
 }
 
 int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
@@ -197,7 +253,6 @@ int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
     if (a == NULL || grads == NULL || a->req != NULL)
         return OBCOMM_E_INVAL;
     const obcomm_adam_config_t *k = &a->cfg;
-    float b1 = k->beta1;
     int rc;
 
     if (a->step < k->freeze_step) {
@@ -212,8 +267,7 @@ int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
      * as it was. */
     if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
         return rc;
-    for (size_t i = 0; i < a->count; i++)
-        a->g[i] = b1 * a->m[i] + (1.0f - b1) * grads[i];
+    a->kern->momentum(a->count, a->m, grads, a->g, k->beta1);
     return obcomm_iallreduce_1bit(a->c, a->key, a->g, a->count, &a->req);
 }
 
@@ -221,8 +275,6 @@ int obcomm_adam_finish(obcomm_adam_t *a, float *params)
 {
     if (a == NULL || params == NULL || a->req == NULL)
         return OBCOMM_E_INVAL;
-    const obcomm_adam_config_t *k = &a->cfg;
-    float b1 = k->beta1, b2 = k->beta2;
     int rc = obcomm_wait(a->req);
     if (rc) {
         obc_fail(a->c, rc, "%s", obcomm_request_error(a->req));
@@ -232,24 +284,13 @@ int obcomm_adam_finish(obcomm_adam_t *a, float *params)
     }
     obcomm_request_free(a->req);
     a->req = NULL;
-    if (a->step < k->freeze_step) {
-        for (size_t i = 0; i < a->count; i++) {
-            float g = a->g[i];
-            a->m[i] = b1 * a->m[i] + (1.0f - b1) * g;
-            a->v[i] = b2 * a->v[i] + (1.0f - b2) * g * g;
-        }
-    } else {
+    if (a->step >= a->cfg.freeze_step) {
         float *m = a->g;
         a->g = a->m;
         a->m = m;
-        /* As DeepSpeed applies exp_avg_mask: after the average, so every
-         * rank zeroes the same coordinates of the same momentum. */
-        if (!a->keep && a->auto_on)
-            auto_threshold(a);
-        if (a->keep || a->auto_on)
-            for (size_t i = 0; i < a->count; i++)
-                if (masked(a, i))
-                    a->m[i] = 0.0f;
+        /* The mask applies as DeepSpeed applies exp_avg_mask: after the
+         * average, so every rank zeroes the same coordinates of the same
+         * momentum (in update's pass). */
     }
     update(a, params);
     a->step++;
@@ -559,6 +600,7 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
         memcpy(a->v, v, a->count * sizeof(float));
         a->step = h.step;
         a->auto_frozen = 0;
+        a->factors_ready = 0;
         float lr = a->cfg.lr;
         a->cfg = h.cfg;
         a->cfg.lr = lr; /* the schedule owns the learning rate */

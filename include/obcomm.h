@@ -261,7 +261,9 @@ OBCOMM_API const char *obcomm_err_name(int err);
  * gradient, the momentum is averaged with obcomm_allreduce_1bit(key), and
  * the update uses the frozen variance. As DeepSpeed's 1-bit Adam: no bias
  * correction unless bias_correction is set, weight decay added to the
- * update: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p). Every rank of
+ * update: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), where the
+ * compression stage multiplies by 1/(sqrt(v) + eps), computed once from
+ * the frozen v (docs/design.md, "The idea", has the rounding). Every rank of
  * the job must create the optimizer with the same key, count and config and
  * step together; parameters then stay bitwise identical on every rank if
  * they start so (broadcast them first). */
@@ -277,7 +279,8 @@ typedef struct {
 OBCOMM_API obcomm_adam_config_t obcomm_adam_defaults(void);
 
 /* Borrows c, which must outlive the optimizer. The optimizer keeps m and a
- * gradient buffer in shared memory (obcomm_alloc) and v in private memory.
+ * gradient buffer in shared memory (obcomm_alloc), and v and the frozen
+ * factors 1/(sqrt(v) + eps) (count floats each) in private memory.
  * Caller frees with obcomm_adam_destroy. */
 OBCOMM_API int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
                                   const obcomm_adam_config_t *cfg,

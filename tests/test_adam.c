@@ -91,22 +91,24 @@ static void mask_of(enum mask_kind kind, const float *v, uint8_t *masked)
     }
 }
 
-static obcomm_adam_config_t config(long freeze)
+static obcomm_adam_config_t config(long freeze, int bias)
 {
     obcomm_adam_config_t k = obcomm_adam_defaults();
     k.lr = 0.01f;
     k.weight_decay = 0.001f;
     k.freeze_step = freeze;
+    k.bias_correction = bias;
     return k;
 }
 
 /* The reference: `size` ranks on one node, all exact. */
-static void reference(int size, long freeze, int steps, int dead,
-                      enum mask_kind mk, float *p_out, size_t *masked_out)
+static void reference(int size, long freeze, int bias, int steps, int dead,
+                      enum mask_kind mk, int remask_step, enum mask_kind remask,
+                      float *p_out, size_t *masked_out)
 {
     uint8_t masked[COUNT];
     memset(masked, 0, sizeof(masked));
-    obcomm_adam_config_t k = config(freeze);
+    obcomm_adam_config_t k = config(freeze, bias);
     float *p = calloc(COUNT, sizeof(float)), *m = calloc(COUNT, sizeof(float));
     float *v = calloc(COUNT, sizeof(float));
     float *g = malloc((size_t)size * COUNT * sizeof(float));
@@ -116,6 +118,16 @@ static void reference(int size, long freeze, int steps, int dead,
             grads_of(r, st, p, g + (size_t)r * COUNT, dead, freeze);
         if (st == freeze)
             mask_of(mk, v, masked);
+        if (remask_step > 0 && st == remask_step && st >= freeze)
+            mask_of(remask, v, masked);
+        /* The bias corrections, 1 without; vc stays that of freeze_step
+         * once v is frozen. */
+        float mc = 1.0f, vc = 1.0f;
+        if (bias) {
+            long tv = st < freeze ? st + 1 : freeze;
+            mc = 1.0f / (1.0f - powf(k.beta1, (float)(st + 1)));
+            vc = tv > 0 ? 1.0f / (1.0f - powf(k.beta2, (float)tv)) : 1.0f;
+        }
         for (size_t i = 0; i < COUNT; i++) {
             if (st < freeze) {
                 float a = g[i];
@@ -133,7 +145,13 @@ static void reference(int size, long freeze, int steps, int dead,
                 }
                 m[i] = masked[i] ? 0.0f : a / (float)size;
             }
-            float u = m[i] / (sqrtf(v[i]) + k.eps) + k.weight_decay * p[i];
+            /* The warm-up divides by sqrt(v*vc) + eps, the compression
+             * stage multiplies by the rounded reciprocal of the frozen one
+             * (docs/design.md, "The idea"). */
+            float den = sqrtf(v[i] * vc) + k.eps;
+            float um =
+                st < freeze ? (m[i] * mc) / den : (m[i] * mc) * (1.0f / den);
+            float u = um + k.weight_decay * p[i];
             p[i] -= k.lr * u;
         }
     }
@@ -163,6 +181,9 @@ struct plan {
                         * op may fail with OBCOMM_E_NONFINITE on the way) */
     int split; /* two optimizers (keys 11, 12) over the two halves, stepped
                   with start, start, finish (second), finish (first) */
+    int bias;  /* bias_correction */
+    int remask_step; /* before this step (> 0) the mask becomes `remask` */
+    enum mask_kind remask;
 };
 
 #define HALF (COUNT / 2)
@@ -199,6 +220,28 @@ static int same_everywhere(obcomm_t *c, const float *p, float *tmp)
     return 0;
 }
 
+/* A mask changed in the middle of the compression stage (a plan's
+ * remask): the optimizer's frozen factors must follow it. */
+static int set_mask_kind(obcomm_adam_t *a, enum mask_kind kind)
+{
+    uint8_t keep[COUNT];
+    switch (kind) {
+    case MASK_EXPLICIT:
+        for (size_t i = 0; i < COUNT; i++)
+            keep[i] = (uint8_t)keep_of(i);
+        return obcomm_adam_set_mask(a, keep);
+    case MASK_OFF:
+        obcomm_adam_set_auto_mask(a, -1.0f);
+        break;
+    case MASK_RATIO_0:
+        obcomm_adam_set_auto_mask(a, 0.0f);
+        break;
+    default:
+        obcomm_adam_set_auto_mask(a, OBCOMM_ADAM_AUTO_MASK_RATIO);
+    }
+    return obcomm_adam_set_mask(a, NULL);
+}
+
 static int trainer_adam(obcomm_t *c, void *arg)
 {
     const struct plan *pl = arg;
@@ -214,7 +257,7 @@ static int trainer_adam(obcomm_t *c, void *arg)
         fclose(f);
     }
 
-    obcomm_adam_config_t k = config(pl->freeze);
+    obcomm_adam_config_t k = config(pl->freeze, pl->bias);
     obcomm_adam_t *a, *b = NULL;
     int rc = obcomm_adam_create(c, 11, pl->split ? HALF : COUNT, &k, &a);
     if (rc == 0 && pl->split)
@@ -241,6 +284,9 @@ static int trainer_adam(obcomm_t *c, void *arg)
                        obcomm_adam_steps(a), pl->first_step);
 
     for (int st = pl->first_step; st < pl->first_step + pl->steps; st++) {
+        if (pl->remask_step > 0 && st == pl->remask_step &&
+            (rc = set_mask_kind(a, pl->remask)) != 0)
+            return hx_fail(c, "set_mask: %s", obcomm_strerror(rc));
         grads_of(rank, st, p, g, pl->dead, pl->freeze);
         rc = b ? split_step(c, a, b, p, g) : obcomm_adam_step(a, p, g);
         if (rc == OBCOMM_E_NONFINITE && pl->expect_blowup) {
@@ -271,8 +317,8 @@ static int trainer_adam(obcomm_t *c, void *arg)
     if (rank == 0 && pl->compare_reference) {
         float want[COUNT];
         size_t want_masked;
-        reference(obcomm_size(c), pl->freeze, pl->steps, pl->dead, pl->mask,
-                  want, &want_masked);
+        reference(obcomm_size(c), pl->freeze, pl->bias, pl->steps, pl->dead,
+                  pl->mask, pl->remask_step, pl->remask, want, &want_masked);
         if (memcmp(want, p, sizeof(want)))
             return hx_fail(c, "parameters differ from the reference");
         if (pl->freeze < pl->steps && nm != want_masked)
@@ -290,8 +336,9 @@ static int trainer_adam(obcomm_t *c, void *arg)
 
 /* One node, 1 and 3 trainers: bit-exact against the reference, for a run
  * that is all warm-up, one that switches at step 7, and one that
- * compresses from the start. The daemon's counters show the stage switch
- * at exactly freeze_step: 1-bit ops = steps - freeze_step. */
+ * compresses from the start, each without and with bias correction. The
+ * daemon's counters show the stage switch at exactly freeze_step: 1-bit
+ * ops = steps - freeze_step. */
 START_TEST(one_node_matches_reference)
 {
     static const long freezes[] = {100, 7, 0};
@@ -299,15 +346,17 @@ START_TEST(one_node_matches_reference)
     ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
     long long before = 0;
     for (int ls = 1; ls <= 3; ls += 2)
-        for (int f = 0; f < 3; f++) {
-            struct plan pl = {
-                .freeze = freezes[f], .steps = 20, .compare_reference = 1};
+        for (int f = 0; f < 6; f++) {
+            struct plan pl = {.freeze = freezes[f % 3],
+                              .steps = 20,
+                              .compare_reference = 1,
+                              .bias = f / 3};
             char job[32];
             snprintf(job, sizeof(job), "ref-%d-%d", ls, f);
             ck_assert_int_eq(
                 hx_run(&cl, ls, job, 20000, 120, trainer_adam, &pl), 0);
             long long ops = hx_metric(&cl, 0, "onebit_ops");
-            long want = freezes[f] >= 20 ? 0 : 20 - freezes[f];
+            long want = freezes[f % 3] >= 20 ? 0 : 20 - freezes[f % 3];
             ck_assert_int_eq(ops - before, want);
             before = ops;
         }
@@ -319,7 +368,9 @@ END_TEST
  * bit-exact against the reference with the default automatic mask and
  * with ratio 0 on the "dead" problem (ratio 0 masks exactly its 201
  * coordinates i % 5 == 0, whose v froze at 0), with the mask off and with
- * an explicit mask (its 334 coordinates i % 3 == 1). The ablation: with
+ * an explicit mask (its 334 coordinates i % 3 == 1), and with a mask that
+ * changes at step 12, in the compression stage (the optimizer's frozen
+ * factors hold the mask and must follow). The ablation: with
  * the mask off, the dead coordinates move by lr * m / eps = 1e6 * m per
  * step and blow up (|p| > 1e6 or not finite; the parameters of the other
  * runs stay O(1)). */
@@ -338,6 +389,19 @@ START_TEST(one_node_masks)
          .mask = MASK_EXPLICIT,
          .check_masked = 1,
          .want_masked = 334},
+        {.dead = 0,
+         .mask = MASK_DEFAULT,
+         .bias = 1,
+         .remask_step = 12,
+         .remask = MASK_EXPLICIT,
+         .check_masked = 1,
+         .want_masked = 334},
+        {.dead = 0,
+         .mask = MASK_EXPLICIT,
+         .remask_step = 12,
+         .remask = MASK_OFF,
+         .check_masked = 1,
+         .want_masked = 0},
     };
     for (int ls = 1; ls <= 3; ls += 2)
         for (size_t k = 0; k < sizeof(plans) / sizeof(plans[0]); k++) {

@@ -1,0 +1,357 @@
+/* The passes of 1-bit Adam (client/adam_kernels.h) against a plain scalar
+ * reference written from the header, bit for bit: the portable table and,
+ * when the CPU has it, the AVX2 table.
+ *
+ * Each case is a whole run of one optimizer over n elements: warm-up
+ * steps on a random averaged gradient, then at the freeze the factor array
+ * built from the frozen v with a mask, then compression steps (the
+ * momentum pass, a stand-in for the 1-bit average that is the same for
+ * every implementation, the update pass). Every implementation runs on
+ * its own copy of the state; after every pass m, v, p and the built
+ * momentum must equal the reference's byte for byte. The cases cross
+ * lengths around the vector width (tails), unaligned arrays, masks (none,
+ * all, random, sparse, by a threshold on v as the automatic mask),
+ * weight decay 0 and not, bias correction off and on, a learning rate
+ * that changes every step, exact and negative zeros in the data, and
+ * denominators that overflow to infinity (a factor of +0.0 that is not
+ * the mask). */
+#include <check.h>
+
+#include "ck_run.h"
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adam_kernels.h"
+
+/* splitmix64: a fixed seed per case, so a failure replays. */
+static uint64_t next_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1), with one value in 16 an exact zero of either sign
+ * and a spread of magnitudes (times 2^-20 .. 2^4). */
+static float rnd(uint64_t *s)
+{
+    uint64_t r = next_u64(s);
+    if ((r & 15) == 0)
+        return (r & 16) ? -0.0f : 0.0f;
+    float x = (float)((r >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+    return ldexpf(x, (int)((r >> 8) % 25) - 20);
+}
+
+/* The reference, written from adam_kernels.h. */
+static void ref_warmup(size_t n, const float *g, float *m, float *v, float *p,
+                       const struct obc_adam_coef *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        m[i] = k->beta1 * m[i] + (1.0f - k->beta1) * g[i];
+        v[i] = k->beta2 * v[i] + ((1.0f - k->beta2) * g[i]) * g[i];
+        float den = sqrtf(v[i] * k->vc) + k->eps;
+        float u = (m[i] * k->mc) / den + k->weight_decay * p[i];
+        p[i] = p[i] - k->lr * u;
+    }
+}
+
+static void ref_momentum(size_t n, const float *m, const float *grad,
+                         float *next, float b1)
+{
+    for (size_t i = 0; i < n; i++)
+        next[i] = b1 * m[i] + (1.0f - b1) * grad[i];
+}
+
+static void ref_compress(size_t n, float *m, const float *d, float *p,
+                         const struct obc_adam_coef *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        int masked = signbit(d[i]) != 0;
+        if (masked)
+            m[i] = 0.0f;
+        float um = masked ? 0.0f : (m[i] * k->mc) * d[i];
+        float u = um + k->weight_decay * p[i];
+        p[i] = p[i] - k->lr * u;
+    }
+}
+
+static const struct obc_adam_kernels reference = {
+    .name = "reference",
+    .warmup = ref_warmup,
+    .momentum = ref_momentum,
+    .compress = ref_compress,
+};
+
+enum mask_kind {
+    MASK_NONE,
+    MASK_ALL,
+    MASK_RANDOM,    /* about one in three */
+    MASK_SPARSE,    /* about one in a hundred */
+    MASK_THRESHOLD, /* v <= a threshold, as the automatic mask */
+    NMASKS
+};
+
+struct run_case {
+    size_t n;
+    int misalign; /* arrays start 1 float past a 32-byte boundary */
+    enum mask_kind mask;
+    float weight_decay;
+    int bias_correction;
+    int overflow; /* some v so large that sqrt(v*vc) is infinite */
+    uint64_t seed;
+};
+
+/* One implementation's state: the optimizer's m, v, factors and the
+ * momentum buffer, and the parameters. */
+struct state {
+    float *mem[5];
+    float *m, *v, *d, *next, *p;
+};
+
+static void state_init(struct state *s, size_t n, int misalign)
+{
+    for (int j = 0; j < 5; j++) {
+        s->mem[j] = aligned_alloc(32, ((n + 1) * sizeof(float) + 31) / 32 * 32);
+        ck_assert_ptr_nonnull(s->mem[j]);
+        memset(s->mem[j], 0, (n + 1) * sizeof(float));
+    }
+    s->m = s->mem[0] + misalign;
+    s->v = s->mem[1] + misalign;
+    s->d = s->mem[2] + misalign;
+    s->next = s->mem[3] + misalign;
+    s->p = s->mem[4] + misalign;
+}
+
+static void state_fini(struct state *s)
+{
+    for (int j = 0; j < 5; j++)
+        free(s->mem[j]);
+}
+
+/* Equal bytes, or the first difference named. */
+static void check_same(const char *impl, const char *what, int step,
+                       const float *got, const float *want, size_t n)
+{
+    if (n == 0 || memcmp(got, want, n * sizeof(float)) == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &got[i], 4);
+        memcpy(&b, &want[i], 4);
+        if (a != b)
+            ck_abort_msg("%s: %s[%zu] after step %d is %a (0x%08x), the "
+                         "reference has %a (0x%08x)",
+                         impl, what, i, step, (double)got[i], a,
+                         (double)want[i], b);
+    }
+}
+
+#define FREEZE 6
+#define STEPS  16
+
+/* The mask of the case over the frozen v (the reference's copy). */
+static int masked_at(const struct run_case *rc, const float *v, size_t i,
+                     float thr, uint64_t *s)
+{
+    switch (rc->mask) {
+    case MASK_NONE:
+        return 0;
+    case MASK_ALL:
+        return 1;
+    case MASK_RANDOM:
+        return next_u64(s) % 3 == 0;
+    case MASK_SPARSE:
+        return next_u64(s) % 100 == 0;
+    default:
+        return v[i] <= thr;
+    }
+}
+
+static void run(const struct run_case *rc)
+{
+    const struct obc_adam_kernels *impls[3] = {
+        &reference, obc_adam_kernels_portable(), obc_adam_kernels_avx2()};
+    int nimpl = impls[2] != NULL ? 3 : 2;
+    size_t n = rc->n;
+    struct state st[3];
+    float *g = malloc((n + 1) * sizeof(float));
+    float *grad = malloc((n + 1) * sizeof(float));
+    ck_assert(g != NULL && grad != NULL);
+    uint64_t seed = rc->seed;
+
+    for (int j = 0; j < nimpl; j++)
+        state_init(&st[j], n, rc->misalign);
+    for (size_t i = 0; i < n; i++) {
+        float p0 = rnd(&seed);
+        for (int j = 0; j < nimpl; j++)
+            st[j].p[i] = p0;
+    }
+
+    const float beta1 = 0.9f, beta2 = 0.999f;
+    for (int t = 0; t < STEPS; t++) {
+        struct obc_adam_coef k = {.lr = 1e-3f * (1.0f + 0.37f * (float)t),
+                                  .beta1 = beta1,
+                                  .beta2 = beta2,
+                                  .eps = 1e-8f,
+                                  .weight_decay = rc->weight_decay,
+                                  .mc = 1.0f,
+                                  .vc = 1.0f};
+        if (rc->bias_correction) {
+            long tv = t < FREEZE ? t + 1 : FREEZE;
+            k.mc = 1.0f / (1.0f - powf(beta1, (float)(t + 1)));
+            k.vc = 1.0f / (1.0f - powf(beta2, (float)tv));
+        }
+        if (t < FREEZE) {
+            for (size_t i = 0; i < n; i++)
+                g[i] = rnd(&seed);
+            for (int j = 0; j < nimpl; j++) {
+                impls[j]->warmup(n, g, st[j].m, st[j].v, st[j].p, &k);
+                check_same(impls[j]->name, "m", t, st[j].m, st[0].m, n);
+                check_same(impls[j]->name, "v", t, st[j].v, st[0].v, n);
+                check_same(impls[j]->name, "p", t, st[j].p, st[0].p, n);
+            }
+            continue;
+        }
+        if (t == FREEZE) {
+            /* The frozen v: overflowing coordinates first, then the mask
+             * and the factors, the same for every implementation. */
+            if (rc->overflow)
+                for (size_t i = 3; i < n; i += 7)
+                    for (int j = 0; j < nimpl; j++)
+                        st[j].v[i] = FLT_MAX;
+            double sum = 0;
+            for (size_t i = 0; i < n; i++)
+                sum += (double)st[0].v[i];
+            float thr = n ? (float)(0.3 * sum / (double)n) : 0.0f;
+            uint64_t ms = rc->seed ^ 0x5eed;
+            for (size_t i = 0; i < n; i++) {
+                int mk = masked_at(rc, st[0].v, i, thr, &ms);
+                float want = 1.0f / (sqrtf(st[0].v[i] * k.vc) + k.eps);
+                ck_assert(!rc->overflow || i % 7 != 3 || k.vc == 1.0f ||
+                          want == 0.0f);
+                st[0].d[i] = mk ? -0.0f : want;
+                for (int j = 1; j < nimpl; j++)
+                    st[j].d[i] = mk ? OBC_ADAM_MASKED
+                                    : obc_adam_factor(st[j].v[i], k.vc, k.eps);
+            }
+            for (int j = 1; j < nimpl; j++)
+                check_same(impls[j]->name, "d", t, st[j].d, st[0].d, n);
+        }
+        for (size_t i = 0; i < n; i++)
+            grad[i] = rnd(&seed);
+        for (int j = 0; j < nimpl; j++) {
+            impls[j]->momentum(n, st[j].m, grad, st[j].next, beta1);
+            check_same(impls[j]->name, "next", t, st[j].next, st[0].next, n);
+        }
+        for (int j = 0; j < nimpl; j++) {
+            /* The 1-bit average's stand-in: the momentum, halved in every
+             * other coordinate; then it becomes m (adam.c swaps them). */
+            for (size_t i = 0; i < n; i += 2)
+                st[j].next[i] *= 0.5f;
+            float *sw = st[j].m;
+            st[j].m = st[j].next;
+            st[j].next = sw;
+            impls[j]->compress(n, st[j].m, st[j].d, st[j].p, &k);
+            check_same(impls[j]->name, "m", t, st[j].m, st[0].m, n);
+            check_same(impls[j]->name, "p", t, st[j].p, st[0].p, n);
+        }
+    }
+    /* The run moved the parameters and stayed finite (no NaN hides a
+     * difference: NaN payloads would compare by bytes anyway). */
+    for (size_t i = 0; i < n; i++)
+        ck_assert(isfinite(st[0].p[i]));
+    for (int j = 0; j < nimpl; j++)
+        state_fini(&st[j]);
+    free(g);
+    free(grad);
+}
+
+static const size_t lengths[] = {0,  1,  2,  7,  8,   9,    15,  16,
+                                 17, 31, 33, 64, 101, 1001, 4099};
+#define NLEN (sizeof(lengths) / sizeof(lengths[0]))
+
+/* Every length, mask, weight decay and bias correction, aligned and not;
+ * the loop index picks the mask and the flags. */
+START_TEST(kernels_match_reference)
+{
+    int i = _i;
+    struct run_case rc = {.mask = (enum mask_kind)(i % NMASKS),
+                          .weight_decay = (i / NMASKS) % 2 ? 0.01f : 0.0f,
+                          .bias_correction = (i / (2 * NMASKS)) % 2,
+                          .misalign = (i / (4 * NMASKS)) % 2,
+                          .seed = 1000 + (uint64_t)i};
+    for (size_t l = 0; l < NLEN; l++) {
+        rc.n = lengths[l];
+        rc.seed = rc.seed * 31 + l;
+        run(&rc);
+    }
+}
+END_TEST
+
+/* Denominators that overflow: with vc > 1, sqrt(FLT_MAX * vc) is +inf and
+ * the factor is +0.0, which must not be taken for the mask (the momentum
+ * stays, the update from it is +-0). */
+START_TEST(overflowing_denominator_is_not_masked)
+{
+    for (int mask = 0; mask < NMASKS; mask++) {
+        struct run_case rc = {.n = 1001,
+                              .mask = (enum mask_kind)mask,
+                              .weight_decay = 0.01f,
+                              .bias_correction = 1,
+                              .overflow = 1,
+                              .seed = 77 + (uint64_t)mask};
+        run(&rc);
+    }
+    /* And directly: the factor is +0.0, the momentum is kept. */
+    float m[9], d[9], p[9];
+    struct obc_adam_coef k = {.lr = 0.1f, .weight_decay = 0.0f, .mc = 1.0f};
+    for (int i = 0; i < 9; i++) {
+        m[i] = 1.5f;
+        p[i] = 2.0f;
+        d[i] = obc_adam_factor(FLT_MAX, 2.0f, 1e-8f);
+    }
+    ck_assert(d[0] == 0.0f && !signbit(d[0]));
+    const struct obc_adam_kernels *impls[2] = {obc_adam_kernels_portable(),
+                                               obc_adam_kernels_avx2()};
+    for (int j = 0; j < 2 && impls[j] != NULL; j++) {
+        impls[j]->compress(9, m, d, p, &k);
+        for (int i = 0; i < 9; i++) {
+            ck_assert(m[i] == 1.5f);
+            ck_assert(p[i] == 2.0f);
+        }
+    }
+}
+END_TEST
+
+/* The dispatch: best is AVX2 exactly when the CPU has it. */
+START_TEST(best_is_avx2_when_available)
+{
+    const struct obc_adam_kernels *b = obc_adam_kernels_best();
+    ck_assert_ptr_nonnull(b);
+    if (obc_adam_kernels_avx2() != NULL)
+        ck_assert_str_eq(b->name, "avx2");
+    else
+        ck_assert_str_eq(b->name, "portable");
+    ck_assert_str_eq(obc_adam_kernels_portable()->name, "portable");
+    if (obc_adam_kernels_avx2() == NULL)
+        fprintf(stderr, "adam_kernels: no AVX2 here; the portable table "
+                        "alone was compared\n");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("adam_kernels");
+    TCase *tc = tcase_create("adam_kernels");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, kernels_match_reference, 0, 8 * NMASKS);
+    tcase_add_test(tc, overflowing_denominator_is_not_masked);
+    tcase_add_test(tc, best_is_avx2_when_available);
+    suite_add_tcase(s, tc);
+    return ck_run(s);
+}
