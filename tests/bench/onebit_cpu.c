@@ -1,19 +1,20 @@
 /* onebit_cpu: one trainer of a node for tests/bench/cpu_per_op.sh. Runs
- * WARMUP + REPEATS 1-bit allreduces of COUNT floats (key 1) on inputs that
- * are a function of (rank, step, element), and measures its node's daemon:
+ * WARMUP + REPEATS 1-bit allreduces of COUNT floats (key 1), or with -k
+ * avg fp32 allreduces (OBCOMM_AVG), on inputs that are a function of
+ * (rank, step, element), and measures its node's daemon:
  * the daemon's CPU time (utime + stime of /proc/PID/stat) over the REPEATS
  * ops, against a memcpy of the tensor timed in the same run (median of 7,
  * in this thread's CPU time, which a loaded machine's preemption does not
  * inflate, like the daemon's utime + stime).
  *
  *   onebit_cpu -s SOCKET -p DAEMON_PID [-n COUNT] [-w WARMUP] [-r REPEATS]
- *              [-L LOCAL_SIZE -l LOCAL_RANK]
+ *              [-L LOCAL_SIZE -l LOCAL_RANK] [-k 1bit|avg]
  *
  * With several trainers per node (-L), each one runs this program; each
  * reads the same daemon, so their CPU figures are the node's.
  *
  * Output: one JSON line with the daemon's CPU ms per op, the memcpy ms,
- * their ratio, the wall ms per op (the 1-bit calls only), and an FNV-1a
+ * their ratio, the wall ms per op (the collective calls only), and an FNV-1a
  * hash over the 64-bit words of every op's result (equal hashes:
  * bit-identical results, e.g. of two daemon builds). */
 #include <obcomm.h>
@@ -81,8 +82,8 @@ int main(int argc, char **argv)
     const char *sock = NULL;
     long pid = 0;
     size_t count = 16u << 20;
-    int warmup = 5, repeats = 20, lsize = 1, lrank = 0, opt;
-    while ((opt = getopt(argc, argv, "s:p:n:w:r:L:l:")) != -1) {
+    int warmup = 5, repeats = 20, lsize = 1, lrank = 0, avg = 0, opt;
+    while ((opt = getopt(argc, argv, "s:p:n:w:r:L:l:k:")) != -1) {
         switch (opt) {
         case 's':
             sock = optarg;
@@ -105,9 +106,15 @@ int main(int argc, char **argv)
         case 'l':
             lrank = atoi(optarg);
             break;
+        case 'k':
+            avg = strcmp(optarg, "avg") == 0;
+            if (avg || strcmp(optarg, "1bit") == 0)
+                break;
+            /* fall through */
         default:
             fprintf(stderr, "usage: onebit_cpu -s SOCKET -p DAEMON_PID [-n "
-                            "COUNT] [-w WARMUP] [-r REPEATS]\n");
+                            "COUNT] [-w WARMUP] [-r REPEATS] [-L LOCAL_SIZE "
+                            "-l LOCAL_RANK] [-k 1bit|avg]\n");
             return 2;
         }
     }
@@ -143,8 +150,10 @@ int main(int argc, char **argv)
         if (s == warmup)
             cpu0 = cpu_ms(pid);
         double t0 = now_ms();
-        if (obcomm_allreduce_1bit(c, 1, x, count)) {
-            fprintf(stderr, "onebit_cpu: 1-bit: %s\n", obcomm_last_error(c));
+        if (avg ? obcomm_allreduce(c, x, count, OBCOMM_FLOAT32, OBCOMM_AVG)
+                : obcomm_allreduce_1bit(c, 1, x, count)) {
+            fprintf(stderr, "onebit_cpu: %s: %s\n", avg ? "allreduce" : "1-bit",
+                    obcomm_last_error(c));
             return 1;
         }
         if (s >= warmup)
