@@ -21,6 +21,17 @@
  *   DECODE    writes scale * sign over [begin, end) (clipped to count)
  *             into every local trainer's buffer, with streaming stores
  *             when the trainers' buffers are large (ctx.stream).
+ * With one node there is nothing to compress, and one pass instead:
+ *   AVERAGE   the exact average of the trainers over [begin, end) of the
+ *             tensor (count elements, no padding), into every trainer's
+ *             buffer: src_0[i] + src_1[i] + ... left to right in fp32,
+ *             divided by (float)ls, as obd_reduce_load and
+ *             obd_reduce_store with OBCOMM_AVG compute it. With one
+ *             trainer that division by 1 changes only NaNs (x / 1.0f is
+ *             x, bit for bit, for every other float: the quotient is
+ *             exact), so the pass reads the tensor and rewrites only the
+ *             blocks that hold a NaN; it reports the bytes it wrote
+ *             (task.written). Uses only ctx.ls, ctx.count and ctx.dst.
  */
 #ifndef OBD_ONEBIT_TASK_H
 #define OBD_ONEBIT_TASK_H
@@ -38,7 +49,8 @@
 enum obd_onebit_pass {
     OBD_ONEBIT_WORKER,
     OBD_ONEBIT_SERVER,
-    OBD_ONEBIT_DECODE
+    OBD_ONEBIT_DECODE,
+    OBD_ONEBIT_AVERAGE
 };
 
 /* What every task of one op shares (borrowed from the op). */
@@ -67,10 +79,11 @@ struct obd_onebit_task {
     size_t begin, end; /* elements: of the padded tensor, or (SERVER) of
                           our chunk */
     float scale;       /* DECODE: the chunk's server scale */
+    size_t written;    /* AVERAGE: bytes of trainer buffers it wrote */
 };
 
-/* Runs one task (on a worker thread). */
+/* Runs one task (on a worker thread); writes only t->written. */
 void obd_onebit_task_run(const struct obd_onebit_ctx *ctx,
-                         const struct obd_onebit_task *t);
+                         struct obd_onebit_task *t);
 
 #endif
