@@ -713,9 +713,10 @@ static int onebit_can_start(struct obd_op *op)
 
 /* With one node there is nothing to compress: the exact average, in the
  * trainers' buffers, with no buffer of its own. A tensor of at least
- * OBD_RING_POOL_BYTES goes to the pool in two pieces per pool thread, so
- * that the loop stays free and the threads share it; a smaller one runs
- * here, as a pool hop would cost more than the pass. */
+ * OBD_RING_POOL_BYTES goes to the pool in two pieces of whole AVERAGE
+ * blocks per pool thread, so that the loop stays free and the threads
+ * share it; a smaller one runs here, as a pool hop would cost more than
+ * the pass. */
 static int start_one_node(struct obd_op *op, struct onebit *ob)
 {
     ob->ctx = (struct obd_onebit_ctx){
@@ -734,7 +735,9 @@ static int start_one_node(struct obd_op *op, struct onebit *ob)
         return 0;
     }
     size_t parts = 2 * (size_t)(ob->d->threads > 0 ? ob->d->threads : 1);
-    size_t unit = (ob->count + parts - 1) / parts;
+    size_t blocks =
+        (ob->count + OBD_ONEBIT_AVG_BLOCK - 1) / OBD_ONEBIT_AVG_BLOCK;
+    size_t unit = (blocks + parts - 1) / parts * OBD_ONEBIT_AVG_BLOCK;
     for (size_t b = 0; b < ob->count; b += unit)
         if (queue(op, OBD_ONEBIT_AVERAGE, 0, 0, b,
                   ob->count - b < unit ? ob->count : b + unit, 0))

@@ -4,9 +4,9 @@
 
 #include "reduce.h"
 
-/* Elements of the AVERAGE pass's accumulator, on the worker's stack: the
+/* The AVERAGE pass's accumulator is one block, on the worker's stack: the
  * load and the store of a block stay in L1. */
-#define AVG_BLOCK 2048
+#define AVG_BLOCK OBD_ONEBIT_AVG_BLOCK
 
 static size_t min_sz(size_t a, size_t b)
 {
@@ -57,11 +57,13 @@ static size_t average(const struct obd_onebit_ctx *x, size_t begin, size_t end)
             continue;
         }
         /* (s0 + s1) + s2 ..., then one division, stored into the first
-         * buffer and copied from there: what obd_reduce_load and
-         * obd_reduce_store_many compute, without an array of pointers. */
-        const void *const first = x->dst[0] + b;
-        obd_reduce_load(OBCOMM_FLOAT32, OBCOMM_SUM, acc, &first, 1, n);
-        for (int i = 1; i < x->ls; i++)
+         * buffer and copied from there: the kernels obd_reduce_load and
+         * obd_reduce_store_many run over the whole tensor (a load's first
+         * two sources, then one fold per further source), over blocks
+         * that begin where theirs do (see the header). */
+        const void *const pair[2] = {x->dst[0] + b, x->dst[1] + b};
+        obd_reduce_load(OBCOMM_FLOAT32, OBCOMM_SUM, acc, pair, 2, n);
+        for (int i = 2; i < x->ls; i++)
             obd_reduce_acc(OBCOMM_FLOAT32, OBCOMM_SUM, acc, x->dst[i] + b, n);
         obd_reduce_store(OBCOMM_FLOAT32, OBCOMM_AVG, x->dst[0] + b, acc, n,
                          x->ls);

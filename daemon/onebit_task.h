@@ -32,6 +32,11 @@
  *             exact), so the pass reads the tensor and rewrites only the
  *             blocks that hold a NaN; it reports the bytes it wrote
  *             (task.written). Uses only ctx.ls, ctx.count and ctx.dst.
+ *             begin is a multiple of OBD_ONEBIT_AVG_BLOCK, so that the
+ *             reduction kernels see the blocks they see over the whole
+ *             tensor: the scalar tail of reduce.c's two-source load may
+ *             add its operands the other way round from its vector body,
+ *             which decides whose payload a sum of two NaNs keeps.
  */
 #ifndef OBD_ONEBIT_TASK_H
 #define OBD_ONEBIT_TASK_H
@@ -45,6 +50,9 @@
  * stores (decompress_stream): larger than a last-level cache, so they are
  * not in it when the trainer reads them anyway. */
 #define OBD_ONEBIT_STREAM_BYTES (8u << 20)
+
+/* Elements of an AVERAGE block (a multiple of 16). */
+#define OBD_ONEBIT_AVG_BLOCK 2048
 
 enum obd_onebit_pass {
     OBD_ONEBIT_WORKER,
