@@ -5,7 +5,7 @@
 #
 #   tests/bench/cpu_per_op.sh [--runs K] [--count N] [--repeats R]
 #       [--warmup W] [--trainers T] [--nodes 1|2] [--kind 1bit|avg]
-#       [--probe PATH] [--out FILE] NAME=OBCOMMD [NAME=OBCOMMD...]
+#       [--special] [--probe PATH] [--out FILE] NAME=OBCOMMD [NAME=OBCOMMD...]
 #
 # For each of K runs and each build in turn: two daemons on loopback (one
 # daemon, a one-node world, with --nodes 1), T trainers each (default 1;
@@ -16,12 +16,13 @@
 # the same run. Prints one JSON line per (run, build, node), with the load
 # average at the start of the run, to FILE (default stdout), then per build
 # the medians over runs and nodes, and whether every build's results were
-# bit-identical (the trainers hash every op's output).
+# bit-identical (the trainers hash every op's output; --special puts NaNs,
+# Infs, -0.0 and subnormals among the inputs, onebit_cpu -x).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 runs=5 count=$((16 << 20)) repeats=20 warmup=5 trainers=1 out=/dev/stdout
-nodes=2 kind=1bit
+nodes=2 kind=1bit special=
 probe=$root/build/tests/bench/onebit_cpu
 while [ $# -gt 0 ]; do
     case $1 in
@@ -32,9 +33,10 @@ while [ $# -gt 0 ]; do
     --trainers) trainers=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --kind) kind=$2; shift 2 ;;
+    --special) special=-x; shift ;;
     --probe) probe=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
@@ -55,7 +57,7 @@ for run in $(seq 1 "$runs"); do
         for i in $(seq 0 $((nodes - 1))); do
             for l in $(seq 0 $((trainers - 1))); do
                 "$probe" -s "$dir/n$i.sock" -p "${pids[$i]}" -n "$count" \
-                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" -k "$kind" \
+                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" -k "$kind" $special \
                     >"$dir/p$i-$l.json" &
                 tp+=($!)
             done
