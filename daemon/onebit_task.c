@@ -4,10 +4,6 @@
 
 #include "reduce.h"
 
-/* The AVERAGE pass's accumulator is one block, on the worker's stack: the
- * load and the store of a block stay in L1. */
-#define AVG_BLOCK OBD_ONEBIT_AVG_BLOCK
-
 static size_t min_sz(size_t a, size_t b)
 {
     return a < b ? a : b;
@@ -38,13 +34,14 @@ static int any_nan(const float *p, size_t n)
     return (int)(any >> 31);
 }
 
-/* The AVERAGE pass over [begin, end). */
+/* The AVERAGE pass over [begin, end). Its accumulator is one block, on
+ * the worker's stack: the load and the store of a block stay in L1. */
 static size_t average(const struct obd_onebit_ctx *x, size_t begin, size_t end)
 {
     size_t written = 0;
-    float acc[AVG_BLOCK];
-    for (size_t b = begin; b < end; b += AVG_BLOCK) {
-        size_t n = min_sz(AVG_BLOCK, end - b);
+    float acc[OBD_ONEBIT_AVG_BLOCK];
+    for (size_t b = begin; b < end; b += OBD_ONEBIT_AVG_BLOCK) {
+        size_t n = min_sz(OBD_ONEBIT_AVG_BLOCK, end - b);
         if (x->ls == 1) {
             /* Only a NaN changes (a signalling one comes out quiet), so
              * only a block that holds one is divided, by the run-time
