@@ -73,7 +73,7 @@ struct efop {
     size_t part_bytes;
     void *const *dst;
     int ndst;
-    int rc; /* of the pool task: 0 or an OBCOMM_E_* code, with why */
+    int rc; /* of the pool task: 0 or an OBD_E_* code, with why */
     char why[512];
     int saved;     /* this node's part of a snapshot is saved */
     int committed; /* the verdict was success */

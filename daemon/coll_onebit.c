@@ -28,6 +28,10 @@
  *             link lost after a node's report can still split it);
  *   DONE      every node reported.
  * Segments have states of their own (sign_seg, srv_seg, res_seg below).
+ * With one node the op has one phase of its own instead:
+ *   AVERAGE   AVERAGE tasks (onebit_task.h) put the exact average of the
+ *             trainers into their buffers, in pieces on the pool when
+ *             the tensor is large; no state is kept.
  *
  * Error feedback on failure (state kept in place, codec.h and
  * efstate.h): the worker pass changes the key's state from its first
@@ -71,10 +75,9 @@
 #include "efstore.h"
 #include "onebit_task.h"
 #include "ops.h"
-#include "reduce.h"
 #include "ring.h"
 
-enum phase { PH_NORM, PH_SCALES, PH_EXCHANGE, PH_COMMIT, PH_DONE };
+enum phase { PH_NORM, PH_SCALES, PH_EXCHANGE, PH_COMMIT, PH_AVERAGE, PH_DONE };
 
 /* A segment of our signs of one chunk. */
 enum sign_seg { SG_PACKING, SG_PACKED };
@@ -91,11 +94,13 @@ enum span {
     SP_SERVER,
     SP_ALLGATHER,
     SP_DECODE,
+    SP_AVERAGE,
     SP_COUNT
 };
 static const char *const span_names[SP_COUNT] = {
-    "compress", "parameter-server send", "server step", "allgather",
-    "decompress"};
+    "compress",    "parameter-server send",
+    "server step", "allgather",
+    "decompress",  "average"};
 
 struct onebit {
     struct obd_daemon *d;
@@ -154,6 +159,8 @@ static enum span span_of(enum obd_onebit_pass pass)
         return SP_SERVER;
     case OBD_ONEBIT_DECODE:
         break;
+    case OBD_ONEBIT_AVERAGE:
+        return SP_AVERAGE;
     }
     return SP_DECODE;
 }
@@ -196,7 +203,7 @@ static void task_done(uv_work_t *req, int status)
     mark(ob, span_of(t->t.pass), t->end_ns);
     if (ob->d->trace.f != NULL) {
         static const char *const pass_names[] = {"worker pass", "server pass",
-                                                 "decode"};
+                                                 "decode", "average"};
         char args[96];
         snprintf(args, sizeof(args), "\"seq\":%llu,\"begin\":%zu,\"end\":%zu",
                  (unsigned long long)op->seq, t->t.begin, t->t.end);
@@ -215,6 +222,10 @@ static void task_done(uv_work_t *req, int status)
         break;
     case OBD_ONEBIT_DECODE:
         ob->res[(size_t)t->chunk * ob->nseg + t->seg] = RS_DONE;
+        break;
+    case OBD_ONEBIT_AVERAGE:
+        obd_metric_add(&ob->d->metrics, OBD_M_LOCAL_BYTES_WRITTEN,
+                       t->t.written);
         break;
     }
     free(t);
@@ -516,6 +527,13 @@ static void step(struct obd_op *op)
         obd_metric_add(&ob->d->metrics, OBD_M_ONEBIT_OPS, 1);
         obd_op_finish(op);
         return;
+    case PH_AVERAGE:
+        if (ob->tasks > 0)
+            return;
+        ob->phase = PH_DONE;
+        obd_metric_add(&ob->d->metrics, OBD_M_ONEBIT_OPS, 1);
+        obd_op_finish(op);
+        return;
     case PH_DONE:
         return;
     }
@@ -605,6 +623,10 @@ static void onebit_waiting_on(const struct obd_op *op, char *buf, size_t len)
         snprintf(buf, len, "this node's codec work");
         return;
     }
+    if (ob->phase == PH_AVERAGE) {
+        snprintf(buf, len, "the average of this node's trainers");
+        return;
+    }
     if (ob->phase == PH_COMMIT) {
         size_t off = (size_t)snprintf(buf, len, "the reports of node");
         for (int k = 0; k < ob->n && off < len; k++)
@@ -630,7 +652,7 @@ static void onebit_waiting_on(const struct obd_op *op, char *buf, size_t len)
 static int onebit_needs_node(const struct obd_op *op, int k)
 {
     const struct onebit *ob = op->coll;
-    if (ob->phase == PH_DONE)
+    if (ob->phase == PH_DONE || ob->phase == PH_AVERAGE)
         return 0;
     if (ob->phase == PH_COMMIT)
         return !op->ann[k].reported;
@@ -692,22 +714,37 @@ static int onebit_can_start(struct obd_op *op)
     return ef == NULL || ef->users == 0;
 }
 
-/* With one node there is nothing to compress: the exact average. */
+/* With one node there is nothing to compress: the exact average, in the
+ * trainers' buffers, with no buffer of its own. A tensor of at least
+ * OBD_RING_POOL_BYTES goes to the pool in two pieces of whole AVERAGE
+ * blocks per pool thread, so that the loop stays free and the threads
+ * share it; a smaller one runs here, as a pool hop would cost more than
+ * the pass. */
 static int start_one_node(struct obd_op *op, struct onebit *ob)
 {
-    float *acc = malloc(ob->count * sizeof(float));
-    if (acc == NULL) {
-        fail(op, OBD_E_NOMEM, "out of memory");
-        return OBD_E_NOMEM;
+    ob->ctx = (struct obd_onebit_ctx){
+        .n = 1,
+        .ls = ob->ls,
+        .count = ob->count,
+        .dst = (float *const *)op->data,
+    };
+    ob->phase = PH_AVERAGE;
+    if (ob->count * sizeof(float) < OBD_RING_POOL_BYTES) {
+        struct obd_onebit_task t = {
+            .pass = OBD_ONEBIT_AVERAGE, .begin = 0, .end = ob->count};
+        obd_onebit_task_run(&ob->ctx, &t);
+        obd_metric_add(&ob->d->metrics, OBD_M_LOCAL_BYTES_WRITTEN, t.written);
+        step(op);
+        return 0;
     }
-    obd_reduce_load(OBCOMM_FLOAT32, OBCOMM_SUM, acc,
-                    (const void *const *)op->data, ob->ls, ob->count);
-    obd_reduce_store_many(OBCOMM_FLOAT32, OBCOMM_AVG, op->data, ob->ls, acc,
-                          ob->count, ob->ls);
-    free(acc);
-    ob->phase = PH_DONE;
-    obd_metric_add(&ob->d->metrics, OBD_M_ONEBIT_OPS, 1);
-    obd_op_finish(op);
+    size_t parts = 2 * (size_t)(ob->d->threads > 0 ? ob->d->threads : 1);
+    size_t blocks =
+        (ob->count + OBD_ONEBIT_AVG_BLOCK - 1) / OBD_ONEBIT_AVG_BLOCK;
+    size_t unit = (blocks + parts - 1) / parts * OBD_ONEBIT_AVG_BLOCK;
+    for (size_t b = 0; b < ob->count; b += unit)
+        if (queue(op, OBD_ONEBIT_AVERAGE, 0, 0, b,
+                  ob->count - b < unit ? ob->count : b + unit, 0))
+            return OBD_E_NOMEM;
     return 0;
 }
 

@@ -205,6 +205,12 @@ static void pool_run(uv_work_t *req)
  * one fewer load, store or copy piece is left. Makes no transition. */
 static void piece_done(struct obd_coll *c, const struct piece *p)
 {
+    size_t esz = p->kind == PC_COPY ? 1 : obd_dtype_acc_size(p->dtype);
+    size_t dsz = p->kind == PC_COPY ? 1 : obd_dtype_size(p->dtype);
+    size_t ndst =
+        p->kind == PC_STORE || p->kind == PC_COPY ? (size_t)p->nptr : 1;
+    obd_metric_add(&c->d->metrics, OBD_M_LOCAL_BYTES_WRITTEN,
+                   p->count * ndst * (p->kind == PC_STORE ? dsz : esz));
     if (p->kind == PC_ACC) {
         c->acc_queued -= (size_t)p->pooled;
         c->reduced[p->idx] = 1;
@@ -422,6 +428,35 @@ static uint8_t *buf_get(struct obd_coll *c)
 }
 
 /* ---- ring allreduce and reduce-scatter ---- */
+
+/* A world of one rank (one node, one trainer): an op over one operand is
+ * the operand, and the result is the input bit for bit, whatever the
+ * dtype and the op (AVG divides by 1; docs/c-api.md). So the allreduce
+ * leaves the buffer as it is: no load and store run over it (they would
+ * cost two passes, and make a signalling NaN quiet). A reduce-scatter
+ * moves its input to recv unless it is there already, in one memmove, as
+ * recv may overlap the input anywhere. */
+static int one_rank(struct obd_op *op)
+{
+    struct obd_coll *c = op->coll;
+    size_t bytes = c->count * obd_dtype_size(op->desc.dtype);
+    obd_metric_add(&c->d->metrics, OBD_M_LOGICAL_BYTES, bytes);
+    c->zero_copy = 1; /* no accumulator */
+    c->phase = PH_STORE;
+    if (op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER &&
+        op->out[0] != op->data[0]) {
+        struct piece *p = piece_new(op, PC_COPY, 1);
+        if (p != NULL) {
+            p->count = bytes;
+            p->acc = op->data[0];
+            p->ptr[0] = op->out[0];
+        }
+        if (piece_go(op, p, use_pool(c, c->count * c->esz)))
+            return OBD_E_NOMEM;
+    }
+    store_progress(op);
+    return 0;
+}
 
 /* Element range [*b, *e) of ring chunk `chunk` (ring.h). A reduce-scatter
  * (rot = n - 1) maps ring chunk k to block k - 1: its count is a multiple
@@ -697,6 +732,8 @@ static int ring_start(struct obd_op *op)
     if (rs)
         count *= (size_t)d->cfg.nodes * (size_t)job->local_size;
     struct obd_coll *c = coll_new(op, count, esz);
+    if (c != NULL && c->n == 1 && job->local_size == 1)
+        return one_rank(op);
     if (c != NULL && rs)
         c->rot = c->n - 1;
     /* One trainer and a dtype that accumulates in itself: the ring runs in

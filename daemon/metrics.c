@@ -121,6 +121,12 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
     [OBD_M_REDUCE_SCATTER_BYTES_SENT] =
         {"reduce_scatter_bytes_sent", "Payload bytes sent for reduce-scatter",
          "counter"},
+    [OBD_M_LOCAL_BYTES_WRITTEN] =
+        {"local_bytes_written",
+         "Bytes the node's own arithmetic wrote: the full-precision "
+         "collectives' loads, reductions, stores, divisions and copies, and "
+         "the one-node 1-bit average (none for an allreduce over one rank)",
+         "counter"},
 };
 
 const struct obd_metric_desc obd_hist_desc = {

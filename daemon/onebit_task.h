@@ -21,6 +21,22 @@
  *   DECODE    writes scale * sign over [begin, end) (clipped to count)
  *             into every local trainer's buffer, with streaming stores
  *             when the trainers' buffers are large (ctx.stream).
+ * With one node there is nothing to compress, and one pass instead:
+ *   AVERAGE   the exact average of the trainers over [begin, end) of the
+ *             tensor (count elements, no padding), into every trainer's
+ *             buffer: src_0[i] + src_1[i] + ... left to right in fp32,
+ *             divided by (float)ls, as obd_reduce_load and
+ *             obd_reduce_store with OBCOMM_AVG compute it. With one
+ *             trainer that division by 1 changes only NaNs (x / 1.0f is
+ *             x, bit for bit, for every other float: the quotient is
+ *             exact), so the pass reads the tensor and rewrites only the
+ *             blocks that hold a NaN; it reports the bytes it wrote
+ *             (task.written). Uses only ctx.ls, ctx.count and ctx.dst.
+ *             begin is a multiple of OBD_ONEBIT_AVG_BLOCK, so that the
+ *             reduction kernels see the blocks they see over the whole
+ *             tensor: the scalar tail of reduce.c's two-source load may
+ *             add its operands the other way round from its vector body,
+ *             which decides whose payload a sum of two NaNs keeps.
  */
 #ifndef OBD_ONEBIT_TASK_H
 #define OBD_ONEBIT_TASK_H
@@ -35,10 +51,14 @@
  * not in it when the trainer reads them anyway. */
 #define OBD_ONEBIT_STREAM_BYTES (8u << 20)
 
+/* Elements of an AVERAGE block (a multiple of 16). */
+#define OBD_ONEBIT_AVG_BLOCK 2048
+
 enum obd_onebit_pass {
     OBD_ONEBIT_WORKER,
     OBD_ONEBIT_SERVER,
-    OBD_ONEBIT_DECODE
+    OBD_ONEBIT_DECODE,
+    OBD_ONEBIT_AVERAGE
 };
 
 /* What every task of one op shares (borrowed from the op). */
@@ -67,10 +87,11 @@ struct obd_onebit_task {
     size_t begin, end; /* elements: of the padded tensor, or (SERVER) of
                           our chunk */
     float scale;       /* DECODE: the chunk's server scale */
+    size_t written;    /* AVERAGE: bytes of trainer buffers it wrote */
 };
 
-/* Runs one task (on a worker thread). */
+/* Runs one task (on a worker thread); writes only t->written. */
 void obd_onebit_task_run(const struct obd_onebit_ctx *ctx,
-                         const struct obd_onebit_task *t);
+                         struct obd_onebit_task *t);
 
 #endif

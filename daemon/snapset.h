@@ -87,7 +87,7 @@ int obd_snapset_unpack(const void *part, size_t bytes, const char *job,
                        struct obd_ef **out, char *why, size_t whylen);
 
 /* One node's report of the local phase of a set op (a write or a read):
- * status 0, or an OBCOMM_E_* code with message. */
+ * status 0, or an OBD_E_* code with message. */
 struct obd_snapreport {
     int status;
     const char *message;

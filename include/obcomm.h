@@ -93,7 +93,9 @@ OBCOMM_API int obcomm_free(obcomm_t *c, void *data);
 OBCOMM_API int obcomm_disown(obcomm_t *c, void *data, size_t *mapped);
 
 /* Collectives. `data` lies inside one buffer from obcomm_alloc; all ranks of
- * the job issue the same collectives in the same order. */
+ * the job issue the same collectives in the same order. In a world of one
+ * rank an allreduce leaves data as it is, bit for bit, whatever the dtype
+ * and op. */
 OBCOMM_API int obcomm_allreduce(obcomm_t *c, void *data, size_t count,
                                 obcomm_dtype_t dtype, obcomm_op_t op);
 /* The 1-bit compressed allreduce (man 7 obcomm, THE COMPRESSED ALLREDUCE):

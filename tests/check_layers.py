@@ -9,7 +9,9 @@ Function references come from the built code itself (nm): module A calls
 into module B when A's object uses a symbol B's object defines, whatever
 header declared it. The friend pairs below are one module split in two
 files on purpose and count as one. Pure files (no event loop) must not
-include uv.h. Prints every circle with the symbols that make it; exits 1
+include uv.h. The daemon has one error type (daemon/err.h): no file but
+err.h and err.c names a public OBCOMM_E_* code or returns -errno. Prints
+every circle with the symbols that make it, and every stray code; exits 1
 if there is one.
 """
 import collections
@@ -108,6 +110,12 @@ def main():
         for h in re.findall(r'^#include "([^"]+)"', text, re.M):
             if h in files:
                 incl[f].add(h)
+        if f not in ("err.h", "err.c"):
+            for n, line in enumerate(text.splitlines(), 1):
+                if re.search(r"\bOBCOMM_E_[A-Z]|return -errno|= -errno", line):
+                    bad = 1
+                    print(f"check_layers: {f}:{n}: not an OBD_E_* code "
+                          f"(daemon/err.h): {line.strip()}", file=sys.stderr)
         if f in PURE and re.search(r"^#include <uv\.h>", text, re.M):
             bad = 1
             print(f"check_layers: {f} includes uv.h but is pure",

@@ -378,6 +378,143 @@ START_TEST(allreduce_on_the_pool_exact)
 }
 END_TEST
 
+/* A world of one rank (one node, one trainer): every reduction over one
+ * operand is the operand, so the allreduce of every dtype and op leaves
+ * the buffer as it is, bit for bit: random bits (NaNs of every payload,
+ * signalling ones among them, -0.0, subnormals, Inf) and, in the first
+ * elements, each of those on purpose. The daemon does not touch the data:
+ * local_bytes_written stays 0 over every allreduce, an in-place
+ * reduce-scatter and allgather and a broadcast, and counts exactly the
+ * one copy of an out-of-place reduce-scatter and allgather. Then the same
+ * node with two trainers reduces (load and store): the counter sees it. */
+static uint64_t bits64(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void fill_bits(uint8_t *buf, obcomm_dtype_t t, size_t count,
+                      uint64_t seed)
+{
+    static const uint32_t f32[] = {0x80000000u, 0x00000001u, 0x807fffffu,
+                                   0x7f800001u, 0xff812345u, 0x7fc00001u,
+                                   0xffffffffu, 0xff800000u};
+    static const uint64_t f64[] = {
+        0x8000000000000000ull, 0x1ull,
+        0x7ff0000000000001ull, 0xfff4000000000123ull,
+        0x7ff8000000000001ull, 0xfff0000000000000ull};
+    static const uint16_t f16[] = {0x8000, 0x0001, 0x7c01,
+                                   0xfd23, 0x7e01, 0xfc00};
+    static const uint16_t bf16[] = {0x8000, 0x0001, 0x7f81,
+                                    0xff92, 0x7fc1, 0xff80};
+    size_t es = dsize(t), bytes = count * es;
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t v = bits64(&seed);
+        memcpy(buf + i, &v, bytes - i < 8 ? bytes - i : 8);
+    }
+    const void *sp = t == OBCOMM_FLOAT32    ? (const void *)f32
+                     : t == OBCOMM_FLOAT64  ? (const void *)f64
+                     : t == OBCOMM_FLOAT16  ? (const void *)f16
+                     : t == OBCOMM_BFLOAT16 ? (const void *)bf16
+                                            : NULL;
+    size_t nsp = t == OBCOMM_FLOAT32    ? sizeof(f32)
+                 : t == OBCOMM_FLOAT64  ? sizeof(f64)
+                 : t == OBCOMM_FLOAT16  ? sizeof(f16)
+                 : t == OBCOMM_BFLOAT16 ? sizeof(bf16)
+                                        : 0;
+    if (sp != NULL)
+        memcpy(buf, sp, nsp < bytes ? nsp : bytes);
+}
+
+/* The bytes the one-rank trainer's out-of-place reduce-scatter and
+ * allgather copy (everything else it does copies nothing). */
+enum { ONE_RANK_COPIED = 2 * BIG * 4 };
+
+static int trainer_one_rank(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    uint8_t *buf, *recv, *want = malloc(BIG * 8);
+    if (want == NULL || obcomm_alloc(c, BIG * 8, (void **)&buf) ||
+        obcomm_alloc(c, BIG * 8, (void **)&recv))
+        return hx_fail(c, "alloc");
+    uint64_t seed = 0x243f6a8885a308d3ull;
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++)
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++)
+            for (size_t n = 0; n < sizeof(counts) / sizeof(counts[0]); n++) {
+                obcomm_dtype_t t = dtypes[d];
+                size_t count = counts[n], bytes = count * dsize(t);
+                fill_bits(buf, t, count, ++seed);
+                memcpy(want, buf, bytes);
+                if (obcomm_allreduce(c, buf, count, t, ops[o]))
+                    return hx_fail(c, "allreduce dtype %d op %d: %s", t, ops[o],
+                                   obcomm_last_error(c));
+                if (memcmp(buf, want, bytes))
+                    return hx_fail(c,
+                                   "allreduce dtype %d op %d count %zu: not "
+                                   "the input bit for bit",
+                                   t, ops[o], count);
+                if (obcomm_reduce_scatter(c, buf, buf, count, t, ops[o]) ||
+                    memcmp(buf, want, bytes))
+                    return hx_fail(c,
+                                   "in-place reduce-scatter dtype %d op "
+                                   "%d: not the input",
+                                   t, ops[o]);
+            }
+    fill_bits(buf, OBCOMM_FLOAT64, BIG, ++seed);
+    memcpy(want, buf, BIG * 8);
+    if (obcomm_allgather(c, buf, buf, BIG, OBCOMM_FLOAT64) ||
+        obcomm_broadcast(c, buf, BIG * 8, 0) || obcomm_barrier(c) ||
+        memcmp(buf, want, BIG * 8))
+        return hx_fail(c, "in-place allgather, broadcast: %s",
+                       obcomm_last_error(c));
+    memset(recv, 0xee, BIG * 4);
+    if (obcomm_reduce_scatter(c, buf, recv, BIG, OBCOMM_FLOAT32, OBCOMM_AVG) ||
+        memcmp(recv, want, BIG * 4))
+        return hx_fail(c, "reduce-scatter into recv: not the input");
+    memset(recv, 0xee, BIG * 4);
+    if (obcomm_allgather(c, buf, recv, BIG, OBCOMM_FLOAT32) ||
+        memcmp(recv, want, BIG * 4))
+        return hx_fail(c, "allgather into recv: not the input");
+    free(want);
+    return 0;
+}
+
+/* Two trainers on the node: the load writes the accumulator, the store
+ * both buffers. */
+static int trainer_two_local(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, BIG * 4, (void **)&x))
+        return hx_fail(c, "alloc");
+    for (size_t i = 0; i < BIG; i++)
+        x[i] = (float)value(obcomm_rank(c), i);
+    if (obcomm_allreduce(c, x, BIG, OBCOMM_FLOAT32, OBCOMM_SUM))
+        return hx_fail(c, "allreduce: %s", obcomm_last_error(c));
+    for (size_t i = 0; i < BIG; i++)
+        if (x[i] != (float)(value(0, i) + value(1, i)))
+            return hx_fail(c, "element %zu: %g", i, (double)x[i]);
+    return 0;
+}
+
+START_TEST(one_rank_leaves_the_data_as_it_is)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    int failed = hx_run(&cl, 1, "one", 60000, 300, trainer_one_rank, NULL);
+    long long written = hx_metric(&cl, 0, "local_bytes_written");
+    int failed2 = hx_run(&cl, 2, "two", 60000, 300, trainer_two_local, NULL);
+    long long written2 = hx_metric(&cl, 0, "local_bytes_written");
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_int_eq(failed2, 0);
+    ck_assert_int_eq(written, ONE_RANK_COPIED);
+    ck_assert_int_eq(written2 - written, 3 * BIG * 4);
+}
+END_TEST
+
 Suite *coll_suite(void)
 {
     Suite *s = suite_create("coll");
@@ -389,6 +526,11 @@ Suite *coll_suite(void)
     tcase_add_test(tc, hundred_ops_in_a_row);
     tcase_add_loop_test(tc, broadcast_from_every_root_and_barrier, 0, 8);
     suite_add_tcase(s, tc);
+    /* CK_RUN_CASE=one_rank runs it alone. */
+    TCase *one = tcase_create("one_rank");
+    tcase_set_timeout(one, 600);
+    tcase_add_test(one, one_rank_leaves_the_data_as_it_is);
+    suite_add_tcase(s, one);
     TCase *pool = tcase_create("pool");
     tcase_set_timeout(pool, 600);
     tcase_add_loop_test(pool, allreduce_on_the_pool_exact, 0, 12);

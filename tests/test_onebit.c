@@ -447,6 +447,153 @@ START_TEST(nan_fails_everywhere_and_stops_the_run)
 }
 END_TEST
 
+/* ---- one node ---- */
+
+/* With one node the op is the exact average of the node's trainers
+ * (docs/design.md, "The compressed allreduce, exactly"): src_0 + src_1 +
+ * ... left to right in fp32, divided by (float)ls, and no state is kept.
+ * The inputs hold, besides random values, floats whose bits any shortcut
+ * would get wrong: -0.0, subnormals, Inf, NaNs with payloads, signalling
+ * NaNs (which the division makes quiet, also with one trainer). At most
+ * one operand of any addition is a NaN: which payload a sum of two NaNs
+ * keeps depends on the order the machine code adds them in, which no
+ * contract fixes (tests/bench/onebit_cpu -x compares builds on those). */
+static const uint32_t specials[] = {
+    0x80000000u, 0x00000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu,
+    0xff800000u, 0x7f800000u, 0x7fc00123u, 0x7f800001u, 0xff812345u};
+/* The ones every rank may hold at once: no NaN, and no -Inf, which with
+ * another rank's +Inf would make a second NaN where the first rank holds
+ * one. */
+static const uint32_t shared_specials[] = {0x80000000u, 0x00000001u,
+                                           0x807fffffu, 0x7f800000u};
+#define NSPECIALS (sizeof(specials) / sizeof(specials[0]))
+#define NSHARED   (sizeof(shared_specials) / sizeof(shared_specials[0]))
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static float one_node_input(int rank, int ls, int step, int key, size_t i)
+{
+    if (i % 97 == 0 && (int)(i / 97 % (size_t)ls) == rank)
+        return from_bits(specials[(i / 97 + (size_t)step) % NSPECIALS]);
+    if (i % 89 == 0)
+        return from_bits(
+            shared_specials[(i / 89 + (size_t)step + (size_t)rank) % NSHARED]);
+    return input(rank, step, key, i);
+}
+
+struct one_node_plan {
+    int ls, steps;
+};
+
+static int trainer_one_node(obcomm_t *c, void *arg)
+{
+    const struct one_node_plan *p = arg;
+    static const size_t counts[] = {1, 5001, 1000003};
+    int rank = obcomm_rank(c), ls = p->ls;
+    float *x, *want = malloc(counts[2] * sizeof(float));
+    if (want == NULL || obcomm_alloc(c, counts[2] * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    int fail = 0;
+    for (int st = 0; st < p->steps && !fail; st++)
+        for (int k = 0; k < 3 && !fail; k++) {
+            size_t n = counts[k];
+            for (size_t i = 0; i < n; i++) {
+                x[i] = one_node_input(rank, ls, st, k, i);
+                float a = one_node_input(0, ls, st, k, i);
+                for (int t = 1; t < ls; t++)
+                    a = a + one_node_input(t, ls, st, k, i);
+                want[i] = a / (float)ls;
+            }
+            if (obcomm_allreduce_1bit(c, (uint64_t)k + 200, x, n))
+                fail = hx_fail(c, "key %d step %d: %s", k, st,
+                               obcomm_last_error(c));
+            for (size_t i = 0; i < n && !fail; i++) {
+                uint32_t got, exact;
+                memcpy(&got, &x[i], sizeof(got));
+                memcpy(&exact, &want[i], sizeof(exact));
+                if (got != exact)
+                    fail = hx_fail(c,
+                                   "key %d step %d element %zu: %08x, the "
+                                   "exact average is %08x",
+                                   k, st, i, got, exact);
+            }
+        }
+    free(want);
+    return fail;
+}
+
+START_TEST(one_node_is_the_exact_average_bit_for_bit)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    int failed = 0;
+    for (int ls = 1; ls <= 3; ls += 2) {
+        struct one_node_plan p = {.ls = ls, .steps = 6};
+        failed += hx_run(&cl, ls, ls == 1 ? "one-1" : "one-3", 60000, 300,
+                         trainer_one_node, &p);
+    }
+    long long state = hx_metric(&cl, 0, "ef_state_bytes");
+    long long ops = hx_metric(&cl, 0, "onebit_ops");
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_int_eq(state, 0); /* no error feedback on one node */
+    ck_assert_int_eq(ops, 2 * 6 * 3);
+}
+END_TEST
+
+/* The one-node average writes only what it changes: with one trainer a
+ * tensor without NaNs not at all (a division by 1 is exact), a signalling
+ * NaN becomes quiet in its block (here the whole tensor of one element);
+ * with three trainers every buffer once. local_bytes_written counts it, so
+ * that a path that copies or stores the tensor fails here. */
+static int trainer_one_node_writes(obcomm_t *c, void *arg)
+{
+    const int *ls = arg;
+    const size_t n = 1000003;
+    int rank = obcomm_rank(c);
+    float *x;
+    if (obcomm_alloc(c, n * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    for (int st = 0; st < 2; st++) {
+        for (size_t i = 0; i < n; i++)
+            x[i] = input(rank, st, 0, i);
+        if (obcomm_allreduce_1bit(c, 300, x, n))
+            return hx_fail(c, "step %d: %s", st, obcomm_last_error(c));
+    }
+    if (*ls == 1) {
+        x[0] = from_bits(0x7f800001u);
+        if (obcomm_allreduce_1bit(c, 301, x, 1))
+            return hx_fail(c, "sNaN: %s", obcomm_last_error(c));
+        uint32_t u;
+        memcpy(&u, &x[0], sizeof(u));
+        if (u != 0x7fc00001u)
+            return hx_fail(c, "a signalling NaN came back as %08x", u);
+    }
+    return 0;
+}
+
+START_TEST(one_node_writes_only_what_changes)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    int one = 1, three = 3;
+    int failed =
+        hx_run(&cl, 1, "w1", 60000, 300, trainer_one_node_writes, &one);
+    long long w1 = hx_metric(&cl, 0, "local_bytes_written");
+    failed += hx_run(&cl, 3, "w3", 60000, 300, trainer_one_node_writes, &three);
+    long long w3 = hx_metric(&cl, 0, "local_bytes_written") - w1;
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_int_eq(w1, 4);
+    ck_assert_int_eq(w3, 2 * 3 * 1000003 * 4);
+}
+END_TEST
+
 static int trainer_key_mismatch(obcomm_t *c, void *arg)
 {
     (void)arg;
@@ -745,6 +892,12 @@ Suite *onebit_suite(void)
     tcase_add_test(snap, failed_snapshot_keeps_the_previous_set);
     tcase_add_test(snap, one_daemon_restarts_both_go_back_to_the_snapshot);
     suite_add_tcase(s, snap);
+    /* CK_RUN_CASE=one_node runs these alone. */
+    TCase *one = tcase_create("one_node");
+    tcase_set_timeout(one, 600);
+    tcase_add_test(one, one_node_is_the_exact_average_bit_for_bit);
+    tcase_add_test(one, one_node_writes_only_what_changes);
+    suite_add_tcase(s, one);
     return s;
 }
 

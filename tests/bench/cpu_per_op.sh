@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# The daemons' CPU time per 1-bit op against a memcpy of the tensor, for
-# one or more obcommd builds side by side in the same run (issue 13 item 4).
+# The daemons' CPU time per 1-bit op (or fp32 AVG allreduce) against a
+# memcpy of the tensor, for one or more obcommd builds side by side in the
+# same run.
 #
 #   tests/bench/cpu_per_op.sh [--runs K] [--count N] [--repeats R]
-#       [--warmup W] [--trainers T] [--probe PATH] [--out FILE]
-#       NAME=OBCOMMD [NAME=OBCOMMD...]
+#       [--warmup W] [--trainers T] [--nodes 1|2] [--kind 1bit|avg]
+#       [--special] [--probe PATH] [--out FILE] NAME=OBCOMMD [NAME=OBCOMMD...]
 #
-# For each of K runs and each build in turn: two daemons on loopback, T
-# trainers each (default 1; tests/bench/onebit_cpu), W untimed and R timed
-# 1-bit ops of
+# For each of K runs and each build in turn: two daemons on loopback (one
+# daemon, a one-node world, with --nodes 1), T trainers each (default 1;
+# tests/bench/onebit_cpu), W untimed and R timed 1-bit ops (--kind avg:
+# fp32 allreduces with OBCOMM_AVG) of
 # N floats (default 16 Mi); each trainer reads its daemon's utime + stime
 # (/proc/PID/stat) around the R ops and times a memcpy of the tensor in
 # the same run. Prints one JSON line per (run, build, node), with the load
 # average at the start of the run, to FILE (default stdout), then per build
 # the medians over runs and nodes, and whether every build's results were
-# bit-identical (the trainers hash every op's output).
+# bit-identical (the trainers hash every op's output; --special puts NaNs,
+# Infs, -0.0 and subnormals among the inputs, onebit_cpu -x).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 runs=5 count=$((16 << 20)) repeats=20 warmup=5 trainers=1 out=/dev/stdout
+nodes=2 kind=1bit special=
 probe=$root/build/tests/bench/onebit_cpu
 while [ $# -gt 0 ]; do
     case $1 in
@@ -27,9 +31,12 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --trainers) trainers=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
+    --kind) kind=$2; shift 2 ;;
+    --special) special=-x; shift ;;
     --probe) probe=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
@@ -45,12 +52,12 @@ for run in $(seq 1 "$runs"); do
     for spec in "$@"; do
         name=${spec%%=*} bin=${spec#*=}
         load=$(cut -d' ' -f1 /proc/loadavg)
-        pair_start "$bin" "$name-$run"
+        pair_start "$bin" "$name-$run" "$nodes"
         tp=()
-        for i in 0 1; do
+        for i in $(seq 0 $((nodes - 1))); do
             for l in $(seq 0 $((trainers - 1))); do
                 "$probe" -s "$dir/n$i.sock" -p "${pids[$i]}" -n "$count" \
-                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" \
+                    -w "$warmup" -r "$repeats" -L "$trainers" -l "$l" -k "$kind" $special \
                     >"$dir/p$i-$l.json" &
                 tp+=($!)
             done
@@ -60,7 +67,7 @@ for run in $(seq 1 "$runs"); do
         pair_stop
         [ $ok -eq 1 ] || { echo "cpu_per_op: run $run of $name failed (logs in $dir)" >&2; trap - EXIT; exit 1; }
         for f in "$dir"/p*.json; do
-            sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,\"trainers\":$trainers,/" "$f" >>"$results"
+            sed "s/^{/{\"run\":$run,\"build\":\"$name\",\"load\":$load,\"trainers\":$trainers,\"nodes\":$nodes,\"kind\":\"$kind\",/" "$f" >>"$results"
         done
         rm -f "$dir"/p*.json
     done
@@ -70,8 +77,9 @@ python3 - "$results" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 builds = list(dict.fromkeys(r["build"] for r in rows))
-print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (medians of %d runs x 2 nodes x %d trainers; load %s)"
-      % (max(r["run"] for r in rows), rows[0]["trainers"], ", ".join(sorted({str(r["load"]) for r in rows}))))
+print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (%s, medians of %d runs x %d nodes x %d trainers; load %s)"
+      % (rows[0]["kind"], max(r["run"] for r in rows), rows[0]["nodes"], rows[0]["trainers"],
+         ", ".join(sorted({str(r["load"]) for r in rows}))))
 for b in builds:
     rs = [r for r in rows if r["build"] == b]
     med = lambda k: statistics.median(r[k] for r in rs)

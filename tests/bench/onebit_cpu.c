@@ -1,19 +1,24 @@
 /* onebit_cpu: one trainer of a node for tests/bench/cpu_per_op.sh. Runs
- * WARMUP + REPEATS 1-bit allreduces of COUNT floats (key 1) on inputs that
- * are a function of (rank, step, element), and measures its node's daemon:
+ * WARMUP + REPEATS 1-bit allreduces of COUNT floats (key 1), or with -k
+ * avg fp32 allreduces (OBCOMM_AVG), on inputs that are a function of
+ * (rank, step, element), and measures its node's daemon:
  * the daemon's CPU time (utime + stime of /proc/PID/stat) over the REPEATS
  * ops, against a memcpy of the tensor timed in the same run (median of 7,
  * in this thread's CPU time, which a loaded machine's preemption does not
  * inflate, like the daemon's utime + stime).
  *
  *   onebit_cpu -s SOCKET -p DAEMON_PID [-n COUNT] [-w WARMUP] [-r REPEATS]
- *              [-L LOCAL_SIZE -l LOCAL_RANK]
+ *              [-L LOCAL_SIZE -l LOCAL_RANK] [-k 1bit|avg] [-x]
  *
  * With several trainers per node (-L), each one runs this program; each
- * reads the same daemon, so their CPU figures are the node's.
+ * reads the same daemon, so their CPU figures are the node's. -x puts a
+ * special float every 61st element, a different one on each rank: NaNs
+ * of several payloads (signalling ones among them, on several ranks at
+ * once), +-Inf, -0.0, subnormals; so that equal hashes also cover which
+ * NaN a sum keeps.
  *
  * Output: one JSON line with the daemon's CPU ms per op, the memcpy ms,
- * their ratio, the wall ms per op (the 1-bit calls only), and an FNV-1a
+ * their ratio, the wall ms per op (the collective calls only), and an FNV-1a
  * hash over the 64-bit words of every op's result (equal hashes:
  * bit-identical results, e.g. of two daemon builds). */
 #include <obcomm.h>
@@ -60,8 +65,19 @@ static double thread_cpu_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static float input(int rank, int step, size_t i)
+static const uint32_t specials[] = {0x7f800001u, 0xff812345u, 0x7fc00123u,
+                                    0xffc54321u, 0x7f800000u, 0xff800000u,
+                                    0x80000000u, 0x00000001u, 0x807fffffu};
+
+static float input(int rank, int step, size_t i, int special)
 {
+    if (special && i % 61 == 0) {
+        uint32_t u = specials[(i / 61 + (size_t)rank + (size_t)step) %
+                              (sizeof(specials) / sizeof(specials[0]))];
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        return f;
+    }
     uint64_t h = (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15ull ^
                  (uint64_t)(step + 1) * 0xbf58476d1ce4e5b9ull ^ (uint64_t)i;
     h ^= h >> 31;
@@ -81,8 +97,9 @@ int main(int argc, char **argv)
     const char *sock = NULL;
     long pid = 0;
     size_t count = 16u << 20;
-    int warmup = 5, repeats = 20, lsize = 1, lrank = 0, opt;
-    while ((opt = getopt(argc, argv, "s:p:n:w:r:L:l:")) != -1) {
+    int warmup = 5, repeats = 20, lsize = 1, lrank = 0, avg = 0, special = 0;
+    int opt;
+    while ((opt = getopt(argc, argv, "s:p:n:w:r:L:l:k:x")) != -1) {
         switch (opt) {
         case 's':
             sock = optarg;
@@ -105,9 +122,18 @@ int main(int argc, char **argv)
         case 'l':
             lrank = atoi(optarg);
             break;
+        case 'x':
+            special = 1;
+            break;
+        case 'k':
+            avg = strcmp(optarg, "avg") == 0;
+            if (avg || strcmp(optarg, "1bit") == 0)
+                break;
+            /* fall through */
         default:
             fprintf(stderr, "usage: onebit_cpu -s SOCKET -p DAEMON_PID [-n "
-                            "COUNT] [-w WARMUP] [-r REPEATS]\n");
+                            "COUNT] [-w WARMUP] [-r REPEATS] [-L LOCAL_SIZE "
+                            "-l LOCAL_RANK] [-k 1bit|avg] [-x]\n");
             return 2;
         }
     }
@@ -135,7 +161,7 @@ int main(int argc, char **argv)
     double cpu0 = 0, wall = 0;
     for (int s = 0; s < warmup + repeats; s++) {
         for (size_t i = 0; i < count; i++)
-            x[i] = input(rank, s, i);
+            x[i] = input(rank, s, i, special);
         if (obcomm_barrier(c)) {
             fprintf(stderr, "onebit_cpu: barrier: %s\n", obcomm_last_error(c));
             return 1;
@@ -143,8 +169,10 @@ int main(int argc, char **argv)
         if (s == warmup)
             cpu0 = cpu_ms(pid);
         double t0 = now_ms();
-        if (obcomm_allreduce_1bit(c, 1, x, count)) {
-            fprintf(stderr, "onebit_cpu: 1-bit: %s\n", obcomm_last_error(c));
+        if (avg ? obcomm_allreduce(c, x, count, OBCOMM_FLOAT32, OBCOMM_AVG)
+                : obcomm_allreduce_1bit(c, 1, x, count)) {
+            fprintf(stderr, "onebit_cpu: %s: %s\n", avg ? "allreduce" : "1-bit",
+                    obcomm_last_error(c));
             return 1;
         }
         if (s >= warmup)
