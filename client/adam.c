@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "adam_kernels.h"
+#include "half.h"
 #include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
@@ -37,7 +38,11 @@ struct obcomm_adam {
                           (freeze_factors) */
     int factors_ready; /* d holds them for the current v, mask and eps */
     const struct obc_adam_kernels *kern; /* AVX2 when the CPU has it */
-    obcomm_request_t *req; /* the started step's collective, or NULL */
+    /* A started step: its collective (NULL once waited for) and that
+     * wait's status, which finish returns. */
+    int started;
+    obcomm_request_t *req;
+    int wait_rc;
 };
 
 obcomm_adam_config_t obcomm_adam_defaults(void)
@@ -98,7 +103,7 @@ void obcomm_adam_destroy(obcomm_adam_t *a)
         obcomm_free(a->c, a->m);
     if (a->g)
         obcomm_free(a->c, a->g);
-    if (a->req) {
+    if (a->req) { /* the collective writes into m or g until it ends */
         obcomm_wait(a->req);
         obcomm_request_free(a->req);
     }
@@ -248,42 +253,129 @@ static void update(obcomm_adam_t *a, float *p)
     a->kern->compress(a->count, a->m, a->d, p, &k);
 }
 
-int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
+static int grad_dtype_ok(obcomm_dtype_t dt)
 {
-    if (a == NULL || grads == NULL || a->req != NULL)
+    return dt == OBCOMM_FLOAT32 || dt == OBCOMM_FLOAT16 ||
+           dt == OBCOMM_BFLOAT16;
+}
+
+/* dst[i] = src[i] as fp32 (exact from fp16 and bf16), times scale unless
+ * scale is 1: one pass, the conversion folded into the copy the step makes
+ * anyway. */
+static void load_grads(float *dst, const void *src, obcomm_dtype_t dt, size_t n,
+                       float scale)
+{
+    if (dt == OBCOMM_FLOAT32 && scale == 1.0f) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    const float *f = src;
+    for (size_t i = 0; i < n; i++) {
+        float x = dt == OBCOMM_FLOAT32   ? f[i]
+                  : dt == OBCOMM_FLOAT16 ? obcomm_f16_to_f32(h[i])
+                                         : obcomm_bf16_to_f32(h[i]);
+        dst[i] = scale == 1.0f ? x : x * scale;
+    }
+}
+
+/* The model's copy of the master parameters, rounded to nearest even. */
+static void store_model(void *dst, obcomm_dtype_t dt, const float *p, size_t n)
+{
+    uint16_t *h = dst;
+    if (dt == OBCOMM_FLOAT32) {
+        if (dst != p)
+            memcpy(dst, p, n * sizeof(float));
+    } else if (dt == OBCOMM_FLOAT16) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = obcomm_f32_to_f16(p[i]);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            h[i] = obcomm_f32_to_bf16(p[i]);
+    }
+}
+
+int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
+                         obcomm_dtype_t dtype, float scale)
+{
+    if (a == NULL || grads == NULL || a->started || !grad_dtype_ok(dtype) ||
+        !(scale >= 0.0f && scale <= 3.4e38f))
         return OBCOMM_E_INVAL;
     const obcomm_adam_config_t *k = &a->cfg;
     int rc;
 
     if (a->step < k->freeze_step) {
         /* Warm-up: the exact average of the gradients. */
-        memcpy(a->g, grads, a->count * sizeof(float));
-        return obcomm_iallreduce(a->c, a->g, a->count, OBCOMM_FLOAT32,
-                                 OBCOMM_AVG, &a->req);
+        load_grads(a->g, grads, dtype, a->count, scale);
+        rc = obcomm_iallreduce(a->c, a->g, a->count, OBCOMM_FLOAT32, OBCOMM_AVG,
+                               &a->req);
+    } else {
+        /* Compression: local momentum, averaged with 1 bit per element;
+         * v is never touched again. The new momentum is built in g
+         * (unused in this stage), which becomes m when the op succeeds: a
+         * failed step leaves m as it was. */
+        if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
+            return rc;
+        const float *gr = grads;
+        if (dtype != OBCOMM_FLOAT32 || scale != 1.0f) {
+            load_grads(a->g, grads, dtype, a->count, scale);
+            gr = a->g;
+        }
+        a->kern->momentum(a->count, a->m, gr, a->g, k->beta1);
+        rc = obcomm_iallreduce_1bit(a->c, a->key, a->g, a->count, &a->req);
     }
-    /* Compression: local momentum, averaged with 1 bit per element; v is
-     * never touched again. The new momentum is built in g (unused in this
-     * stage), which becomes m when the op succeeds: a failed step leaves m
-     * as it was. */
-    if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
-        return rc;
-    a->kern->momentum(a->count, a->m, grads, a->g, k->beta1);
-    return obcomm_iallreduce_1bit(a->c, a->key, a->g, a->count, &a->req);
+    if (rc == 0) {
+        a->started = 1;
+        a->wait_rc = 0;
+    }
+    return rc;
 }
 
-int obcomm_adam_finish(obcomm_adam_t *a, float *params)
+int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
 {
-    if (a == NULL || params == NULL || a->req == NULL)
+    return obcomm_adam_start_ex(a, grads, OBCOMM_FLOAT32, 1.0f);
+}
+
+int obcomm_adam_wait(obcomm_adam_t *a)
+{
+    if (a == NULL || !a->started)
         return OBCOMM_E_INVAL;
-    int rc = obcomm_wait(a->req);
-    if (rc) {
-        obc_fail(a->c, rc, "%s", obcomm_request_error(a->req));
+    if (a->req != NULL) {
+        a->wait_rc = obcomm_wait(a->req);
+        if (a->wait_rc)
+            obc_fail(a->c, a->wait_rc, "%s", obcomm_request_error(a->req));
         obcomm_request_free(a->req);
         a->req = NULL;
-        return rc;
     }
-    obcomm_request_free(a->req);
-    a->req = NULL;
+    return a->wait_rc;
+}
+
+int obcomm_adam_grad_sumsq(obcomm_adam_t *a, double *out)
+{
+    if (a == NULL || out == NULL || !a->started || a->req != NULL ||
+        a->wait_rc != 0 || a->step >= a->cfg.freeze_step)
+        return OBCOMM_E_INVAL;
+    /* In index order, in double: the same bits on every rank, which hold
+     * the same average, so every rank clips alike. */
+    double sum = 0;
+    for (size_t i = 0; i < a->count; i++)
+        sum += (double)a->g[i] * (double)a->g[i];
+    *out = sum;
+    return 0;
+}
+
+int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params, void *model,
+                          obcomm_dtype_t model_dtype, float avg_scale)
+{
+    if (a == NULL || params == NULL || !a->started ||
+        (model != NULL && !grad_dtype_ok(model_dtype)) ||
+        !(avg_scale >= 0.0f && avg_scale <= 3.4e38f) ||
+        (avg_scale != 1.0f && a->step >= a->cfg.freeze_step))
+        return OBCOMM_E_INVAL;
+    int rc = obcomm_adam_wait(a);
+    a->started = 0;
+    if (rc)
+        return rc;
     if (a->step >= a->cfg.freeze_step) {
         float *m = a->g;
         a->g = a->m;
@@ -291,10 +383,20 @@ int obcomm_adam_finish(obcomm_adam_t *a, float *params)
         /* The mask applies as DeepSpeed applies exp_avg_mask: after the
          * average, so every rank zeroes the same coordinates of the same
          * momentum (in update's pass). */
+    } else if (avg_scale != 1.0f) {
+        for (size_t i = 0; i < a->count; i++)
+            a->g[i] = a->g[i] * avg_scale;
     }
     update(a, params);
+    if (model != NULL)
+        store_model(model, model_dtype, params, a->count);
     a->step++;
     return 0;
+}
+
+int obcomm_adam_finish(obcomm_adam_t *a, float *params)
+{
+    return obcomm_adam_finish_ex(a, params, NULL, OBCOMM_FLOAT32, 1.0f);
 }
 
 int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)

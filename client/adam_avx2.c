@@ -41,9 +41,8 @@ static void v_warmup(size_t n, const float *restrict g, float *restrict m,
                                             k);
 }
 
-static void v_momentum(size_t n, const float *restrict m,
-                       const float *restrict grad, float *restrict next,
-                       float beta1)
+static void v_momentum(size_t n, const float *restrict m, const float *grad,
+                       float *next, float beta1)
 {
     const __m256 b1 = _mm256_set1_ps(beta1);
     const __m256 c1 = _mm256_set1_ps(1.0f - beta1);

@@ -27,9 +27,8 @@ static void p_warmup(size_t n, const float *restrict g, float *restrict m,
     }
 }
 
-static void p_momentum(size_t n, const float *restrict m,
-                       const float *restrict grad, float *restrict next,
-                       float beta1)
+static void p_momentum(size_t n, const float *restrict m, const float *grad,
+                       float *next, float beta1)
 {
     const float c1 = 1.0f - beta1;
 

@@ -52,7 +52,8 @@ struct obc_adam_kernels {
                    const struct obc_adam_coef *k);
 
     /* The compression stage's local momentum:
-     *   next[i] = b1*m[i] + (1-b1)*grad[i]. */
+     *   next[i] = b1*m[i] + (1-b1)*grad[i].
+     * next may be grad (each element is read before it is written). */
     void (*momentum)(size_t n, const float *m, const float *grad, float *next,
                      float beta1);
 

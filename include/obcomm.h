@@ -301,6 +301,28 @@ OBCOMM_API int obcomm_adam_step(obcomm_adam_t *a, float *params,
  * but waits for a started collective to end. */
 OBCOMM_API int obcomm_adam_start(obcomm_adam_t *a, const float *grads);
 OBCOMM_API int obcomm_adam_finish(obcomm_adam_t *a, float *params);
+/* Mixed precision and gradient clipping, as DeepSpeed trains with 1-bit
+ * Adam. start_ex reads grads of dtype FLOAT32, FLOAT16 or BFLOAT16
+ * (converted exactly to fp32 as the step copies them) times `scale` (1:
+ * untouched); finish_ex updates params, the fp32 master copy, and, when
+ * model is not NULL, writes the new parameters rounded to nearest even
+ * into `model` (count elements of model_dtype: the model's own fp16 or
+ * bf16 parameters). Clipping as DeepSpeed: in the warm-up the averaged
+ * gradient is clipped, so obcomm_adam_wait ends the collective,
+ * obcomm_adam_grad_sumsq gives the average's sum of squares (the same on
+ * every rank: summed in double in index order), and finish_ex's avg_scale
+ * multiplies the average before Adam uses it (m = b1*m + (1-b1)*(g*s));
+ * in the compression stage the local gradient is clipped, through
+ * start_ex's scale, and avg_scale must be 1. A wait that fails ends
+ * nothing: finish_ex then returns the same error and ends the step.
+ * start and finish are start_ex (FLOAT32, 1) and finish_ex (NULL, 1). */
+OBCOMM_API int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
+                                    obcomm_dtype_t dtype, float scale);
+OBCOMM_API int obcomm_adam_wait(obcomm_adam_t *a);
+OBCOMM_API int obcomm_adam_grad_sumsq(obcomm_adam_t *a, double *sumsq);
+OBCOMM_API int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params,
+                                     void *model, obcomm_dtype_t model_dtype,
+                                     float avg_scale);
 OBCOMM_API void obcomm_adam_destroy(obcomm_adam_t *a);
 
 /* Learning rate from the next step on (schedules). */
