@@ -83,14 +83,16 @@ def _log_starts(opt):
 
 def train(args):
     """Deep with OneBitAdam and a StepLR schedule. args: overlap, freeze,
-    steps (until this global step, exclusive), accum (backward passes per
-    step; with overlap all but the last inside no_sync()), cap_mb
-    (cap_mb_last: the last rank's), save
-    (path: state_dict and model after the steps), load (resume from it),
+    until (train up to this global step, exclusive), accum (backward
+    passes per step; with overlap all but the last inside no_sync()),
+    cap_mb (cap_mb_last: the last rank's), save (path: state_dict and
+    model after the steps), load (resume from it),
     swap (on the last rank: its first two buckets start in the other
-    order). Returns digests after each step, the starts of each step,
-    masked(), the buckets, per-bucket v (with "v": True), the error of a
-    failed step."""
+    order), own_grads (a step at which two gradients are not the
+    optimizer's views: None and a new tensor). Returns digests after each
+    step, the starts of each step, whether every gradient was the
+    optimizer's view after every step, masked(), the buckets, per-bucket v
+    (with "v": True), the error of a failed step."""
     rank = int(os.environ["RANK"])
     torch.manual_seed(rank)
     model = Deep()  # different on every rank: the optimizer broadcasts
@@ -126,6 +128,11 @@ def train(args):
     t0 = time.monotonic()
     for step in range(first, args["until"]):
         opt.zero_grad()
+        if step == args.get("own_grads"):
+            # Gradients that are not the optimizer's views: backward makes
+            # new tensors, or adds into ones of the user's.
+            model.fc4.weight.grad = None
+            model.fc1.weight.grad = torch.zeros_like(model.fc1.weight)
         for micro in range(accum):
             if opt.overlap and micro < accum - 1:
                 with opt.no_sync():
@@ -142,6 +149,8 @@ def train(args):
         out["starts"].append(list(log))
         log.clear()
         out["digests"].append(digest(model))
+        out["views"] = out.get("views", True) and all(
+            comm.is_shared(p.grad) for p in model.parameters())
     out["steps"] = opt.steps
     if out["error"] is None:
         out["masked"] = opt.masked()

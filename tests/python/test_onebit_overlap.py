@@ -35,9 +35,12 @@ def test_overlap_equals_start_at_step(make_cluster, trainers):
     schedule: overlap=True gives bitwise the parameters of overlap=False
     after every step, on every rank; the buckets start when promised; the
     unused layer never moves; each bucket's automatic mask is the rule
-    applied to its own v; every compression step is 4 1-bit ops."""
+    applied to its own v; every compression step is 4 1-bit ops. At
+    step 3 two gradients are not the optimizer's views (None, a tensor of
+    the user's): the hooks put them back into the shared buffer as step()
+    does."""
     cl = make_cluster(2)
-    args = {"freeze": 5, "until": 12, "v": True}
+    args = {"freeze": 5, "until": 12, "v": True, "own_grads": 3}
     on = cl.run("on", "train", trainers, args=dict(args, overlap=True),
                 script=W)
     off = cl.run("off", "train", trainers, args=dict(args, overlap=False),
@@ -51,6 +54,7 @@ def test_overlap_equals_start_at_step(make_cluster, trainers):
         assert a["starts"] == [OVERLAPPED] * 12
         assert b["starts"] == [AT_STEP] * 12
         assert a["steps"] == b["steps"] == 12
+        assert a["views"] and b["views"]
         assert a["unused_moved"] == b["unused_moved"] == 0.0
         assert a["obcomm"]["buckets"] == [[k, n] for k, _, n in BUCKETS]
         want = sum(expected_masked(v, 0.01) for v in a["bucket_v"])
