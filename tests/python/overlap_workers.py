@@ -154,7 +154,8 @@ def train(args):
     out["steps"] = opt.steps
     if out["error"] is None:
         out["masked"] = opt.masked()
-        out["unused_moved"] = (model.unused.weight - unused0).abs().max().item()
+        out["unused_moved"] = (
+            (model.unused.weight - unused0).abs().max().item())
         if args.get("v") or args.get("save"):
             sd = opt.state_dict()
             out["obcomm"] = {k: v for k, v in sd["obcomm"].items()

@@ -5,10 +5,8 @@ with gradient accumulation, across a checkpoint; a rank that starts
 another bucket fails every rank instead of hanging. Real daemons, real
 trainer processes (overlap_workers.py)."""
 
-import os
 
 import pytest
-import torch
 
 import overlap_workers
 from test_onebit_adam import expected_masked

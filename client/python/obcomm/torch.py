@@ -339,7 +339,7 @@ class OneBitAdam(torch.optim.Optimizer):
                 pv.copy_(p.reshape(-1))
             p.data = pv.view_as(p)
 
-    # -- starting buckets -------------------------------------------------------
+    # -- starting buckets -----------------------------------------------------
 
     def _grad_ready(self, b, i):
         """Parameter i of bucket b has its gradient of this backward pass."""
