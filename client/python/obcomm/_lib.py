@@ -81,6 +81,8 @@ _FUNCTIONS = [
                                    ctypes.POINTER(AdamConfig),
                                    ctypes.POINTER(c_void_p)]),
     ("obcomm_adam_step", c_int, [c_void_p, c_void_p, c_void_p]),
+    ("obcomm_adam_start", c_int, [c_void_p, c_void_p]),
+    ("obcomm_adam_finish", c_int, [c_void_p, c_void_p]),
     ("obcomm_adam_destroy", None, [c_void_p]),
     ("obcomm_adam_set_lr", None, [c_void_p, ctypes.c_float]),
     ("obcomm_adam_steps", ctypes.c_long, [c_void_p]),

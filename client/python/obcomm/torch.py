@@ -3,16 +3,22 @@
 importing this module, the torch.distributed backend "obcomm"
 (backend.py)."""
 
+import contextlib
 import ctypes
+import enum
+import functools
+import hashlib
 import os
 import shutil
 import struct
 import tempfile
+import weakref
 
 import torch
+from torch.autograd import Variable
 
 from ._lib import lib, AdamConfig
-from .comm import Communicator, ObcommError, E_INVAL
+from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH
 from .backend import ProcessGroupObcomm, process_group
 
 # The header of obcomm_adam_save's file, field by field at fixed offsets,
@@ -31,9 +37,20 @@ AUTO_MASK_RATIO = 0.01
 
 _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 
+# DDP's default bucket size (MiB).
+BUCKET_CAP_MB = 25
+
+
+class _State(enum.Enum):
+    """Where a bucket is in the current step."""
+    IDLE = "idle"        # nothing sent since the last step()
+    STARTED = "started"  # obcomm_adam_start succeeded: the collective is out
+    FAILED = "failed"    # obcomm_adam_start failed: step() raises its error
+
 
 class _Group:
-    """One param group's flat shared buffers and its C optimizer."""
+    """One param group: its parameters and gradients in one flat shared
+    buffer each, cut into buckets."""
 
     def __init__(self):
         self.params = []     # the group's parameters, in order
@@ -42,10 +59,57 @@ class _Group:
         self.flat_p = None   # shared memory: the parameters
         self.flat_g = None   # shared memory: the gradients
         self.keep = None     # explicit mask (uint8 tensor) or None
+        self.hyper = None    # the hyperparameters the C optimizers have
+        self.buckets = []    # in start order: the first holds the last params
+
+
+class _Bucket:
+    """A contiguous slice of its group's flat buffers, parameters
+    [first, last) of the group (elements [off, off + count)), with its own
+    C optimizer and key: its own error feedback in the daemons, its own
+    1-bit chunks and scales, its own automatic mask threshold."""
+
+    def __init__(self, group, first, last, key):
+        self.group = group
+        self.first, self.last = first, last
+        self.off = group.spans[first][0]
+        self.count = sum(n for _, n in group.spans[first:last])
+        self.key = key
         self.handle = None   # obcomm_adam_t *
-        self.key = 0
-        self.hyper = None    # the hyperparameters the C optimizer has
         self.conn = None     # the connection the C optimizer borrows
+        self.hooked = 0      # parameters whose gradient hook counts
+        self.fired = set()   # of those, the ones whose gradient arrived
+        self.state = _State.IDLE
+        self.error = None    # the ObcommError of a failed start
+
+
+def _plan(numels, cap_bytes):
+    """A group's buckets as parameter index ranges [first, last), in start
+    order: filled from the group's last parameter backwards (the reverse
+    of the order of use, as DDP approximates it), a bucket closed once it
+    holds at least cap_bytes of float32. A remainder without elements
+    joins the bucket before it (a C optimizer needs at least one)."""
+    out = []
+    last, nbytes = len(numels), 0
+    for i in reversed(range(len(numels))):
+        nbytes += 4 * numels[i]
+        if nbytes >= cap_bytes:
+            out.append((i, last))
+            last, nbytes = i, 0
+    if last > 0:
+        if nbytes > 0 or not out:
+            out.append((0, last))
+        else:
+            out[-1] = (0, out[-1][1])
+    return out
+
+
+def _grad_ready(wself, bucket, i, *_):
+    """The hook on parameter i's AccumulateGrad node (weak: the node lives
+    as long as the parameter, the optimizer need not)."""
+    opt = wself()
+    if opt is not None:
+        opt._grad_ready(bucket, i)
 
 
 class OneBitAdam(torch.optim.Optimizer):
@@ -64,27 +128,50 @@ class OneBitAdam(torch.optim.Optimizer):
     comm=None uses obcomm.Communicator(): the process's connection, shared
     with the process group when torch.distributed.init_process_group
     ("obcomm") ran. Construct it on every rank with the same parameters
-    (shapes) and arguments; it broadcasts rank 0's parameters so every
-    rank starts equal, and it averages the gradients itself (no DDP
-    needed). Each param
+    (shapes) and arguments; it checks that every rank planned the same
+    buckets and broadcasts rank 0's parameters so every rank starts equal,
+    and it averages the gradients itself (no DDP needed). Each param
     group's parameters and gradients are moved into one flat float32
     shared-memory buffer each and re-pointed as views into it; the
     gradients stay those views (zero_grad zeroes them in place).
+
+    Buckets (as DDP's): each group's flat buffers are cut into contiguous
+    buckets of at least bucket_cap_mb MiB, filled from the group's last
+    parameter backwards; each bucket is its own C optimizer with its own
+    key. Bucket j (counted over the groups in order, within a group from
+    its last parameters on) has key `key + j`, so the optimizer uses keys
+    key .. key + len(buckets) - 1. Buckets are always started in one
+    order, the same on every rank: the groups from the last to the first,
+    within a group from its last parameters on.
+
+    overlap=True (the default): a hook on each parameter's gradient
+    accumulation starts a bucket's step (its collective) as soon as all of
+    its gradients arrived in backward and every bucket before it has
+    started, so communication runs during the rest of backward; at the end
+    of a backward pass, buckets whose gradients did not all arrive (unused
+    parameters) start with the gradients they hold; step() starts what is
+    left (gradients set by hand), waits for every bucket in order and
+    applies the updates. A backward pass (outside no_sync()) commits the
+    step: gradients changed after it (clipping) are not seen, and a second
+    backward before step() raises; accumulate over several backward passes
+    inside `with opt.no_sync():` (as DDP's) or with overlap=False, where
+    step() starts and finishes every bucket.
 
     Only lr may change between steps (schedulers work); the other
     hyperparameters are fixed at construction or by load_state_dict.
     state_dict() and load_state_dict() are collectives: every rank calls
     them. state_dict() has every daemon save the run's error feedback as a
-    snapshot set and names it in the dict ("obcomm": {"snapshot", "job"});
-    load_state_dict() brings every daemon back to that set, so a resumed
-    run continues bit for bit, or raises on every rank naming the node
-    that lacks it or holds it damaged. Without a state_dir the daemons
-    keep only the newest set of a job, in memory, until they restart.
+    snapshot set and names it in the dict ("obcomm": {"snapshot", "job",
+    "buckets"}); load_state_dict() brings every daemon back to that set,
+    so a resumed run continues bit for bit, or raises on every rank naming
+    the node that lacks it or holds it damaged. Without a state_dir the
+    daemons keep only the newest set of a job, in memory, until they
+    restart.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, bias_correction=False,
-                 comm=None, key=1):
+                 comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True):
         if not 0.0 <= lr:
             raise ValueError(f"invalid lr {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -93,12 +180,24 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError(f"invalid eps {eps}")
         if not weight_decay >= 0.0 or not freeze_step >= 0:
             raise ValueError("invalid weight_decay or freeze_step")
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"invalid bucket_cap_mb {bucket_cap_mb}")
         # The optimizer holds its own share of the connection, so that it
         # outlives whichever of the process group, the caller's
         # Communicator and this optimizer is closed first.
         self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
+        self.overlap = bool(overlap)
+        self.bucket_cap_mb = bucket_cap_mb
+        self._cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._groups = []
+        self._buckets = []   # by key: _buckets[j] has key self.key + j
+        self._order = []     # the start order
+        self._next = 0       # _order[_next] is the next bucket to start
+        self._sync = True    # False inside no_sync()
+        self._in_backward = False  # an end-of-backward callback is queued
+        self._accs = []      # the AccumulateGrad nodes we hook (kept alive)
+        self._hooks = []     # their hooks' handles
         self._auto_ratio = AUTO_MASK_RATIO
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
@@ -108,6 +207,9 @@ class OneBitAdam(torch.optim.Optimizer):
     # -- setup ----------------------------------------------------------------
 
     def add_param_group(self, param_group):
+        if any(b.state is not _State.IDLE for b in self._buckets):
+            raise RuntimeError("OneBitAdam.add_param_group: a step is started "
+                               "(backward ran); call step() first")
         super().add_param_group(param_group)
         self._setup(self.param_groups[-1])
 
@@ -123,7 +225,6 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def _setup(self, group):
         g = _Group()
-        g.key = self.key + len(self._groups)
         for p in group["params"]:
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise TypeError("OneBitAdam: parameters must be float32 CPU "
@@ -133,7 +234,10 @@ class OneBitAdam(torch.optim.Optimizer):
             g.count += p.numel()
         if g.count == 0:
             raise ValueError("OneBitAdam: a param group with no elements")
+        plan = _plan([n for _, n in g.spans], self._cap_bytes)
+        first_key = self.key + len(self._buckets)
         comm = self.comm
+        self._agree(g, plan, first_key)
         g.flat_p = comm.empty(g.count)
         g.flat_g = comm.empty(g.count)
         with torch.no_grad():
@@ -146,36 +250,161 @@ class OneBitAdam(torch.optim.Optimizer):
         for p, (o, n) in zip(g.params, g.spans):
             p.data = g.flat_p[o:o + n].view_as(p)
             p.grad = g.flat_g[o:o + n].view_as(p)
-        h = ctypes.c_void_p()
         cfg = self._config(group)
-        with comm._locked() as ch:
-            comm._check(lib.obcomm_adam_create(ch, g.key, g.count,
-                                               ctypes.byref(cfg),
-                                               ctypes.byref(h)))
-        g.handle = h
-        g.conn = comm._c()
-        with g.conn.lock:
-            g.conn.adams.append(g)
+        conn = comm._c()
+        for j, (first, last) in enumerate(plan):
+            b = _Bucket(g, first, last, first_key + j)
+            h = ctypes.c_void_p()
+            with comm._locked() as ch:
+                comm._check(lib.obcomm_adam_create(ch, b.key, b.count,
+                                                   ctypes.byref(cfg),
+                                                   ctypes.byref(h)))
+            b.handle = h
+            b.conn = conn
+            with conn.lock:
+                conn.adams.append(b)
+            lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
+            g.buckets.append(b)
+            self._buckets.append(b)
         g.hyper = tuple(group[k] for k in _HYPER)
-        lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
         self._groups.append(g)
+        if self.overlap:
+            self._hook(g)
+        self._order = [b for grp in reversed(self._groups)
+                       for b in grp.buckets]
 
-    def _repoint(self, g):
-        """Puts parameters and gradients back into the flat buffers if the
-        user replaced a .data or a .grad (one copy each, then views again)."""
+    def _agree(self, g, plan, first_key):
+        """Every rank must plan the same buckets (the daemons match a
+        job's ops in the order they are issued): one allgather of a digest
+        of the group's parameter shapes, bucket ranges and keys, and
+        ObcommError on every rank naming the ranks that differ."""
+        desc = repr((first_key, [tuple(p.shape) for p in g.params],
+                     plan)).encode()
+        mine = torch.tensor([int.from_bytes(
+            hashlib.blake2b(desc, digest_size=8).digest(), "little",
+            signed=True)], dtype=torch.int64)
+        every = torch.zeros(self.comm.size, dtype=torch.int64)
+        self.comm._iallgather(every, mine, None).future.wait()
+        differ = [r for r in range(self.comm.size) if every[r] != every[0]]
+        if differ:
+            counts = [sum(n for _, n in g.spans[f:l]) for f, l in plan]
+            raise ObcommError(
+                E_MISMATCH,
+                f"OneBitAdam: param group {len(self._groups)}'s buckets on "
+                f"rank(s) {differ} differ from rank 0's (rank "
+                f"{self.comm.rank}: {len(g.params)} parameters, "
+                f"{len(plan)} bucket(s) of {counts} elements, keys "
+                f"{first_key}..{first_key + len(plan) - 1}); every rank "
+                f"must construct the optimizer with the same parameters, "
+                f"param groups, key and bucket_cap_mb")
+
+    def _hook(self, g):
+        """Hooks every parameter of g that requires a gradient: its
+        AccumulateGrad node (torch 1.13 has no post-accumulate hook; DDP
+        hooks the same node) calls _grad_ready once the gradient is in
+        p.grad. A parameter holds its node only weakly, so we keep it."""
+        wself = weakref.ref(self)
+        with torch.enable_grad():
+            for b in g.buckets:
+                for i in range(b.first, b.last):
+                    p = g.params[i]
+                    if not p.requires_grad:
+                        continue
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._accs.append(acc)
+                    self._hooks.append(acc.register_hook(
+                        functools.partial(_grad_ready, wself, b, i)))
+                    b.hooked += 1
+
+    def _grad_view(self, g, i):
+        """Parameter i's gradient back into the flat buffer if it is not
+        the view there (None: zeros; another tensor: one copy)."""
+        p, (o, n) = g.params[i], g.spans[i]
+        gv = g.flat_g[o:o + n]
         with torch.no_grad():
-            for p, (o, n) in zip(g.params, g.spans):
-                pv = g.flat_p[o:o + n]
-                if p.data_ptr() != pv.data_ptr():
-                    pv.copy_(p.reshape(-1))
-                    p.data = pv.view_as(p)
-                gv = g.flat_g[o:o + n]
-                if p.grad is None:
-                    gv.zero_()
-                    p.grad = gv.view_as(p)
-                elif p.grad.data_ptr() != gv.data_ptr():
-                    gv.copy_(p.grad.reshape(-1))
-                    p.grad = gv.view_as(p)
+            if p.grad is None:
+                gv.zero_()
+                p.grad = gv.view_as(p)
+            elif n and p.grad.data_ptr() != gv.data_ptr():
+                gv.copy_(p.grad.reshape(-1))
+                p.grad = gv.view_as(p)
+
+    def _data_view(self, g, i):
+        """Parameter i's values back into the flat buffer if the user
+        replaced p.data (one copy, then a view again)."""
+        p, (o, n) = g.params[i], g.spans[i]
+        pv = g.flat_p[o:o + n]
+        if n and p.data_ptr() != pv.data_ptr():
+            with torch.no_grad():
+                pv.copy_(p.reshape(-1))
+            p.data = pv.view_as(p)
+
+    # -- starting buckets -----------------------------------------------------
+
+    def _grad_ready(self, b, i):
+        """Parameter i of bucket b has its gradient of this backward pass."""
+        if not self._sync or b.handle is None:
+            return
+        if b.state is not _State.IDLE or i in b.fired:
+            p = b.group.params[i]
+            raise RuntimeError(
+                f"OneBitAdam: a second backward pass reached a parameter "
+                f"({tuple(p.shape)}, bucket key {b.key}) before step(); "
+                "with overlap=True the first backward pass already sent its "
+                "gradients. Accumulate gradients with `with opt.no_sync():` "
+                "around all but the last backward pass (as with DDP), or "
+                "construct the optimizer with overlap=False")
+        self._grad_view(b.group, i)
+        b.fired.add(i)
+        if not self._in_backward:
+            self._in_backward = True
+            Variable._execution_engine.queue_callback(self._backward_done)
+        self._start_ready(everything=False)
+
+    def _backward_done(self):
+        """The end of a backward pass that reached our parameters: buckets
+        whose gradients did not all arrive (parameters this pass did not
+        use) start now with the gradients they hold."""
+        self._in_backward = False
+        if self._sync:
+            self._start_ready(everything=True)
+
+    def _start_ready(self, everything):
+        """Starts buckets in start order, as far as they are ready (all of
+        their hooked gradients arrived), or all of them."""
+        while self._next < len(self._order):
+            b = self._order[self._next]
+            if not everything and len(b.fired) < b.hooked:
+                return
+            self._start(b)
+            self._next += 1
+
+    def _start(self, b):
+        """obcomm_adam_start on bucket b: reads its gradients, submits its
+        collective. A failure is kept for step() to raise, so a backward
+        pass never ends in a half-started step."""
+        g = b.group
+        for i in range(b.first, b.last):
+            if i not in b.fired:
+                self._grad_view(g, i)
+        grads = ctypes.c_void_p(g.flat_g.data_ptr() + 4 * b.off)
+        try:
+            with self.comm._locked():
+                self.comm._check(lib.obcomm_adam_start(b.handle, grads))
+            b.state = _State.STARTED
+        except ObcommError as e:
+            b.state, b.error = _State.FAILED, e
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside the block only accumulate gradients
+        (DDP's no_sync): the first backward pass after it, or step(),
+        sends the sum. A no-op with overlap=False."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
 
     # -- the optimizer ----------------------------------------------------------
 
@@ -185,7 +414,6 @@ class OneBitAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        comm = self.comm
         for g, group in zip(self._groups, self.param_groups):
             hyper = tuple(group[k] for k in _HYPER)
             if hyper != g.hyper:
@@ -193,34 +421,72 @@ class OneBitAdam(torch.optim.Optimizer):
                     "OneBitAdam: only lr may change after construction "
                     f"({dict(zip(_HYPER, g.hyper))} became "
                     f"{dict(zip(_HYPER, hyper))})")
-            self._repoint(g)
-            lib.obcomm_adam_set_lr(g.handle, float(group["lr"]))
-            with comm._locked():
-                comm._check(lib.obcomm_adam_step(
-                    g.handle, ctypes.c_void_p(g.flat_p.data_ptr()),
-                    ctypes.c_void_p(g.flat_g.data_ptr())))
+        first = None
+        try:
+            for g, group in zip(self._groups, self.param_groups):
+                for b in g.buckets:
+                    lib.obcomm_adam_set_lr(b.handle, float(group["lr"]))
+            self._start_ready(everything=True)
+            # Every started bucket is finished, also after a failure, so
+            # that none stays in flight into the next step.
+            for b in self._order:
+                if b.state is _State.FAILED:
+                    first = first or b.error
+                    continue
+                g = b.group
+                for i in range(b.first, b.last):
+                    self._data_view(g, i)
+                params = ctypes.c_void_p(g.flat_p.data_ptr() + 4 * b.off)
+                try:
+                    with self.comm._locked():
+                        self.comm._check(lib.obcomm_adam_finish(b.handle,
+                                                                params))
+                except ObcommError as e:
+                    first = first or e
+        finally:
+            for b in self._order:
+                b.state, b.error, b.fired = _State.IDLE, None, set()
+            self._next = 0
+            self._in_backward = False
+        if first is not None:
+            raise first
         return loss
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient in place (one memset per group); the
         gradients stay views into the shared buffer whatever set_to_none
-        says."""
+        says. With overlap, after a backward pass (outside no_sync) only
+        step() may come: its gradients are already sent."""
+        if any(b.state is not _State.IDLE for b in self._buckets):
+            raise RuntimeError(
+                "OneBitAdam.zero_grad: a backward pass already started this "
+                "step (overlap=True sends gradients during backward); call "
+                "step() first, run backward passes whose gradients may be "
+                "dropped inside `with opt.no_sync():`, or construct the "
+                "optimizer with overlap=False")
         for g in self._groups:
             g.flat_g.zero_()
-            for p, (o, n) in zip(g.params, g.spans):
-                if p.grad is None or p.grad.data_ptr() != g.flat_g[o].data_ptr():
-                    p.grad = g.flat_g[o:o + n].view_as(p)
+            for i in range(len(g.params)):
+                self._grad_view(g, i)
 
     @property
     def steps(self):
-        """Steps taken (the C optimizer's count, the same in every group)."""
-        return lib.obcomm_adam_steps(self._groups[0].handle) if self._groups else 0
+        """Steps taken (the C optimizers' count, the same in every bucket)."""
+        return lib.obcomm_adam_steps(self._buckets[0].handle) \
+            if self._buckets else 0
+
+    @property
+    def buckets(self):
+        """The buckets by key: (key, parameters, elements) of each, bucket
+        j with key `key + j`."""
+        return [(b.key, [b.group.params[i] for i in range(b.first, b.last)],
+                 b.count) for b in self._buckets]
 
     # -- the mask ---------------------------------------------------------------
 
     def set_auto_mask(self, ratio):
         """The automatic mask: a coordinate is masked in the compression
-        stage when sqrt(v) <= ratio * sqrt(mean v) over its group's frozen
+        stage when sqrt(v) <= ratio * sqrt(mean v) over its bucket's frozen
         v. True: the default ratio (AUTO_MASK_RATIO, as the C library);
         a number: that ratio (0 masks only v == 0); False: no automatic
         mask (the ablation). An explicit mask (set_mask) still applies."""
@@ -229,77 +495,86 @@ class OneBitAdam(torch.optim.Optimizer):
         elif ratio is False or ratio is None:
             ratio = -1.0
         self._auto_ratio = float(ratio)
-        for g in self._groups:
-            lib.obcomm_adam_set_auto_mask(g.handle, self._auto_ratio)
+        for b in self._buckets:
+            lib.obcomm_adam_set_auto_mask(b.handle, self._auto_ratio)
 
     def set_mask(self, param, keep):
         """An explicit mask for `param` (DeepSpeed's exp_avg_mask): `keep`
         has param's shape, nonzero keeps a coordinate, 0 holds its momentum
         at 0 in the compression stage. The rest of the param group is kept
-        (the automatic mask is then off for that group). keep=None returns
-        the group to the automatic mask. Every rank sets the same mask."""
+        (the automatic mask is then off for that group, in every bucket).
+        keep=None returns the group to the automatic mask. Every rank sets
+        the same mask."""
         for g in self._groups:
             for p, (o, n) in zip(g.params, g.spans):
                 if p is not param:
                     continue
                 if keep is None:
                     g.keep = None
+                else:
+                    keep = torch.as_tensor(keep)
+                    if keep.shape != p.shape:
+                        raise ValueError(
+                            f"set_mask: mask shape {tuple(keep.shape)} is "
+                            f"not the parameter's {tuple(p.shape)}")
+                    if g.keep is None:
+                        g.keep = torch.ones(g.count, dtype=torch.uint8)
+                    g.keep[o:o + n] = (keep.reshape(-1) != 0).to(torch.uint8)
+                for b in g.buckets:
+                    mask = None if g.keep is None else \
+                        ctypes.c_void_p(g.keep.data_ptr() + b.off)
                     with self.comm._locked():
-                        self.comm._check(lib.obcomm_adam_set_mask(g.handle,
-                                                                  None))
-                    return
-                keep = torch.as_tensor(keep)
-                if keep.shape != p.shape:
-                    raise ValueError(f"set_mask: mask shape {tuple(keep.shape)}"
-                                     f" is not the parameter's {tuple(p.shape)}")
-                if g.keep is None:
-                    g.keep = torch.ones(g.count, dtype=torch.uint8)
-                g.keep[o:o + n] = (keep.reshape(-1) != 0).to(torch.uint8)
-                with self.comm._locked():
-                    self.comm._check(lib.obcomm_adam_set_mask(
-                        g.handle, ctypes.c_void_p(g.keep.data_ptr())))
+                        self.comm._check(lib.obcomm_adam_set_mask(b.handle,
+                                                                  mask))
                 return
         raise ValueError("set_mask: not a parameter of this optimizer")
 
     def masked(self):
         """Coordinates held at 0 by the mask in the compression stage."""
-        return sum(lib.obcomm_adam_masked(g.handle) for g in self._groups)
+        return sum(lib.obcomm_adam_masked(b.handle) for b in self._buckets)
 
     # -- checkpoints ------------------------------------------------------------
 
-    def _save_group(self, g, d):
-        path = os.path.join(d, f"group{g.key}.adam")
+    def _save_bucket(self, b, d):
+        path = os.path.join(d, f"bucket{b.key}.adam")
         with self.comm._locked():
-            self.comm._check(lib.obcomm_adam_save(g.handle, path.encode()))
+            self.comm._check(lib.obcomm_adam_save(b.handle, path.encode()))
         with open(path, "rb") as f:
             raw = f.read()
         hs = _ADAM_HEADER.size
         (magic, version, hbytes, count, step, _key, *_cfg, snapshot,
          part_bytes, part_node, _reserved) = _ADAM_HEADER.unpack_from(raw)
-        end = hs + 8 * g.count
+        end = hs + 8 * b.count
         if (magic != _ADAM_MAGIC or version != _ADAM_VERSION or
-                hbytes != hs or count != g.count or
+                hbytes != hs or count != b.count or
                 len(raw) != end + part_bytes):
             raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
         flat = torch.frombuffer(bytearray(raw[hs:end]), dtype=torch.float32)
         part = raw[end:] if part_bytes else None
-        return (step, flat[:g.count], flat[g.count:], snapshot, part,
+        return (step, flat[:b.count], flat[b.count:], snapshot, part,
                 part_node)
+
+    def _layout(self):
+        return [[b.key, b.count] for b in self._buckets]
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
         'exp_avg_sq', plus "obcomm": the snapshot set of the daemons' error
-        feedback taken with it ({"snapshot": id, "job": name}), and, when
-        this node's daemon keeps no state_dir, this node's part of it
-        ("part": bytes, "node": its node), which a load after a restart of
-        the daemons needs. A collective; raises on every rank unless every
-        node saved."""
+        feedback taken with it ({"snapshot": id, "job": name, "buckets":
+        [[key, elements], ...]}), and, when this node's daemon keeps no
+        state_dir, this node's part of it ("part": bytes, "node": its
+        node), which a load after a restart of the daemons needs. A
+        collective (one snapshot per bucket); raises on every rank unless
+        every node saved, and when a step is started (backward ran)."""
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         snapshot, part, node = 0, None, 0
         try:
-            for g in self._groups:
-                step, m, v, snapshot, part, node = self._save_group(g, d)
-                for p, (o, n) in zip(g.params, g.spans):
+            for b in self._buckets:
+                step, m, v, snapshot, part, node = self._save_bucket(b, d)
+                g = b.group
+                for i in range(b.first, b.last):
+                    p, (o, n) = g.params[i], g.spans[i]
+                    o -= b.off
                     self.state[p] = {
                         "step": torch.tensor(float(step)),
                         "exp_avg": m[o:o + n].clone().view_as(p),
@@ -307,8 +582,9 @@ class OneBitAdam(torch.optim.Optimizer):
         finally:
             shutil.rmtree(d, ignore_errors=True)
         sd = super().state_dict()
-        # The last group's snapshot holds every key of the job.
-        sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job}
+        # The last bucket's snapshot holds every key of the job.
+        sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job,
+                        "buckets": self._layout()}
         if part is not None:
             sd["obcomm"]["part"] = part
             sd["obcomm"]["node"] = int(node)
@@ -316,8 +592,9 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Restores step, momentum, variance and hyperparameters of every
-        group, and the daemons' error feedback of the snapshot the dict
-        names: the run continues bit for bit. Every rank calls it; it
+        bucket, and the daemons' error feedback of the snapshot the dict
+        names: the run continues bit for bit. The buckets must be those the
+        dict was saved with (ValueError otherwise). Every rank calls it; it
         raises ObcommError on every rank when a node lacks the snapshot or
         holds it damaged (the run's error feedback then restarts at zero
         on every node, and the run cannot continue)."""
@@ -325,6 +602,13 @@ class OneBitAdam(torch.optim.Optimizer):
         if not isinstance(info, dict) or not info.get("snapshot"):
             raise ValueError("load_state_dict: no \"obcomm\" snapshot in the "
                              "state dict (not saved by OneBitAdam.state_dict)")
+        saved = info.get("buckets")
+        if saved is not None and [list(x) for x in saved] != self._layout():
+            raise ValueError(
+                f"load_state_dict: the state dict was saved with buckets "
+                f"(key, elements) {[tuple(x) for x in saved]}, this optimizer "
+                f"has {[tuple(x) for x in self._layout()]}: construct it "
+                f"with the same key and bucket_cap_mb")
         snapshot = int(info["snapshot"])
         part = info.get("part")
         state_dict = {k: v for k, v in state_dict.items() if k != "obcomm"}
@@ -339,66 +623,74 @@ class OneBitAdam(torch.optim.Optimizer):
                 steps = {int(s["step"]) for s in st}
                 if len(steps) != 1:
                     raise ValueError(f"load_state_dict: steps differ {steps}")
+                step = steps.pop()
                 cfg = self._config(group)
-                h = _ADAM_HEADER.pack(
-                    _ADAM_MAGIC, _ADAM_VERSION, _ADAM_HEADER.size, g.count,
-                    steps.pop(), g.key, cfg.lr, cfg.beta1, cfg.beta2,
-                    cfg.eps, cfg.weight_decay, cfg.bias_correction,
-                    cfg.freeze_step, snapshot,
-                    len(part) if part is not None else 0,
-                    int(info["node"]) if part is not None else 0, 0)
                 m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
                 v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
-                path = os.path.join(d, f"group{g.key}.adam")
-                with open(path, "wb") as f:
-                    f.write(h)
-                    f.write(m.numpy().tobytes())
-                    f.write(v.numpy().tobytes())
-                    if part is not None:
-                        f.write(part)
-                with self.comm._locked():
-                    self.comm._check(lib.obcomm_adam_load(g.handle,
-                                                          path.encode()))
+                for b in g.buckets:
+                    h = _ADAM_HEADER.pack(
+                        _ADAM_MAGIC, _ADAM_VERSION, _ADAM_HEADER.size,
+                        b.count, step, b.key, cfg.lr, cfg.beta1, cfg.beta2,
+                        cfg.eps, cfg.weight_decay, cfg.bias_correction,
+                        cfg.freeze_step, snapshot,
+                        len(part) if part is not None else 0,
+                        int(info["node"]) if part is not None else 0, 0)
+                    path = os.path.join(d, f"bucket{b.key}.adam")
+                    with open(path, "wb") as f:
+                        f.write(h)
+                        f.write(m[b.off:b.off + b.count].numpy().tobytes())
+                        f.write(v[b.off:b.off + b.count].numpy().tobytes())
+                        if part is not None:
+                            f.write(part)
+                    with self.comm._locked():
+                        self.comm._check(lib.obcomm_adam_load(b.handle,
+                                                              path.encode()))
                 g.hyper = tuple(group[k] for k in _HYPER)
         finally:
             shutil.rmtree(d, ignore_errors=True)
-        # The C optimizer holds the state; the per-parameter copies only
+        # The C optimizers hold the state; the per-parameter copies only
         # exist to be saved.
         self.state.clear()
 
     # -- lifetime -----------------------------------------------------------------
 
     def close(self):
-        """Frees the C optimizers and lets go of the connection (which
-        stays open while the process group or a Communicator holds it).
-        Parameters keep their values: they are copied out of shared memory
-        first. Idempotent."""
+        """Frees the C optimizers, removes the gradient hooks and lets go
+        of the connection (which stays open while the process group or a
+        Communicator holds it). Parameters keep their values: they are
+        copied out of shared memory first. Idempotent."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._accs = [], []
         for g in self._groups:
-            if g.handle is not None:
+            if any(b.handle is not None for b in g.buckets):
                 with torch.no_grad():
                     for p in g.params:
                         p.data = p.data.clone()
                         p.grad = None
-                self._destroy(g)
-        self._groups = []
+            for b in g.buckets:
+                self._destroy(b)
+        self._groups, self._buckets, self._order = [], [], []
         self.comm.close()
 
-    def _destroy(self, g):
+    def _destroy(self, b):
         # The connection destroys its C optimizers before its handle
-        # closes (g.handle is None then), whichever holder closed it.
-        conn = g.conn
+        # closes (b.handle is None then), whichever holder closed it.
+        conn = b.conn
+        if conn is None:
+            return
         with conn.lock:
-            if g.handle is not None and conn.h is not None:
-                lib.obcomm_adam_destroy(g.handle)
-            g.handle = None
-            if g in conn.adams:
-                conn.adams.remove(g)
+            if b.handle is not None and conn.h is not None:
+                lib.obcomm_adam_destroy(b.handle)
+            b.handle = None
+            if b in conn.adams:
+                conn.adams.remove(b)
 
     def __del__(self):
         try:
-            for g in self._groups:
-                if g.handle is not None:
-                    self._destroy(g)
+            for b in self._buckets:
+                if b.handle is not None:
+                    self._destroy(b)
             self.comm.close()
         except Exception:
             pass
