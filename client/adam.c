@@ -600,15 +600,22 @@ static int read_all(int fd, void *buf, size_t len)
 
 int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 {
+    return obcomm_adam_save_ex(a, path, 0);
+}
+
+int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
+{
     char tmp[4096];
     struct adam_file h;
-    if (a->req)
+    if (a->started)
         return obc_fail(a->c, OBCOMM_E_INVAL,
                         "a step is started, not finished");
     memset(&h, 0, sizeof(h));
     /* The daemons' error feedback first: no file names a snapshot that
-     * some node could not save. */
-    int rc = obcomm_save_1bit(a->c, &h.snapshot);
+     * some node could not save. A set covers every key of the job, so
+     * optimizers saved together name one set. */
+    h.snapshot = snapshot;
+    int rc = snapshot ? 0 : obcomm_save_1bit(a->c, &h.snapshot);
     if (rc)
         return rc;
     /* A daemon without a state_dir keeps the set in memory only: the file
@@ -656,8 +663,13 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 
 int obcomm_adam_load(obcomm_adam_t *a, const char *path)
 {
-    struct adam_file h;
-    if (a->req)
+    return obcomm_adam_load_ex(a, path, 1);
+}
+
+int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path, int restore)
+{
+    struct adam_file h = {0};
+    if (a->started)
         return obc_fail(a->c, OBCOMM_E_INVAL,
                         "a step is started, not finished");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -693,7 +705,7 @@ int obcomm_adam_load(obcomm_adam_t *a, const char *path)
      * the file's part when it is this node's), or an error on every rank:
      * then the optimizer stays as it was. */
     int mine = part != NULL && h.part_node == (uint32_t)a->c->node_rank;
-    if (rc == 0)
+    if (rc == 0 && restore)
         rc = obcomm_restore_1bit_part(a->c, h.snapshot, mine ? part : NULL,
                                       mine ? h.part_bytes : 0);
     free(part);

@@ -381,6 +381,17 @@ OBCOMM_API size_t obcomm_adam_masked(obcomm_adam_t *a);
  * format 2 are still loaded. */
 OBCOMM_API int obcomm_adam_save(obcomm_adam_t *a, const char *path);
 OBCOMM_API int obcomm_adam_load(obcomm_adam_t *a, const char *path);
+/* Several optimizers of one job saved as one checkpoint (the buckets of
+ * a model): a snapshot set holds every key of the job, so the first save
+ * takes it (snapshot 0, as obcomm_adam_save) and the others name it
+ * (the snapshot field of the first file, at offset 72), and the first
+ * load restores it while the others load with restore 0, their keys
+ * restored already. A file named a set that is gone fails its restore,
+ * on every rank. */
+OBCOMM_API int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path,
+                                   uint64_t snapshot);
+OBCOMM_API int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path,
+                                   int restore);
 
 #ifdef __cplusplus
 }

@@ -99,15 +99,21 @@ def test_misuse_raises(make_cluster):
 def test_state_dict_round_trip(make_cluster, tmp_path):
     """14 steps in one go equal 7 steps, state_dict, new processes,
     load_state_dict, 7 more (freeze at 5: the error feedback of all four
-    keys matters), bit for bit on every rank with overlap. A state dict
+    keys matters), bit for bit on every rank with overlap, from one
+    snapshot set. A state dict
     saved with other buckets is refused before any collective."""
     cl = make_cluster(2)
     whole = cl.run("whole", "train", 2,
                    args={"freeze": 5, "until": 14, "overlap": True}, script=W)
     ck = str(tmp_path / "ck")
+    saved = [cl.metrics(n)["ef_saved"] for n in range(2)]
     a = cl.run("halves", "train", 2,
                args={"freeze": 5, "until": 7, "overlap": True, "save": ck},
                script=W)
+    # One snapshot set for the four buckets: each node saved the four keys'
+    # states once (one set per bucket would be 4 x 4), so a checkpoint
+    # costs the daemons' retention (4 sets per job) one set.
+    assert [cl.metrics(n)["ef_saved"] - saved[n] for n in range(2)] == [4, 4]
     b = cl.run("halves", "train", 2,
                args={"freeze": 5, "until": 14, "overlap": True, "load": ck},
                script=W)

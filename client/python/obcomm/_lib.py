@@ -92,6 +92,9 @@ _FUNCTIONS = [
     ("obcomm_adam_masked", c_size_t, [c_void_p]),
     ("obcomm_adam_save", c_int, [c_void_p, ctypes.c_char_p]),
     ("obcomm_adam_load", c_int, [c_void_p, ctypes.c_char_p]),
+    ("obcomm_adam_save_ex", c_int, [c_void_p, ctypes.c_char_p,
+                                    ctypes.c_uint64]),
+    ("obcomm_adam_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
 ]
 
 

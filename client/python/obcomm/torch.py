@@ -535,10 +535,13 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- checkpoints ------------------------------------------------------------
 
-    def _save_bucket(self, b, d):
+    def _save_bucket(self, b, d, snapshot):
+        # The first bucket takes the snapshot set (every key of the job);
+        # the others name it.
         path = os.path.join(d, f"bucket{b.key}.adam")
         with self.comm._locked():
-            self.comm._check(lib.obcomm_adam_save(b.handle, path.encode()))
+            self.comm._check(lib.obcomm_adam_save_ex(b.handle, path.encode(),
+                                                     snapshot))
         with open(path, "rb") as f:
             raw = f.read()
         hs = _ADAM_HEADER.size
@@ -564,13 +567,14 @@ class OneBitAdam(torch.optim.Optimizer):
         [[key, elements], ...]}), and, when this node's daemon keeps no
         state_dir, this node's part of it ("part": bytes, "node": its
         node), which a load after a restart of the daemons needs. A
-        collective (one snapshot per bucket); raises on every rank unless
+        collective (one snapshot set for all buckets); raises on every rank unless
         every node saved, and when a step is started (backward ran)."""
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         snapshot, part, node = 0, None, 0
         try:
             for b in self._buckets:
-                step, m, v, snapshot, part, node = self._save_bucket(b, d)
+                step, m, v, snapshot, part, node = self._save_bucket(
+                    b, d, snapshot)
                 g = b.group
                 for i in range(b.first, b.last):
                     p, (o, n) = g.params[i], g.spans[i]
@@ -582,7 +586,6 @@ class OneBitAdam(torch.optim.Optimizer):
         finally:
             shutil.rmtree(d, ignore_errors=True)
         sd = super().state_dict()
-        # The last bucket's snapshot holds every key of the job.
         sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job,
                         "buckets": self._layout()}
         if part is not None:
@@ -614,6 +617,7 @@ class OneBitAdam(torch.optim.Optimizer):
         state_dict = {k: v for k, v in state_dict.items() if k != "obcomm"}
         super().load_state_dict(state_dict)
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
+        restore = True
         try:
             for g, group in zip(self._groups, self.param_groups):
                 st = [self.state.get(p, {}) for p in g.params]
@@ -642,9 +646,12 @@ class OneBitAdam(torch.optim.Optimizer):
                         f.write(v[b.off:b.off + b.count].numpy().tobytes())
                         if part is not None:
                             f.write(part)
+                    # The first bucket restores the set, every key of the
+                    # job; the others only load their state.
                     with self.comm._locked():
-                        self.comm._check(lib.obcomm_adam_load(b.handle,
-                                                              path.encode()))
+                        self.comm._check(lib.obcomm_adam_load_ex(
+                            b.handle, path.encode(), int(restore)))
+                    restore = False
                 g.hyper = tuple(group[k] for k in _HYPER)
         finally:
             shutil.rmtree(d, ignore_errors=True)
