@@ -102,7 +102,7 @@ static const struct row rows[] = {
             "milliseconds (heartbeats go every quarter of it, at least "
             "once a second), or whose sent data stays unacknowledged as "
             "long (TCP_USER_TIMEOUT), is declared down: the ops that need "
-            "the node fail with OBD_E_PEER_LOST. A value above "
+            "the node fail with OBCOMM_E_PEER_LOST. A value above "
             "timeout_ms counts as timeout_ms."),
     INT_ROW(threads, U_NONE, 0, 256, "0",
             "Size of the worker pool (UV_THREADPOOL_SIZE) for codec and "

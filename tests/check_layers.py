@@ -10,7 +10,8 @@ into module B when A's object uses a symbol B's object defines, whatever
 header declared it. The friend pairs below are one module split in two
 files on purpose and count as one. Pure files (no event loop) must not
 include uv.h. The daemon has one error type (daemon/err.h): no file but
-err.h and err.c names a public OBCOMM_E_* code or returns -errno. Prints
+err.h and err.c names a public OBCOMM_E_* code (outside a string: the
+help may name the code a trainer sees) or returns -errno. Prints
 every circle with the symbols that make it, and every stray code; exits 1
 if there is one.
 """
@@ -112,7 +113,8 @@ def main():
                 incl[f].add(h)
         if f not in ("err.h", "err.c"):
             for n, line in enumerate(text.splitlines(), 1):
-                if re.search(r"\bOBCOMM_E_[A-Z]|return -errno|= -errno", line):
+                code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line)
+                if re.search(r"\bOBCOMM_E_[A-Z]|return -errno|= -errno", code):
                     bad = 1
                     print(f"check_layers: {f}:{n}: not an OBD_E_* code "
                           f"(daemon/err.h): {line.strip()}", file=sys.stderr)
