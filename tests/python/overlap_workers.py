@@ -73,9 +73,9 @@ def _log_starts(opt):
     log = []
     start = opt._start
 
-    def logged(b):
+    def logged(b, *args):
         log.append((b.key, opt._in_backward))
-        start(b)
+        start(b, *args)
 
     opt._start = logged
     return log

@@ -83,6 +83,15 @@ _FUNCTIONS = [
     ("obcomm_adam_step", c_int, [c_void_p, c_void_p, c_void_p]),
     ("obcomm_adam_start", c_int, [c_void_p, c_void_p]),
     ("obcomm_adam_finish", c_int, [c_void_p, c_void_p]),
+    # Mixed precision and clipping: grads and model of an obcomm dtype
+    # (FLOAT32, FLOAT16, BFLOAT16), a float scale each.
+    ("obcomm_adam_start_ex", c_int, [c_void_p, c_void_p, c_int,
+                                     ctypes.c_float]),
+    ("obcomm_adam_wait", c_int, [c_void_p]),
+    ("obcomm_adam_grad_sumsq", c_int, [c_void_p,
+                                       ctypes.POINTER(ctypes.c_double)]),
+    ("obcomm_adam_finish_ex", c_int, [c_void_p, c_void_p, c_void_p, c_int,
+                                      ctypes.c_float]),
     ("obcomm_adam_destroy", None, [c_void_p]),
     ("obcomm_adam_set_lr", None, [c_void_p, ctypes.c_float]),
     ("obcomm_adam_steps", ctypes.c_long, [c_void_p]),

@@ -8,6 +8,7 @@ import ctypes
 import enum
 import functools
 import hashlib
+import math
 import os
 import shutil
 import struct
@@ -18,7 +19,7 @@ import torch
 from torch.autograd import Variable
 
 from ._lib import lib, AdamConfig
-from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH
+from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
 
 # The header of obcomm_adam_save's file, field by field at fixed offsets,
@@ -40,27 +41,50 @@ _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 # DDP's default bucket size (MiB).
 BUCKET_CAP_MB = 25
 
+# The parameter dtypes OneBitAdam trains: float32 itself, float16 and
+# bfloat16 over float32 master weights.
+_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# DeepSpeed's (and torch.nn.utils.clip_grad_norm_'s) term in the clip
+# coefficient max_norm / (norm + 1e-6).
+_CLIP_EPS = 1e-6
+
 
 class _State(enum.Enum):
     """Where a bucket is in the current step."""
     IDLE = "idle"        # nothing sent since the last step()
-    STARTED = "started"  # obcomm_adam_start succeeded: the collective is out
-    FAILED = "failed"    # obcomm_adam_start failed: step() raises its error
+    STARTED = "started"  # obcomm_adam_start_ex succeeded: the op is out
+    FAILED = "failed"    # obcomm_adam_start_ex failed: step() raises its error
 
 
 class _Group:
-    """One param group: its parameters and gradients in one flat shared
-    buffer each, cut into buckets."""
+    """One param group: its float32 parameters (the master weights of a
+    float16 or bfloat16 model), the model's parameters and the gradients
+    in one flat buffer each, cut into buckets."""
 
     def __init__(self):
         self.params = []     # the group's parameters, in order
         self.spans = []      # (offset, numel) of each in the flat buffers
         self.count = 0
-        self.flat_p = None   # shared memory: the parameters
-        self.flat_g = None   # shared memory: the gradients
+        self.dtype = None    # the parameters' dtype, one per group
+        self.flat_p = None   # shared memory: float32 parameters (masters)
+        self.flat_m = None   # the model's float16/bfloat16 parameters, or
+        #                      None when the model is float32 (flat_p)
+        self.flat_g = None   # the gradients, of the model's dtype: shared
+        #                      memory when float32, else private memory
         self.keep = None     # explicit mask (uint8 tensor) or None
         self.hyper = None    # the hyperparameters the C optimizers have
         self.buckets = []    # in start order: the first holds the last params
+
+    @property
+    def mixed(self):
+        """Whether the model is float16 or bfloat16 over float32 masters."""
+        return self.flat_m is not None
+
+    @property
+    def item(self):
+        """Bytes per element of the model's parameters and gradients."""
+        return self.flat_g.element_size()
 
 
 class _Bucket:
@@ -135,6 +159,24 @@ class OneBitAdam(torch.optim.Optimizer):
     shared-memory buffer each and re-pointed as views into it; the
     gradients stay those views (zero_grad zeroes them in place).
 
+    Mixed precision (as DeepSpeed's fp16/bf16 training): the parameters
+    of a param group may instead all be float16 or all bfloat16 (CPU
+    tensors only; CUDA is not supported). The optimizer then keeps the
+    float32 master weights in the shared buffer, and the parameters and
+    their gradients become views into flat buffers of the model's dtype;
+    each step updates the masters and writes them, rounded to nearest
+    even, into the parameters. The masters are the optimizer's: a change
+    made to a float16/bfloat16 parameter in place is overwritten by the
+    next step (load the model through load_state_dict, which restores the
+    masters, to resume).
+
+    max_grad_norm > 0 clips the gradient as DeepSpeed's
+    gradient_clipping: coef = max_grad_norm / (norm + 1e-6), applied when
+    below 1. In the warm-up the norm is that of the averaged gradient over
+    every bucket (the same on every rank); in the compression stage that
+    of this rank's own gradient over every bucket, so buckets start in
+    step(), after backward, not from the gradient hooks.
+
     Buckets (as DDP's): each group's flat buffers are cut into contiguous
     buckets of at least bucket_cap_mb MiB, filled from the group's last
     parameter backwards; each bucket is its own C optimizer with its own
@@ -152,8 +194,9 @@ class OneBitAdam(torch.optim.Optimizer):
     parameters) start with the gradients they hold; step() starts what is
     left (gradients set by hand), waits for every bucket in order and
     applies the updates. A backward pass (outside no_sync()) commits the
-    step: gradients changed after it (clipping) are not seen, and a second
-    backward before step() raises; accumulate over several backward passes
+    step: gradients changed after it are not seen (clip with
+    max_grad_norm, not clip_grad_norm_), and a second backward before
+    step() raises; accumulate over several backward passes
     inside `with opt.no_sync():` (as DDP's) or with overlap=False, where
     step() starts and finishes every bucket.
 
@@ -171,7 +214,8 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, bias_correction=False,
-                 comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True):
+                 comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True,
+                 max_grad_norm=0.0):
         if not 0.0 <= lr:
             raise ValueError(f"invalid lr {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -182,12 +226,15 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError("invalid weight_decay or freeze_step")
         if not bucket_cap_mb > 0:
             raise ValueError(f"invalid bucket_cap_mb {bucket_cap_mb}")
+        if not 0.0 <= max_grad_norm < math.inf:
+            raise ValueError(f"invalid max_grad_norm {max_grad_norm}")
         # The optimizer holds its own share of the connection, so that it
         # outlives whichever of the process group, the caller's
         # Communicator and this optimizer is closed first.
         self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
         self.overlap = bool(overlap)
+        self.max_grad_norm = float(max_grad_norm)
         self.bucket_cap_mb = bucket_cap_mb
         self._cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._groups = []
@@ -226,9 +273,22 @@ class OneBitAdam(torch.optim.Optimizer):
     def _setup(self, group):
         g = _Group()
         for p in group["params"]:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError("OneBitAdam: parameters must be float32 CPU "
-                                f"tensors, not {p.dtype} on {p.device}")
+            if p.device.type != "cpu":
+                raise TypeError(
+                    f"OneBitAdam: parameters must be CPU tensors, not on "
+                    f"{p.device}: obcomm's optimizer does not support CUDA "
+                    f"tensors")
+            if p.dtype not in _PARAM_DTYPES:
+                raise TypeError(
+                    f"OneBitAdam: parameters must be float32, float16 or "
+                    f"bfloat16, not {p.dtype}")
+            if g.dtype is None:
+                g.dtype = p.dtype
+            elif p.dtype != g.dtype:
+                raise TypeError(
+                    f"OneBitAdam: param group {len(self._groups)} mixes "
+                    f"{g.dtype} and {p.dtype} (parameter {len(g.params)}); "
+                    f"all parameters of a param group must share one dtype")
             g.params.append(p)
             g.spans.append((g.count, p.numel()))
             g.count += p.numel()
@@ -238,17 +298,31 @@ class OneBitAdam(torch.optim.Optimizer):
         first_key = self.key + len(self._buckets)
         comm = self.comm
         self._agree(g, plan, first_key)
+        # The masters (float32) in shared memory; a float16/bfloat16 model
+        # and its gradients in private memory of their own dtype, which
+        # obcomm_adam_start_ex converts into the optimizer's shared buffer.
         g.flat_p = comm.empty(g.count)
-        g.flat_g = comm.empty(g.count)
+        if g.dtype == torch.float32:
+            g.flat_g = comm.empty(g.count)
+        else:
+            g.flat_m = torch.empty(g.count, dtype=g.dtype)
+            g.flat_g = torch.zeros(g.count, dtype=g.dtype)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.flat_p[o:o + n].copy_(p.reshape(-1))
                 if p.grad is not None:
                     g.flat_g[o:o + n].copy_(p.grad.reshape(-1))
-        # Every rank starts from rank 0's parameters (as DDP does).
+        # Every rank starts from rank 0's parameters (as DDP does). A
+        # float16/bfloat16 value converts exactly to float32 and back, so
+        # the model then equals its masters on every rank.
         comm.broadcast(g.flat_p, root=0)
+        model = g.flat_p
+        if g.mixed:
+            with torch.no_grad():
+                g.flat_m.copy_(g.flat_p)
+            model = g.flat_m
         for p, (o, n) in zip(g.params, g.spans):
-            p.data = g.flat_p[o:o + n].view_as(p)
+            p.data = model[o:o + n].view_as(p)
             p.grad = g.flat_g[o:o + n].view_as(p)
         cfg = self._config(group)
         conn = comm._c()
@@ -331,12 +405,15 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def _data_view(self, g, i):
         """Parameter i's values back into the flat buffer if the user
-        replaced p.data (one copy, then a view again)."""
+        replaced p.data (one copy, then a view again; the masters of a
+        float16/bfloat16 model then take the new values)."""
         p, (o, n) = g.params[i], g.spans[i]
-        pv = g.flat_p[o:o + n]
+        pv = (g.flat_m if g.mixed else g.flat_p)[o:o + n]
         if n and p.data_ptr() != pv.data_ptr():
             with torch.no_grad():
                 pv.copy_(p.reshape(-1))
+                if g.mixed:
+                    g.flat_p[o:o + n].copy_(pv)
             p.data = pv.view_as(p)
 
     # -- starting buckets -----------------------------------------------------
@@ -369,31 +446,84 @@ class OneBitAdam(torch.optim.Optimizer):
         if self._sync:
             self._start_ready(everything=True)
 
-    def _start_ready(self, everything):
+    def _compressing(self, b):
+        """Whether bucket b's next step is in the compression stage."""
+        return lib.obcomm_adam_steps(b.handle) >= b.group.hyper[3]
+
+    def _held(self, b):
+        """Whether bucket b must wait for step(): with clipping, a
+        compression step scales the local gradient by a coefficient from
+        the norm of all of this rank's gradients, known only then."""
+        return self.max_grad_norm > 0 and self._compressing(b)
+
+    def _clip_scale(self, sumsq):
+        """DeepSpeed's clip coefficient from a sum of squares, or 1."""
+        coef = self.max_grad_norm / (math.sqrt(sumsq) + _CLIP_EPS)
+        return coef if coef < 1.0 else 1.0
+
+    def _start_ready(self, everything, local_scale=None):
         """Starts buckets in start order, as far as they are ready (all of
-        their hooked gradients arrived), or all of them."""
+        their hooked gradients arrived and not held for clipping), or all
+        of them (step() alone, with the local clip scale: local_scale)."""
         while self._next < len(self._order):
             b = self._order[self._next]
+            if local_scale is None and self._held(b):
+                return
             if not everything and len(b.fired) < b.hooked:
                 return
-            self._start(b)
+            self._start(b, local_scale if self._held(b) else 1.0)
             self._next += 1
 
-    def _start(self, b):
-        """obcomm_adam_start on bucket b: reads its gradients, submits its
-        collective. A failure is kept for step() to raise, so a backward
-        pass never ends in a half-started step."""
+    def _start(self, b, scale):
+        """obcomm_adam_start_ex on bucket b: reads its gradients (in the
+        model's dtype) times scale, submits its collective. A failure is
+        kept for step() to raise, so a backward pass never ends in a
+        half-started step."""
         g = b.group
         for i in range(b.first, b.last):
             if i not in b.fired:
                 self._grad_view(g, i)
-        grads = ctypes.c_void_p(g.flat_g.data_ptr() + 4 * b.off)
+        grads = ctypes.c_void_p(g.flat_g.data_ptr() + g.item * b.off)
         try:
             with self.comm._locked():
-                self.comm._check(lib.obcomm_adam_start(b.handle, grads))
+                self.comm._check(lib.obcomm_adam_start_ex(
+                    b.handle, grads, DTYPES[g.dtype], scale))
             b.state = _State.STARTED
         except ObcommError as e:
             b.state, b.error = _State.FAILED, e
+
+    def _local_scale(self):
+        """The compression stage's clip scale: from the norm of this
+        rank's gradients over every bucket it clips (each bucket's sum of
+        squares in double, summed in bucket order), or 1."""
+        sumsq = 0.0
+        for b in self._buckets:
+            if not self._held(b):
+                continue
+            g = b.group
+            for i in range(b.first, b.last):
+                self._grad_view(g, i)
+            gv = g.flat_g[b.off:b.off + b.count]
+            sumsq += float(gv.double().square().sum())
+        return self._clip_scale(sumsq)
+
+    def _avg_scale(self, warm):
+        """The warm-up's clip scale: ends the collectives of the started
+        warm-up buckets (obcomm_adam_wait) and clips by the norm of the
+        average over all of them (obcomm_adam_grad_sumsq, summed in bucket
+        order: the same on every rank). A failed wait or sum leaves 1 and
+        is kept for step() to raise (finish_ex fails the bucket alike)."""
+        sumsq, part = 0.0, ctypes.c_double()
+        for b in warm:
+            try:
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_adam_wait(b.handle))
+                    self.comm._check(lib.obcomm_adam_grad_sumsq(
+                        b.handle, ctypes.byref(part)))
+            except ObcommError as e:
+                return 1.0, e
+            sumsq += part.value
+        return self._clip_scale(sumsq), None
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -426,7 +556,17 @@ class OneBitAdam(torch.optim.Optimizer):
             for g, group in zip(self._groups, self.param_groups):
                 for b in g.buckets:
                     lib.obcomm_adam_set_lr(b.handle, float(group["lr"]))
-            self._start_ready(everything=True)
+            clip = self.max_grad_norm > 0
+            local = self._local_scale() if clip else 1.0
+            self._start_ready(everything=True, local_scale=local)
+            # Clipping in the warm-up: the norm of the average, over the
+            # buckets in bucket (key) order.
+            warm = {b for b in self._buckets if not self._compressing(b)}
+            avg = 1.0
+            if clip and warm:
+                avg, first = self._avg_scale(
+                    [b for b in self._buckets
+                     if b in warm and b.state is _State.STARTED])
             # Every started bucket is finished, also after a failure, so
             # that none stays in flight into the next step.
             for b in self._order:
@@ -437,10 +577,15 @@ class OneBitAdam(torch.optim.Optimizer):
                 for i in range(b.first, b.last):
                     self._data_view(g, i)
                 params = ctypes.c_void_p(g.flat_p.data_ptr() + 4 * b.off)
+                model = None
+                if g.mixed:
+                    model = ctypes.c_void_p(g.flat_m.data_ptr() +
+                                            g.item * b.off)
                 try:
                     with self.comm._locked():
-                        self.comm._check(lib.obcomm_adam_finish(b.handle,
-                                                                params))
+                        self.comm._check(lib.obcomm_adam_finish_ex(
+                            b.handle, params, model, DTYPES[g.dtype],
+                            avg if b in warm else 1.0))
                 except ObcommError as e:
                     first = first or e
         finally:
@@ -454,8 +599,8 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient in place (one memset per group); the
-        gradients stay views into the shared buffer whatever set_to_none
-        says. With overlap, after a backward pass (outside no_sync) only
+        gradients stay views into the group's flat buffer whatever
+        set_to_none says. With overlap, after a backward pass (outside no_sync) only
         step() may come: its gradients are already sent."""
         if any(b.state is not _State.IDLE for b in self._buckets):
             raise RuntimeError(
@@ -562,13 +707,15 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
-        'exp_avg_sq', plus "obcomm": the snapshot set of the daemons' error
-        feedback taken with it ({"snapshot": id, "job": name, "buckets":
-        [[key, elements], ...]}), and, when this node's daemon keeps no
-        state_dir, this node's part of it ("part": bytes, "node": its
-        node), which a load after a restart of the daemons needs. A
-        collective (one snapshot set for all buckets); raises on every rank unless
-        every node saved, and when a step is started (backward ran)."""
+        'exp_avg_sq' (float32), and for a float16/bfloat16 parameter its
+        float32 master weights, 'master'; plus "obcomm": the snapshot set
+        of the daemons' error feedback taken with it ({"snapshot": id,
+        "job": name, "buckets": [[key, elements], ...]}), and, when this
+        node's daemon keeps no state_dir, this node's part of it ("part":
+        bytes, "node": its node), which a load after a restart of the
+        daemons needs. A collective (one snapshot set for all buckets);
+        raises on every rank unless every node saved, and when a step is
+        started (backward ran)."""
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         snapshot, part, node = 0, None, 0
         try:
@@ -583,6 +730,10 @@ class OneBitAdam(torch.optim.Optimizer):
                         "step": torch.tensor(float(step)),
                         "exp_avg": m[o:o + n].clone().view_as(p),
                         "exp_avg_sq": v[o:o + n].clone().view_as(p)}
+                    if g.mixed:
+                        o += b.off
+                        self.state[p]["master"] = \
+                            g.flat_p[o:o + n].clone().view_as(p)
         finally:
             shutil.rmtree(d, ignore_errors=True)
         sd = super().state_dict()
@@ -595,8 +746,10 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Restores step, momentum, variance and hyperparameters of every
-        bucket, and the daemons' error feedback of the snapshot the dict
-        names: the run continues bit for bit. The buckets must be those the
+        bucket, the masters of float16/bfloat16 parameters (and the
+        parameters as their rounding; a dict without masters takes them
+        from the current parameters), and the daemons' error feedback of
+        the snapshot the dict names: the run continues bit for bit. The buckets must be those the
         dict was saved with (ValueError otherwise). Every rank calls it; it
         raises ObcommError on every rank when a node lacks the snapshot or
         holds it damaged (the run's error feedback then restarts at zero
@@ -614,13 +767,21 @@ class OneBitAdam(torch.optim.Optimizer):
                 f"with the same key and bucket_cap_mb")
         snapshot = int(info["snapshot"])
         part = info.get("part")
-        state_dict = {k: v for k, v in state_dict.items() if k != "obcomm"}
-        super().load_state_dict(state_dict)
+        # torch's load casts the state to each parameter's dtype, which
+        # would round a bfloat16 model's float32 moments and masters: it
+        # loads only the param groups, the state is taken from the dict as
+        # it is, parameter by parameter in the groups' order.
+        saved = state_dict["state"]
+        ids = [i for grp in state_dict["param_groups"] for i in grp["params"]]
+        super().load_state_dict({"state": {},
+                                 "param_groups": state_dict["param_groups"]})
+        byp = {id(p): saved.get(i, {}) for p, i in zip(
+            (p for grp in self.param_groups for p in grp["params"]), ids)}
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         restore = True
         try:
             for g, group in zip(self._groups, self.param_groups):
-                st = [self.state.get(p, {}) for p in g.params]
+                st = [byp[id(p)] for p in g.params]
                 if not all("exp_avg" in s for s in st):
                     raise ValueError("load_state_dict: a parameter has no "
                                      "exp_avg (not a OneBitAdam state)")
@@ -653,11 +814,27 @@ class OneBitAdam(torch.optim.Optimizer):
                             b.handle, path.encode(), int(restore)))
                     restore = False
                 g.hyper = tuple(group[k] for k in _HYPER)
+                if g.mixed:
+                    self._load_masters(g, st)
         finally:
             shutil.rmtree(d, ignore_errors=True)
         # The C optimizers hold the state; the per-parameter copies only
         # exist to be saved.
         self.state.clear()
+
+    def _load_masters(self, g, st):
+        """A float16/bfloat16 group's masters from the state ('master'),
+        the model rounded from them; without masters in the dict (saved
+        from a float32 model) the masters become the current parameters."""
+        with torch.no_grad():
+            for i, (p, s) in enumerate(zip(g.params, st)):
+                self._data_view(g, i)
+                o, n = g.spans[i]
+                if "master" in s:
+                    g.flat_p[o:o + n].copy_(s["master"].reshape(-1))
+                else:
+                    g.flat_p[o:o + n].copy_(p.reshape(-1))
+            g.flat_m.copy_(g.flat_p)
 
     # -- lifetime -----------------------------------------------------------------
 
