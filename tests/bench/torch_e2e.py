@@ -7,6 +7,7 @@ process per node, on the emulated cluster of deploy/netns-cluster.sh
                    --master ADDR:PORT [--steps 60] [--warmup-frac 0.15]
                    [--batch B] [--lr X] [--seed 1] [--threads 1] [--dev ob0]
                    [--job NAME] [--onebit-args 'k=v,...'] [--powersgd-rank 2]
+                   [--bucket-cap-mb MB]
                    [--data /usr/share/datasets/fashion-mnist]
   torch_e2e.py report RAWDIR OUTDIR [--meta TEXT]
 
@@ -38,11 +39,11 @@ Models:
                 best achievable loss is the chain's entropy, 1.11 nats);
                 each rank samples its own sequences from its own seed
 
-The warm-up is round(warmup_frac * steps) steps: OneBitAdam's freeze_step
-and PowerSGD's start_powerSGD_iter. The loop starts on every rank after a
-barrier on a TCP store of rank 0 (MASTER), which also serves Gloo's and
-obcomm's rendezvous; nothing else crosses the network outside the
-contender's own communication. A step's time is the wall time of
+The warm-up, warmup_frac x steps rounded half up, is OneBitAdam's
+freeze_step and PowerSGD's start_powerSGD_iter. The loop starts on every
+rank after a barrier on a TCP store of rank 0 (MASTER), which also serves
+Gloo's and obcomm's rendezvous; nothing else crosses the network outside
+the contender's own communication. A step's time is the wall time of
 zero_grad, forward, backward and the optimizer step (for floor: zero_grad,
 forward and backward), one thread of torch (--threads).
 
@@ -233,7 +234,7 @@ def run(a):
     torch.set_num_threads(a.threads)
     rank, world = a.rank, a.world
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
-    warmup = int(round(a.warmup_frac * a.steps))
+    warmup = math.floor(a.warmup_frac * a.steps + 0.5)  # 0.15 x 30 = 5
     onebit_kwargs = parse_kwargs(a.onebit_args)
     host, _, port = a.master.partition(":")
     timeout = datetime.timedelta(seconds=a.timeout)
@@ -258,15 +259,20 @@ def run(a):
         model = make_model(a.model)
         result["parameters"] = sum(p.numel() for p in model.parameters())
         net = model
+        if a.contender in ("ddp-obcomm", "onebit"):
+            import obcomm.torch  # also registers the backend "obcomm"
         if a.contender in ("ddp-gloo", "ddp-powersgd"):
             dist.init_process_group("gloo", store=store, rank=rank,
                                     world_size=world, timeout=timeout)
         elif a.contender == "ddp-obcomm":
-            import obcomm.torch  # noqa: F401  (registers the backend)
             dist.init_process_group("obcomm", store=store, rank=rank,
                                     world_size=world)
         if a.contender.startswith("ddp-"):
-            net = torch.nn.parallel.DistributedDataParallel(model)
+            kw = {}
+            if a.bucket_cap_mb is not None:
+                kw["bucket_cap_mb"] = a.bucket_cap_mb
+                result["bucket_cap_mb"] = a.bucket_cap_mb
+            net = torch.nn.parallel.DistributedDataParallel(model, **kw)
             if a.contender == "ddp-powersgd":
                 from torch.distributed.algorithms.ddp_comm_hooks import \
                     powerSGD_hook as psgd
@@ -279,7 +285,6 @@ def run(a):
                 net.register_comm_hook(state, psgd.powerSGD_hook)
             opt = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-8)
         elif a.contender == "onebit":
-            import obcomm.torch
             opt = obcomm.torch.OneBitAdam(model.parameters(), lr=lr,
                                           freeze_step=warmup, **onebit_kwargs)
         store_barrier(store, "start", world, rank)
@@ -343,7 +348,7 @@ def summarize(lines, extra):
     s = {k: first.get(k) for k in ("contender", "model", "nodes", "steps",
                                    "warmup_steps", "batch", "lr",
                                    "parameters", "threads", "onebit_args",
-                                   "powersgd_rank")
+                                   "powersgd_rank", "bucket_cap_mb")
          if first.get(k) is not None}
     s.update(extra)
     bad = [ln for ln in lines if ln["status"] != "ok"]
@@ -567,6 +572,8 @@ def main():
     r.add_argument("--onebit-args", default="",
                    help="more OneBitAdam keyword arguments, 'k=v,k=v'")
     r.add_argument("--powersgd-rank", type=int, default=2)
+    r.add_argument("--bucket-cap-mb", type=float,
+                   help="DDP's bucket_cap_mb (default: DDP's, 25)")
     r.add_argument("--timeout", type=int, default=300,
                    help="Gloo's and the store's timeout, seconds")
     r.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
