@@ -11,6 +11,8 @@
 #       [--onebit-args 'k=v,...'] [--out DIR] [--quick] [--keep]
 #       [-- more torch_e2e.py run flags]
 #
+# Contenders: floor, ddp-gloo, ddp-powersgd, ddp-obcomm, onebit by default;
+# ddp-powersgd-1b (PowerSGD in one DDP bucket) on request.
 # Every run (contender x model x node count x repeat) gets a fresh cluster:
 # up, the K trainers at once, down. --onebit-args passes keyword arguments
 # to OneBitAdam's constructor ("overlap=True"), so the same command measures
@@ -160,7 +162,15 @@ for k in $nodes; do
     done
 done
 
-meta="Run $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) CPUs ($(uname -r)), shared \
+# torch's matrix products run on whatever BLAS it was built with: Debian's
+# python3-torch uses the system libblas (BLAS_INFO=generic), by default the
+# reference implementation, which sets the compute floor.
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+blas=$("$py" -c 'import re, torch; m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()); print(m.group(1) if m else "?")')
+libblas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo "?")
+meta="Run $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) CPUs ($cpu, $(uname -r); \
+torch $("$py" -c 'import torch; print(torch.__version__)') with BLAS_INFO=$blas, \
+libblas.so.3 = $libblas), shared \
 machine: load average (1/5/15 min) $start_load at the start, \
 $(cut -d' ' -f1-3 /proc/loadavg) at the end. Links shaped to $rate \
 (deploy/netns-cluster.sh), one trainer per node, torch threads 1, \

@@ -18,6 +18,14 @@ Contenders (the same model, data, seed and steps for all):
   ddp-powersgd  the same with torch's PowerSGD hook (powerSGD_hook,
                 compression from the warm-up's end on, error feedback, warm
                 start)
+  ddp-powersgd-1b  the same in one DDP bucket (--bucket-cap-mb larger
+                than the model). torch 1.13's hook issues a bucket's second
+                and third allreduce from a future callback, so they can
+                reach Gloo before or after the main thread's allreduce of
+                the next bucket, in another order on each rank: the likely
+                cause of Gloo's abort "op.preamble.length <= op.nbytes"
+                with several buckets. One bucket leaves nothing to
+                interleave
   ddp-obcomm    torch.optim.Adam, DDP over the obcomm torch.distributed
                 backend (fp32 ring of the daemons)
   onebit        obcomm.torch.OneBitAdam (no DDP: it averages itself), with
@@ -68,7 +76,8 @@ import sys
 import time
 import traceback
 
-CONTENDERS = ("floor", "ddp-gloo", "ddp-powersgd", "ddp-obcomm", "onebit")
+CONTENDERS = ("floor", "ddp-gloo", "ddp-powersgd", "ddp-powersgd-1b",
+              "ddp-obcomm", "onebit")
 MODELS = ("mlp", "transformer")
 DEFAULT_LR = {"mlp": 1e-4, "transformer": 1e-3}
 DEFAULT_BATCH = {"mlp": 8, "transformer": 4}
@@ -248,7 +257,7 @@ def run(a):
               "status": "ok"}
     if a.contender == "onebit":
         result["onebit_args"] = onebit_kwargs
-    if a.contender == "ddp-powersgd":
+    if a.contender.startswith("ddp-powersgd"):
         result["powersgd_rank"] = a.powersgd_rank
     step_ms, losses = [], []
     tx = {}
@@ -261,7 +270,9 @@ def run(a):
         net = model
         if a.contender in ("ddp-obcomm", "onebit"):
             import obcomm.torch  # also registers the backend "obcomm"
-        if a.contender in ("ddp-gloo", "ddp-powersgd"):
+        if a.contender == "ddp-powersgd-1b" and a.bucket_cap_mb is None:
+            a.bucket_cap_mb = math.ceil(result["parameters"] * 4 / 2**20) + 1
+        if a.contender in ("ddp-gloo", "ddp-powersgd", "ddp-powersgd-1b"):
             dist.init_process_group("gloo", store=store, rank=rank,
                                     world_size=world, timeout=timeout)
         elif a.contender == "ddp-obcomm":
@@ -270,10 +281,13 @@ def run(a):
         if a.contender.startswith("ddp-"):
             kw = {}
             if a.bucket_cap_mb is not None:
+                # DDP caps its first bucket at this module constant (1 MiB)
+                # whatever bucket_cap_mb says.
+                dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.bucket_cap_mb * 2**20)
                 kw["bucket_cap_mb"] = a.bucket_cap_mb
                 result["bucket_cap_mb"] = a.bucket_cap_mb
             net = torch.nn.parallel.DistributedDataParallel(model, **kw)
-            if a.contender == "ddp-powersgd":
+            if a.contender.startswith("ddp-powersgd"):
                 from torch.distributed.algorithms.ddp_comm_hooks import \
                     powerSGD_hook as psgd
                 state = psgd.PowerSGDState(
@@ -573,7 +587,9 @@ def main():
                    help="more OneBitAdam keyword arguments, 'k=v,k=v'")
     r.add_argument("--powersgd-rank", type=int, default=2)
     r.add_argument("--bucket-cap-mb", type=float,
-                   help="DDP's bucket_cap_mb (default: DDP's, 25)")
+                   help="DDP's bucket_cap_mb, and its first bucket's cap "
+                   "(default: DDP's, 25 and 1 MiB); larger than the model "
+                   "makes one bucket")
     r.add_argument("--timeout", type=int, default=300,
                    help="Gloo's and the store's timeout, seconds")
     r.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
