@@ -29,9 +29,10 @@ Contenders (the same model, data, seed and steps for all):
   ddp-obcomm    torch.optim.Adam, DDP over the obcomm torch.distributed
                 backend (fp32 ring of the daemons)
   onebit        obcomm.torch.OneBitAdam (no DDP: it averages itself), with
-                freeze_step = the warm-up steps; --onebit-args passes more
-                keyword arguments to its constructor ("overlap=True,
-                bucket_cap_mb=25"; values are Python literals)
+                freeze_step = the warm-up steps and bias_correction=True
+                (as torch's Adam); --onebit-args passes more keyword
+                arguments to its constructor, or overrides these
+                ("overlap=True, bucket_cap_mb=25"; Python literals)
 
 Models:
   mlp           784-4096-4096-10 ReLU MLP (20.0 M parameters) on
@@ -39,8 +40,8 @@ Models:
                 sample of a seeded permutation of the training set
   transformer   a causal transformer language model: 2 pre-norm layers,
                 d_model 512, 8 heads, feed-forward 2048, no dropout,
-                vocabulary 1024, context 8, learned positions, output
-                tied to the embedding (6.8 M parameters), batches of 4
+                vocabulary 64, context 8, learned positions, output
+                tied to the embedding (6.3 M parameters), batches of 4
                 sequences (32 tokens) per node, trained on a
                 synthetic Markov chain: every token has 4 fixed random
                 successors with probabilities 0.55/0.25/0.15/0.05 (the
@@ -53,7 +54,8 @@ rank after a barrier on a TCP store of rank 0 (MASTER), which also serves
 Gloo's and obcomm's rendezvous; nothing else crosses the network outside
 the contender's own communication. A step's time is the wall time of
 zero_grad, forward, backward and the optimizer step (for floor: zero_grad,
-forward and backward), one thread of torch (--threads).
+forward and backward; the optimizer step's share is kept apart), one
+thread of torch (--threads).
 
 `run` prints one JSON line on stdout: every step's time and loss, the tx
 bytes of DEV (/proc/net/dev of the node's namespace: the trainer and its
@@ -82,10 +84,16 @@ MODELS = ("mlp", "transformer")
 DEFAULT_LR = {"mlp": 1e-4, "transformer": 1e-3}
 DEFAULT_BATCH = {"mlp": 8, "transformer": 4}
 FINAL_WINDOW = 20  # the final loss: mean of the last 20 steps
+# OneBitAdam's arguments before --onebit-args: bias correction as torch's
+# Adam of the DDP contenders has it. OneBitAdam's default (DeepSpeed's) is
+# off, made for warm-ups of thousands of steps; after a warm-up of 6 steps
+# the frozen variance would be 1 - 0.999^6 = 0.6 % of its corrected value,
+# every later step 13x too large.
+ONEBIT_BASE = {"bias_correction": True}
 
 # The transformer and its task.
 LM_VOCAB, LM_DMODEL, LM_LAYERS, LM_HEADS, LM_FF, LM_CONTEXT = \
-    1024, 512, 2, 8, 2048, 8
+    64, 512, 2, 8, 2048, 8
 CHAIN_PROBS = (0.55, 0.25, 0.15, 0.05)
 
 
@@ -244,7 +252,7 @@ def run(a):
     rank, world = a.rank, a.world
     lr = a.lr if a.lr is not None else DEFAULT_LR[a.model]
     warmup = math.floor(a.warmup_frac * a.steps + 0.5)  # 0.15 x 30 = 5
-    onebit_kwargs = parse_kwargs(a.onebit_args)
+    onebit_kwargs = dict(ONEBIT_BASE, **parse_kwargs(a.onebit_args))
     host, _, port = a.master.partition(":")
     timeout = datetime.timedelta(seconds=a.timeout)
     store = dist.TCPStore(host, int(port or 29500), world, rank == 0,
@@ -259,7 +267,7 @@ def run(a):
         result["onebit_args"] = onebit_kwargs
     if a.contender.startswith("ddp-powersgd"):
         result["powersgd_rank"] = a.powersgd_rank
-    step_ms, losses = [], []
+    step_ms, opt_ms, losses = [], [], []
     tx = {}
     opt = None
     try:
@@ -314,6 +322,7 @@ def run(a):
             out = net(x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
             loss.backward()
+            t1 = time.perf_counter()
             if opt is not None:
                 try:
                     opt.step()
@@ -325,7 +334,9 @@ def run(a):
                         result["diverged_at_step"] = step
                         break
                     raise
-            step_ms.append((time.perf_counter() - t0) * 1e3)
+            t2 = time.perf_counter()
+            step_ms.append((t2 - t0) * 1e3)
+            opt_ms.append((t2 - t1) * 1e3)
             losses.append(loss.item())
         tx["end"] = dev_tx_bytes(a.dev)
         # Rank 0 keeps the store until every rank is out of the loop.
@@ -336,6 +347,7 @@ def run(a):
         result["error"] = f"{type(e).__name__}: {e}"
         result["failed_at_step"] = len(step_ms)
     result["step_ms"] = [round(t, 3) for t in step_ms]
+    result["opt_ms"] = [round(t, 3) for t in opt_ms]
     result["loss"] = losses
     result["tx_bytes"] = tx
     print(json.dumps(result, separators=(",", ":")), flush=True)
@@ -387,6 +399,10 @@ def summarize(lines, extra):
         s["median_ms_whole"] = round(max(m for _, m in whole), 2)
         s["steps_per_s_compress"] = round(min(r for r, _ in comp), 4)
         s["median_ms_compress"] = round(max(m for _, m in comp), 2)
+        # Of which the optimizer step (OneBitAdam: with its communication;
+        # DDP: the allreduces are inside backward, before it).
+        s["median_opt_ms_compress"] = round(max(
+            statistics.median(ln["opt_ms"][w:done]) for ln in lines), 2)
     if done >= FINAL_WINDOW:
         avg = [statistics.fmean(ln["loss"][i] for ln in lines)
                for i in range(done - FINAL_WINDOW, done)]
@@ -482,13 +498,15 @@ def report(a):
         md += [a.meta, ""]
     md += ["Steps/s over the compression stage (the steps after the warm-up) "
            "and over the whole run, from the slowest rank; median step time "
-           "of the slowest rank; final loss = mean of the last "
+           "of the slowest rank, in brackets the median of its optimizer "
+           "step alone (OneBitAdam's includes its communication; DDP's "
+           "allreduces end inside backward); final loss = mean of the last "
            f"{FINAL_WINDOW} steps (all ranks), ± its standard error over "
            "those steps; tx = bytes sent by the node's ob0 during the loop "
            "(trainer and daemon), mean over nodes. Load = load average "
            "(1 min) before -> after the run.", "",
            "| model | nodes | contender | steps/s compress | steps/s whole "
-           "| median ms compress | median ms whole | final loss | tx MB/node "
+           "| median ms compress (opt step) | median ms whole | final loss | tx MB/node "
            "| tx MB/step compress | load | status |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
@@ -505,7 +523,9 @@ def report(a):
             f" #{r['repeat']}" if r.get("repeat", 1) > 1 else "",
             fmt(r.get("steps_per_s_compress"), "%.3f"),
             fmt(r.get("steps_per_s_whole"), "%.3f"),
-            fmt(r.get("median_ms_compress"), "%.0f"),
+            fmt(r.get("median_ms_compress"), "%.0f") + (
+                f" ({r['median_opt_ms_compress']:.0f})"
+                if r.get("median_opt_ms_compress") else ""),
             fmt(r.get("median_ms_whole"), "%.0f"),
             "n/a" if fl is None else f"{fl:.3f} ± {r['final_loss_sem']:.3f}",
             fmt(r.get("tx_bytes_per_node") and r["tx_bytes_per_node"] / 1e6,
