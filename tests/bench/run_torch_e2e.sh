@@ -12,10 +12,12 @@
 #       [-- more torch_e2e.py run flags]
 #
 # Contenders: floor, ddp-gloo, ddp-powersgd, ddp-obcomm, onebit by default;
-# ddp-powersgd-1b (PowerSGD in one DDP bucket) on request.
-# Every run (contender x model x node count x repeat) gets a fresh cluster:
-# up, the K trainers at once, down. --onebit-args passes keyword arguments
-# to OneBitAdam's constructor ("overlap=True"), so the same command measures
+# ddp-powersgd-1b (PowerSGD in one DDP bucket) on request. Every run
+# (contender x model x node count x repeat) gets a fresh cluster: up, the K
+# trainers at once, down. Repeat R uses seed R (initial model, data order,
+# PowerSGD's vectors), so repeats show the run-to-run noise; a --seed among
+# the trainer flags overrides it. --onebit-args passes keyword arguments to
+# OneBitAdam's constructor ("overlap=True"), so the same command measures
 # later versions of it. --quick: 2 nodes, 6 steps, into
 # /tmp/obcomm-torch-e2e-quick unless --out says otherwise (a smoke check).
 # DIR/raw is emptied first unless --keep (then the report merges these runs
@@ -47,7 +49,10 @@ out=""
 quick=0
 keep=0
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+# The command as given, for the report.
+command="tests/bench/run_torch_e2e.sh$(printf ' %q' "$@")"
+
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -123,7 +128,7 @@ run_once() {
             --contender "$c" --model "$model" --rank "$i" --world "$k" \
             --master 10.77.0.1:29500 --steps "$steps" \
             --warmup-frac "$warmup_frac" --job "e2e-$name" \
-            --onebit-args "$onebit_args" "${trainer_flags[@]}" \
+            --onebit-args "$onebit_args" --seed "$rep" "${trainer_flags[@]}" \
             >"$raw/$name.r$i.out" 2>"$raw/$name.r$i.err" &
         pids+=($!)
     done
@@ -151,6 +156,7 @@ run_once() {
 
 failed=0
 start_load=$(cut -d' ' -f1-3 /proc/loadavg)
+start_date=$(date -u +%Y-%m-%dT%H:%MZ)
 for k in $nodes; do
     for model in $models; do
         for c in $contenders; do
@@ -168,14 +174,15 @@ done
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 blas=$("$py" -c 'import re, torch; m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()); print(m.group(1) if m else "?")')
 libblas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo "?")
-meta="Run $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) CPUs ($cpu, $(uname -r); \
+meta="Command: \`$command\`. Started $start_date, finished $(date -u +%Y-%m-%dT%H:%MZ), on $(nproc) CPUs ($cpu, $(uname -r); \
 torch $("$py" -c 'import torch; print(torch.__version__)') with BLAS_INFO=$blas, \
 libblas.so.3 = $libblas), shared \
 machine: load average (1/5/15 min) $start_load at the start, \
 $(cut -d' ' -f1-3 /proc/loadavg) at the end. Links shaped to $rate \
 (deploy/netns-cluster.sh), one trainer per node, torch threads 1, \
 $steps steps, warm-up $warmup_frac of them, repeats $repeats; \
-OneBitAdam arguments: ${onebit_args:-(defaults)}; trainer flags: \
+OneBitAdam: freeze_step = the warm-up, bias_correction=True, \
+--onebit-args ${onebit_args:-(none)}; trainer flags: \
 ${trainer_flags[*]:-(defaults)}."
 "$py" "$here/torch_e2e.py" report "$raw" "$out" --meta "$meta"
 exit $failed
