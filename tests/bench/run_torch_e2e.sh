@@ -108,6 +108,10 @@ trap 'exit 143' TERM
 [ $keep -eq 1 ] || rm -rf "$raw"
 mkdir -p "$raw"
 
+# "total stolen idle" CPU ticks of the machine so far (/proc/stat): on a
+# virtual machine the host may take CPU time the load average does not show.
+cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9, $5 + $6 }' /proc/stat; }
+
 # run_once K MODEL CONTENDER REPEAT: one run on a fresh K-node cluster.
 # Appends the ranks' JSON lines and a run_info line to the run's .jsonl.
 run_once() {
@@ -119,6 +123,8 @@ run_once() {
     "$cluster" up "$k" "$rate" >&2
     local load0 t0 codes=() per_run_timeout=$((120 + steps * 20))
     load0=$(cut -d' ' -f1-3 /proc/loadavg)
+    local tk0 st0 id0 tk1 st1 id1
+    read -r tk0 st0 id0 < <(cpu_ticks)
     t0=$(date +%s.%N)
     pids=()
     for ((i = 0; i < k; i++)); do
@@ -142,15 +148,21 @@ run_once() {
     local secs load1
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     load1=$(cut -d' ' -f1-3 /proc/loadavg)
+    read -r tk1 st1 id1 < <(cpu_ticks)
+    local busy stolen
+    busy=$(awk -v t=$((tk1 - tk0)) -v s=$((st1 - st0)) -v i=$((id1 - id0)) \
+        'BEGIN { if (t <= 0) t = 1; printf "%.0f", 100 * (t - i - s) / t }')
+    stolen=$(awk -v t=$((tk1 - tk0)) -v s=$((st1 - st0)) \
+        'BEGIN { if (t <= 0) t = 1; printf "%.0f", 100 * s / t }')
     "$cluster" down >&2
     cat "$raw/$name".r*.out | grep '^{' >"$file" || true
     rm -f "$raw/$name".r*.out
     local codes_json
     codes_json=$(IFS=,; echo "${codes[*]}")
-    printf '{"run_info":{"contender":"%s","model":"%s","nodes":%d,"repeat":%d,"rate":"%s","load_before":"%s","load_after":"%s","seconds":%.1f,"exit_codes":[%s],"date":"%s"}}\n' \
-        "$c" "$model" "$k" "$rep" "$rate" "$load0" "$load1" "$secs" "$codes_json" \
+    printf '{"run_info":{"contender":"%s","model":"%s","nodes":%d,"repeat":%d,"rate":"%s","load_before":"%s","load_after":"%s","seconds":%.1f,"cpu_busy_pct":%d,"cpu_stolen_pct":%d,"exit_codes":[%s],"date":"%s"}}\n' \
+        "$c" "$model" "$k" "$rep" "$rate" "$load0" "$load1" "$secs" "$busy" "$stolen" "$codes_json" \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$file"
-    log "$name: ${secs%.*} s, exit codes ${codes[*]}, load $load0 -> $load1"
+    log "$name: ${secs%.*} s, exit codes ${codes[*]}, load $load0 -> $load1, CPU busy $busy %, stolen $stolen %"
     for i in "${codes[@]}"; do [ "$i" -eq 0 ] || return 1; done
 }
 

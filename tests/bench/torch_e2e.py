@@ -504,7 +504,9 @@ def report(a):
            f"{FINAL_WINDOW} steps (all ranks), ± its standard error over "
            "those steps; tx = bytes sent by the node's ob0 during the loop "
            "(trainer and daemon), mean over nodes. Load = load average "
-           "(1 min) before -> after the run.", "",
+           "(1 min) before -> after the run, and the share of the "
+           "machine's CPU time that was busy or stolen by the host "
+           "during it.", "",
            "| model | nodes | contender | steps/s compress | steps/s whole "
            "| median ms compress (opt step) | median ms whole | final loss | tx MB/node "
            "| tx MB/step compress | load | status |",
@@ -512,6 +514,9 @@ def report(a):
     for r in rows:
         load = (f"{r['load_before'].split()[0]} -> {r['load_after'].split()[0]}"
                 if "load_before" in r and "load_after" in r else "")
+        if "cpu_stolen_pct" in r:
+            load += (f" ({r['cpu_busy_pct']} % busy, "
+                     f"{r['cpu_stolen_pct']} % stolen)")
         status = r["status"]
         if r.get("errors"):
             status += ": " + "; ".join(r["errors"])[:400].replace("|", "/")
