@@ -7,9 +7,7 @@ test adds MASTER_ADDR and MASTER_PORT) and pickles its return value."""
 import copy
 import gc
 import os
-import pickle
 import signal
-import sys
 import time
 
 import torch
@@ -18,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import obcomm
 import obcomm.torch
-from workers import COUNT, DTYPES, Net, batch, digest, grads_of, values
+from workers import (COUNT, DTYPES, Net, batch, digest, grads_of, serve,
+                     values)
 
 # 4 trainers and 2 daemons share the machine's cores.
 torch.set_num_threads(1)
@@ -305,15 +304,5 @@ def rank_mismatch(args):
     return None
 
 
-def main():
-    func, argf, outf = sys.argv[1:4]
-    with open(argf, "rb") as f:
-        args = pickle.load(f)
-    res = globals()[func](args)
-    with open(outf + ".tmp", "wb") as f:
-        pickle.dump(res, f)
-    os.rename(outf + ".tmp", outf)
-
-
 if __name__ == "__main__":
-    main()
+    serve(globals())

@@ -4,13 +4,13 @@ float16 and bfloat16 models, and gradient clipping."""
 
 import hashlib
 import os
-import pickle
-import sys
 
 import torch
 
 import obcomm
 import obcomm.torch
+
+from workers import serve
 
 WORKERS = os.path.abspath(__file__)
 
@@ -222,15 +222,5 @@ def dtype_errors(args):
     return out
 
 
-def main():
-    func, argf, outf = sys.argv[1:4]
-    with open(argf, "rb") as f:
-        args = pickle.load(f)
-    res = globals()[func](args)
-    with open(outf + ".tmp", "wb") as f:
-        pickle.dump(res, f)
-    os.rename(outf + ".tmp", outf)
-
-
 if __name__ == "__main__":
-    main()
+    serve(globals())

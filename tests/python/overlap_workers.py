@@ -3,8 +3,6 @@ cluster.Cluster.run(..., script=overlap_workers.WORKERS)): OneBitAdam with
 several buckets, with and without overlap."""
 
 import os
-import pickle
-import sys
 import time
 
 import torch
@@ -12,7 +10,7 @@ import torch
 import obcomm
 import obcomm.torch
 
-from workers import digest
+from workers import digest, serve
 
 WORKERS = os.path.abspath(__file__)
 
@@ -206,15 +204,5 @@ def misuse(args):
     return out
 
 
-def main():
-    func, argf, outf = sys.argv[1:4]
-    with open(argf, "rb") as f:
-        args = pickle.load(f)
-    res = globals()[func](args)
-    with open(outf + ".tmp", "wb") as f:
-        pickle.dump(res, f)
-    os.rename(outf + ".tmp", outf)
-
-
 if __name__ == "__main__":
-    main()
+    serve(globals())

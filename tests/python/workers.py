@@ -403,15 +403,19 @@ def healthy_ops(args):
     return out
 
 
-def main():
+def serve(functions):
+    """A worker process's entry point (cluster.py runs it): argv names a
+    function of `functions` (a worker module's globals()), a pickle of its
+    arguments and where its pickled result goes (renamed into place, so
+    the driver never reads half a file)."""
     func, argf, outf = sys.argv[1:4]
     with open(argf, "rb") as f:
         args = pickle.load(f)
-    res = globals()[func](args)
+    res = functions[func](args)
     with open(outf + ".tmp", "wb") as f:
         pickle.dump(res, f)
     os.rename(outf + ".tmp", outf)
 
 
 if __name__ == "__main__":
-    main()
+    serve(globals())
