@@ -78,6 +78,10 @@ import sys
 import time
 import traceback
 
+# tx_bytes of a device in this network namespace (-1 without it), as the
+# allreduce benchmark reads it.
+from gloo_allreduce import dev_tx_bytes
+
 CONTENDERS = ("floor", "ddp-gloo", "ddp-powersgd", "ddp-powersgd-1b",
               "ddp-obcomm", "onebit")
 MODELS = ("mlp", "transformer")
@@ -95,19 +99,6 @@ ONEBIT_BASE = {"bias_correction": True}
 LM_VOCAB, LM_DMODEL, LM_LAYERS, LM_HEADS, LM_FF, LM_CONTEXT = \
     64, 512, 2, 8, 2048, 8
 CHAIN_PROBS = (0.55, 0.25, 0.15, 0.05)
-
-
-def dev_tx_bytes(dev):
-    """tx_bytes of DEV in this network namespace, -1 if there is none."""
-    try:
-        with open("/proc/net/dev") as f:
-            for line in f:
-                name, _, rest = line.strip().partition(":")
-                if name == dev:
-                    return int(rest.split()[8])
-    except OSError:
-        pass
-    return -1
 
 
 def parse_kwargs(text):
