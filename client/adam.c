@@ -32,6 +32,9 @@ struct obcomm_adam {
     float *m;          /* shared memory: averaged in place by the collectives */
     float *g;          /* shared memory: the warm-up's gradient average; in
                           the compression stage the next momentum */
+    float *avg;        /* where a started warm-up step's average is: g, or
+                          the caller's buffer (obcomm_adam_start_inplace) */
+    int threads;       /* for the passes (obcomm_adam_set_threads) */
     float *v;          /* private */
     float *d;          /* private: the compression stage's factors, the
                           frozen v's denominators with the mask folded in
@@ -81,6 +84,7 @@ int obcomm_adam_create(obcomm_t *c, uint64_t key, size_t count,
     a->auto_on = 1;
     a->auto_ratio = OBCOMM_ADAM_AUTO_MASK_RATIO;
     a->kern = obc_adam_kernels_best();
+    a->threads = 1;
     int rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->m);
     if (rc == 0)
         rc = obcomm_alloc(c, count * sizeof(float), (void **)&a->g);
@@ -121,6 +125,14 @@ void obcomm_adam_set_lr(obcomm_adam_t *a, float lr)
 long obcomm_adam_steps(const obcomm_adam_t *a)
 {
     return a->step;
+}
+
+int obcomm_adam_set_threads(obcomm_adam_t *a, int threads)
+{
+    if (a == NULL || threads < 1 || threads > OBCOMM_ADAM_MAX_THREADS)
+        return OBCOMM_E_INVAL;
+    a->threads = threads;
+    return 0;
 }
 
 void obcomm_adam_set_error_feedback(obcomm_adam_t *a, int on)
@@ -203,7 +215,8 @@ static struct obc_adam_coef coef(const obcomm_adam_t *a)
                               .eps = k->eps,
                               .weight_decay = k->weight_decay,
                               .mc = 1.0f,
-                              .vc = 1.0f};
+                              .vc = 1.0f,
+                              .gscale = 1.0f};
     if (k->bias_correction) {
         long tv = a->step < k->freeze_step ? a->step + 1 : k->freeze_step;
         c.mc = 1.0f / (1.0f - powf(k->beta1, (float)(a->step + 1)));
@@ -231,9 +244,11 @@ static void freeze_factors(obcomm_adam_t *a)
 }
 
 /* The update, one pass over the tensor per step (the kernels of
- * adam_kernels.h, which state the arithmetic to the rounding), with
- * mc and vc of coef():
- *   warm-up:     m = b1*m + (1-b1)*g,  v = b2*v + ((1-b2)*g)*g,
+ * adam_kernels.h, which state the arithmetic to the rounding, run by
+ * obc_adam_run on a->threads threads), with mc and vc of coef() and the
+ * average's clip scale s (exactly 1 when nothing is clipped):
+ *   warm-up:     g = avg*s,
+ *                m = b1*m + (1-b1)*g,  v = b2*v + ((1-b2)*g)*g,
  *                p = p - lr*((m*mc) / (sqrt(v*vc) + eps) + wd*p)
  *   compression: with d = 1/(sqrt(v*vc) + eps) of the frozen v,
  *                p = p - lr*((m*mc)*d + wd*p),
@@ -241,16 +256,21 @@ static void freeze_factors(obcomm_adam_t *a)
  * So the compression stage multiplies by a rounded reciprocal where the
  * warm-up divides: the two differ in the last bit at times, which is why
  * the formula is stated here and in docs/design.md, "The idea". */
-static void update(obcomm_adam_t *a, float *p)
+static void update(obcomm_adam_t *a, float *p, float avg_scale)
 {
-    struct obc_adam_coef k = coef(a);
+    struct obc_adam_pass ps = {.n = a->count, .m = a->m, .p = p, .k = coef(a)};
     if (a->step < a->cfg.freeze_step) {
-        a->kern->warmup(a->count, a->g, a->m, a->v, p, &k);
-        return;
+        ps.kind = OBC_ADAM_WARMUP;
+        ps.g = a->avg;
+        ps.v = a->v;
+        ps.k.gscale = avg_scale;
+    } else {
+        if (!a->factors_ready)
+            freeze_factors(a);
+        ps.kind = OBC_ADAM_COMPRESS;
+        ps.d = a->d;
     }
-    if (!a->factors_ready)
-        freeze_factors(a);
-    a->kern->compress(a->count, a->m, a->d, p, &k);
+    obc_adam_run(a->kern, &ps, a->threads);
 }
 
 static int grad_dtype_ok(obcomm_dtype_t dt)
@@ -295,8 +315,10 @@ static void store_model(void *dst, obcomm_dtype_t dt, const float *p, size_t n)
     }
 }
 
-int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
-                         obcomm_dtype_t dtype, float scale)
+/* start_ex and start_inplace: with `inplace`, grads are fp32 in the
+ * connection's shared memory and the warm-up averages them there. */
+static int start(obcomm_adam_t *a, const void *grads, obcomm_dtype_t dtype,
+                 float scale, int inplace)
 {
     if (a == NULL || grads == NULL || a->started || !grad_dtype_ok(dtype) ||
         !(scale >= 0.0f && scale <= 3.4e38f))
@@ -305,23 +327,39 @@ int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
     int rc;
 
     if (a->step < k->freeze_step) {
-        /* Warm-up: the exact average of the gradients. */
-        load_grads(a->g, grads, dtype, a->count, scale);
-        rc = obcomm_iallreduce(a->c, a->g, a->count, OBCOMM_FLOAT32, OBCOMM_AVG,
-                               &a->req);
+        /* Warm-up: the exact average of the gradients, of a copy (the
+         * copy converts and scales) or of the caller's buffer. */
+        a->avg = a->g;
+        if (!inplace) {
+            load_grads(a->g, grads, dtype, a->count, scale);
+        } else {
+            a->avg = (float *)grads;
+            if (scale != 1.0f)
+                for (size_t i = 0; i < a->count; i++)
+                    a->avg[i] = a->avg[i] * scale;
+        }
+        rc = obcomm_iallreduce(a->c, a->avg, a->count, OBCOMM_FLOAT32,
+                               OBCOMM_AVG, &a->req);
     } else {
         /* Compression: local momentum, averaged with 1 bit per element;
          * v is never touched again. The new momentum is built in g
          * (unused in this stage), which becomes m when the op succeeds: a
-         * failed step leaves m as it was. */
+         * failed step leaves m as it was. An fp32 gradient is read where
+         * it is, the scale folded into the momentum pass. */
         if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
             return rc;
         const float *gr = grads;
-        if (dtype != OBCOMM_FLOAT32 || scale != 1.0f) {
-            load_grads(a->g, grads, dtype, a->count, scale);
+        if (dtype != OBCOMM_FLOAT32) {
+            load_grads(a->g, grads, dtype, a->count, 1.0f);
             gr = a->g;
         }
-        a->kern->momentum(a->count, a->m, gr, a->g, k->beta1);
+        struct obc_adam_pass ps = {.kind = OBC_ADAM_MOMENTUM,
+                                   .n = a->count,
+                                   .g = gr,
+                                   .m = a->m,
+                                   .next = a->g,
+                                   .k = {.beta1 = k->beta1, .gscale = scale}};
+        obc_adam_run(a->kern, &ps, a->threads);
         rc = obcomm_iallreduce_1bit(a->c, a->key, a->g, a->count, &a->req);
     }
     if (rc == 0) {
@@ -329,6 +367,21 @@ int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
         a->wait_rc = 0;
     }
     return rc;
+}
+
+int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
+                         obcomm_dtype_t dtype, float scale)
+{
+    return start(a, grads, dtype, scale, 0);
+}
+
+int obcomm_adam_start_inplace(obcomm_adam_t *a, float *grads, float scale)
+{
+    uint64_t off;
+    if (a == NULL || grads == NULL ||
+        obc_buffer_find(a->c, grads, a->count * sizeof(float), &off) == NULL)
+        return OBCOMM_E_INVAL;
+    return start(a, grads, OBCOMM_FLOAT32, scale, 1);
 }
 
 int obcomm_adam_start(obcomm_adam_t *a, const float *grads)
@@ -359,7 +412,7 @@ int obcomm_adam_grad_sumsq(obcomm_adam_t *a, double *out)
      * the same average, so every rank clips alike. */
     double sum = 0;
     for (size_t i = 0; i < a->count; i++)
-        sum += (double)a->g[i] * (double)a->g[i];
+        sum += (double)a->avg[i] * (double)a->avg[i];
     *out = sum;
     return 0;
 }
@@ -383,11 +436,8 @@ int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params, void *model,
         /* The mask applies as DeepSpeed applies exp_avg_mask: after the
          * average, so every rank zeroes the same coordinates of the same
          * momentum (in update's pass). */
-    } else if (avg_scale != 1.0f) {
-        for (size_t i = 0; i < a->count; i++)
-            a->g[i] = a->g[i] * avg_scale;
     }
-    update(a, params);
+    update(a, params, avg_scale);
     if (model != NULL)
         store_model(model, model_dtype, params, a->count);
     a->step++;

@@ -20,10 +20,11 @@ static void v_warmup(size_t n, const float *restrict g, float *restrict m,
     const __m256 eps = _mm256_set1_ps(k->eps);
     const __m256 wd = _mm256_set1_ps(k->weight_decay);
     const __m256 lr = _mm256_set1_ps(k->lr);
+    const __m256 gs = _mm256_set1_ps(k->gscale);
     size_t i = 0;
 
     for (; i + 8 <= n; i += 8) {
-        __m256 gi = _mm256_loadu_ps(g + i);
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), gs);
         __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
                                   _mm256_mul_ps(c1, gi));
         __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
@@ -42,20 +43,22 @@ static void v_warmup(size_t n, const float *restrict g, float *restrict m,
 }
 
 static void v_momentum(size_t n, const float *restrict m, const float *grad,
-                       float *next, float beta1)
+                       float *next, float beta1, float gscale)
 {
     const __m256 b1 = _mm256_set1_ps(beta1);
     const __m256 c1 = _mm256_set1_ps(1.0f - beta1);
+    const __m256 gs = _mm256_set1_ps(gscale);
     size_t i = 0;
 
-    for (; i + 8 <= n; i += 8)
+    for (; i + 8 <= n; i += 8) {
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gs);
         _mm256_storeu_ps(
-            next + i,
-            _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
-                          _mm256_mul_ps(c1, _mm256_loadu_ps(grad + i))));
+            next + i, _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
+                                    _mm256_mul_ps(c1, gi)));
+    }
     if (i < n)
         obc_adam_kernels_portable()->momentum(n - i, m + i, grad + i, next + i,
-                                              beta1);
+                                              beta1, gscale);
 }
 
 /* The mask is the sign bit of d, spread over its lane by an arithmetic

@@ -6,6 +6,8 @@
 #include "adam_kernels.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 
 static void p_warmup(size_t n, const float *restrict g, float *restrict m,
                      float *restrict v, float *restrict p,
@@ -14,10 +16,10 @@ static void p_warmup(size_t n, const float *restrict g, float *restrict m,
     const float b1 = k->beta1, c1 = 1.0f - k->beta1;
     const float b2 = k->beta2, c2 = 1.0f - k->beta2;
     const float mc = k->mc, vc = k->vc, eps = k->eps;
-    const float wd = k->weight_decay, lr = k->lr;
+    const float wd = k->weight_decay, lr = k->lr, gs = k->gscale;
 
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
+        float gi = g[i] * gs;
         float mi = b1 * m[i] + c1 * gi;
         float vi = b2 * v[i] + (c2 * gi) * gi;
         float u = (mi * mc) / (sqrtf(vi * vc) + eps) + wd * p[i];
@@ -28,12 +30,12 @@ static void p_warmup(size_t n, const float *restrict g, float *restrict m,
 }
 
 static void p_momentum(size_t n, const float *restrict m, const float *grad,
-                       float *next, float beta1)
+                       float *next, float beta1, float gscale)
 {
     const float c1 = 1.0f - beta1;
 
     for (size_t i = 0; i < n; i++)
-        next[i] = beta1 * m[i] + c1 * grad[i];
+        next[i] = beta1 * m[i] + c1 * (grad[i] * gscale);
 }
 
 /* A masked coordinate's momentum is zeroed here, in the pass that reads
@@ -82,4 +84,78 @@ const struct obc_adam_kernels *obc_adam_kernels_best(void)
     const struct obc_adam_kernels *k = obc_adam_kernels_avx2();
 
     return k != NULL ? k : &portable;
+}
+
+/* One range of a pass, for one thread. */
+struct part {
+    const struct obc_adam_kernels *kern;
+    const struct obc_adam_pass *ps;
+    size_t b, e;
+};
+
+static void *run_part(void *arg)
+{
+    const struct part *t = arg;
+    const struct obc_adam_pass *ps = t->ps;
+    size_t b = t->b, n = t->e - t->b;
+
+    switch (ps->kind) {
+    case OBC_ADAM_WARMUP:
+        t->kern->warmup(n, ps->g + b, ps->m + b, ps->v + b, ps->p + b, &ps->k);
+        break;
+    case OBC_ADAM_MOMENTUM:
+        t->kern->momentum(n, ps->m + b, ps->g + b, ps->next + b, ps->k.beta1,
+                          ps->k.gscale);
+        break;
+    case OBC_ADAM_COMPRESS:
+        t->kern->compress(n, ps->m + b, ps->d + b, ps->p + b, &ps->k);
+        break;
+    }
+    return NULL;
+}
+
+#define MAX_THREADS 64
+
+int obc_adam_run(const struct obc_adam_kernels *kern,
+                 const struct obc_adam_pass *ps, int threads)
+{
+    size_t n = ps->n;
+    size_t most = n / OBC_ADAM_SPLIT_MIN;
+    int t = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if ((size_t)t > most)
+        t = most > 0 ? (int)most : 1;
+    if (t == 1) {
+        struct part whole = {kern, ps, 0, n};
+        run_part(&whole);
+        return 1;
+    }
+
+    struct part parts[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    size_t per = (n / (size_t)t + 15) / 16 * 16;
+    for (int j = 0; j < t; j++) {
+        size_t b = per * (size_t)j, e = b + per;
+        b = b > n ? n : b;
+        e = e > n || j == t - 1 ? n : e;
+        parts[j] = (struct part){kern, ps, b, e};
+    }
+    /* The threads take no signals: the process's handlers run on its own
+     * threads, as they would without us. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (int j = 1; j < t; j++)
+        started[j] = pthread_create(&tid[j], NULL, run_part, &parts[j]) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int used = 1;
+    for (int j = 0; j < t; j++)
+        if (j == 0 || !started[j])
+            run_part(&parts[j]);
+    for (int j = 1; j < t; j++)
+        if (started[j]) {
+            pthread_join(tid[j], NULL);
+            used++;
+        }
+    return used;
 }

@@ -17,10 +17,14 @@
 
 /* A step's constants. mc and vc are the bias corrections
  * 1/(1 - beta1^t) and 1/(1 - beta2^tv) of the step, or exactly 1.0f
- * without bias correction. */
+ * without bias correction. gscale multiplies the gradient before anything
+ * else (the warm-up's clipping of the average, the compression stage's
+ * clipping of the local gradient); exactly 1.0f leaves it as it is, since
+ * x*1.0f == x. */
 struct obc_adam_coef {
     float lr, beta1, beta2, eps, weight_decay;
     float mc, vc;
+    float gscale;
 };
 
 /* The factor array's value for a masked coordinate. Every other
@@ -41,9 +45,10 @@ static inline float obc_adam_factor(float v, float vc, float eps)
 struct obc_adam_kernels {
     const char *name; /* "portable" or "avx2" */
 
-    /* The warm-up step, after g holds the averaged gradient; for each i:
-     *   m[i] = b1*m[i] + (1-b1)*g[i]
-     *   v[i] = b2*v[i] + ((1-b2)*g[i])*g[i]
+    /* The warm-up step, after g holds the averaged gradient; for each i,
+     * with gi = g[i]*gscale:
+     *   m[i] = b1*m[i] + (1-b1)*gi
+     *   v[i] = b2*v[i] + ((1-b2)*gi)*gi
      *   u    = (m[i]*mc) / (sqrtf(v[i]*vc) + eps) + wd*p[i]
      *   p[i] = p[i] - lr*u
      * with the new m[i] and v[i], b1 = beta1, b2 = beta2,
@@ -52,10 +57,10 @@ struct obc_adam_kernels {
                    const struct obc_adam_coef *k);
 
     /* The compression stage's local momentum:
-     *   next[i] = b1*m[i] + (1-b1)*grad[i].
+     *   next[i] = b1*m[i] + (1-b1)*(grad[i]*gscale).
      * next may be grad (each element is read before it is written). */
     void (*momentum)(size_t n, const float *m, const float *grad, float *next,
-                     float beta1);
+                     float beta1, float gscale);
 
     /* The compression step after the 1-bit average m, with the frozen
      * factors d (d[i] is OBC_ADAM_MASKED or obc_adam_factor of v[i]);
@@ -69,6 +74,38 @@ struct obc_adam_kernels {
     void (*compress)(size_t n, float *m, const float *d, float *p,
                      const struct obc_adam_coef *k);
 };
+
+/* One pass over a whole tensor, for obc_adam_run: kind says which
+ * kernel, and the pointers it reads (warm-up: g, m, v, p; momentum: m, g
+ * as grad, next; compress: m, d, p), all n elements long. */
+enum obc_adam_pass_kind {
+    OBC_ADAM_WARMUP,
+    OBC_ADAM_MOMENTUM,
+    OBC_ADAM_COMPRESS
+};
+
+struct obc_adam_pass {
+    enum obc_adam_pass_kind kind;
+    size_t n;
+    const float *g, *d;
+    float *m, *v, *p, *next;
+    struct obc_adam_coef k;
+};
+
+/* Below this many elements per thread a pass is not split: starting a
+ * thread costs tens of microseconds, a 64 Ki-element pass about a hundred. */
+#define OBC_ADAM_SPLIT_MIN (64 * 1024)
+
+/* Runs the pass with kern on up to `threads` threads: the calling thread
+ * takes the first range, threads started for the call (and joined before
+ * it returns) the others; ranges are cut at multiples of 16 elements and
+ * hold at least OBC_ADAM_SPLIT_MIN each. Every element is computed alone,
+ * so the result is bit-identical to one call over the whole tensor. A
+ * thread that cannot be started leaves its range to the calling thread.
+ * Nothing persists between calls, so a fork() between steps (a data
+ * loader's workers) finds no thread of ours. Returns the threads used. */
+int obc_adam_run(const struct obc_adam_kernels *kern,
+                 const struct obc_adam_pass *ps, int threads);
 
 /* The implementations. obc_adam_kernels_avx2() returns NULL when the CPU
  * (or the build) lacks AVX2; obc_adam_kernels_best() returns it when there

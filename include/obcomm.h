@@ -318,6 +318,15 @@ OBCOMM_API int obcomm_adam_finish(obcomm_adam_t *a, float *params);
  * start and finish are start_ex (FLOAT32, 1) and finish_ex (NULL, 1). */
 OBCOMM_API int obcomm_adam_start_ex(obcomm_adam_t *a, const void *grads,
                                     obcomm_dtype_t dtype, float scale);
+/* start without the copy of the gradients: grads (count floats) lie in
+ * memory from obcomm_alloc on the optimizer's connection, and belong to the
+ * optimizer from start_inplace until finish returns. In the warm-up the
+ * collective averages them where they are (scaled first when scale is not
+ * 1), so afterwards they hold the average, as DDP leaves a gradient; in the
+ * compression stage they are only read. OBCOMM_E_INVAL when grads are not
+ * such memory. The step is otherwise start_ex's, bit for bit. */
+OBCOMM_API int obcomm_adam_start_inplace(obcomm_adam_t *a, float *grads,
+                                         float scale);
 OBCOMM_API int obcomm_adam_wait(obcomm_adam_t *a);
 OBCOMM_API int obcomm_adam_grad_sumsq(obcomm_adam_t *a, double *sumsq);
 OBCOMM_API int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params,
@@ -325,6 +334,14 @@ OBCOMM_API int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params,
                                      float avg_scale);
 OBCOMM_API void obcomm_adam_destroy(obcomm_adam_t *a);
 
+/* Threads for the optimizer's passes over the tensor, 1 (the default) to
+ * OBCOMM_ADAM_MAX_THREADS: each pass of a large tensor is split into equal
+ * ranges, on threads started for the pass and joined before it ends (no
+ * thread outlives a call, so fork() stays safe), at least 64 Ki elements
+ * each. The results are bit-identical for any count. Returns 0 or
+ * OBCOMM_E_INVAL. */
+#define OBCOMM_ADAM_MAX_THREADS 64
+OBCOMM_API int obcomm_adam_set_threads(obcomm_adam_t *a, int threads);
 /* Learning rate from the next step on (schedules). */
 OBCOMM_API void obcomm_adam_set_lr(obcomm_adam_t *a, float lr);
 /* Steps taken so far; the compression stage runs from freeze_step on. */

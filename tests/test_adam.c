@@ -250,6 +250,8 @@ struct plan {
     int remask_step; /* before this step (> 0) the mask becomes `remask` */
     enum mask_kind remask;
     struct mixed mx; /* stepped with start_ex/finish_ex when set */
+    int inplace;     /* fp32 gradients in shared memory, start_inplace */
+    int threads;     /* obcomm_adam_set_threads (0: left at 1) */
 };
 
 static float model_f32(obcomm_dtype_t dt, const uint16_t *h, size_t i)
@@ -260,9 +262,11 @@ static float model_f32(obcomm_dtype_t dt, const uint16_t *h, size_t i)
 
 /* One step of the mixed plan: the model's dt parameters ph (as fp32 in
  * pm) give the gradients, which travel as dt; fp32 masters p. */
+static int same_everywhere(obcomm_t *c, const float *p, float *tmp);
+
 static int mixed_step(obcomm_t *c, obcomm_adam_t *a, const struct plan *pl,
                       int st, float *p, float *pm, uint16_t *ph, float *g,
-                      uint16_t *gh)
+                      uint16_t *gh, float *gs, float *tmp)
 {
     obcomm_dtype_t dt = pl->mx.dt;
     int rank = obcomm_rank(c);
@@ -276,8 +280,14 @@ static int mixed_step(obcomm_t *c, obcomm_adam_t *a, const struct plan *pl,
     float local = 1.0f, avg = 1.0f;
     if (st >= pl->freeze)
         local = clip_coef(sumsq_of(g, COUNT), pl->mx.clip);
-    int rc = obcomm_adam_start_ex(a, dt == OBCOMM_FLOAT32 ? (void *)g : gh, dt,
+    int rc;
+    if (pl->inplace) {
+        memcpy(gs, g, COUNT * sizeof(float));
+        rc = obcomm_adam_start_inplace(a, gs, local);
+    } else {
+        rc = obcomm_adam_start_ex(a, dt == OBCOMM_FLOAT32 ? (void *)g : gh, dt,
                                   local);
+    }
     if (rc)
         return rc;
     if (st < pl->freeze && pl->mx.clip > 0) {
@@ -292,6 +302,14 @@ static int mixed_step(obcomm_t *c, obcomm_adam_t *a, const struct plan *pl,
     rc = obcomm_adam_finish_ex(a, p, dt == OBCOMM_FLOAT32 ? NULL : ph, dt, avg);
     for (size_t i = 0; rc == 0 && dt != OBCOMM_FLOAT32 && i < COUNT; i++)
         pm[i] = model_f32(dt, ph, i);
+    /* In place, a warm-up step leaves the average in the buffer (the same
+     * on every rank); the compression stage only reads it. */
+    if (rc == 0 && pl->inplace && st < pl->freeze)
+        return same_everywhere(c, gs, tmp);
+    for (size_t i = 0; rc == 0 && pl->inplace && i < COUNT; i++)
+        if (memcmp(&gs[i], &g[i], sizeof(float)))
+            return hx_fail(c, "start_inplace wrote the gradient at step %d",
+                           st);
     return rc;
 }
 
@@ -355,10 +373,11 @@ static int trainer_adam(obcomm_t *c, void *arg)
 {
     const struct plan *pl = arg;
     int rank = obcomm_rank(c);
-    float p[COUNT], g[COUNT], pm[COUNT], *tmp;
+    float p[COUNT], g[COUNT], pm[COUNT], *tmp, *gs = NULL;
     uint16_t ph[COUNT], gh[COUNT];
-    int mixed = pl->mx.dt != OBCOMM_FLOAT32 || pl->mx.clip > 0;
-    if (obcomm_alloc(c, COUNT * sizeof(float), (void **)&tmp))
+    int mixed = pl->mx.dt != OBCOMM_FLOAT32 || pl->mx.clip > 0 || pl->inplace;
+    if (obcomm_alloc(c, COUNT * sizeof(float), (void **)&tmp) ||
+        (pl->inplace && obcomm_alloc(c, COUNT * sizeof(float), (void **)&gs)))
         return hx_fail(c, "alloc");
     init_params(p);
     for (size_t i = 0; i < COUNT; i++) {
@@ -380,6 +399,15 @@ static int trainer_adam(obcomm_t *c, void *arg)
         rc = obcomm_adam_create(c, 12, COUNT - HALF, &k, &b);
     if (rc)
         return hx_fail(c, "create: %s", obcomm_strerror(rc));
+    if (pl->threads && (rc = obcomm_adam_set_threads(a, pl->threads)) != 0)
+        return hx_fail(c, "set_threads: %s", obcomm_strerror(rc));
+    if (obcomm_adam_set_threads(a, 0) != OBCOMM_E_INVAL ||
+        obcomm_adam_set_threads(a, OBCOMM_ADAM_MAX_THREADS + 1) !=
+            OBCOMM_E_INVAL)
+        return hx_fail(c, "set_threads took 0 or too many threads");
+    /* In place wants the connection's shared memory. */
+    if (pl->inplace && obcomm_adam_start_inplace(a, g, 1.0f) != OBCOMM_E_INVAL)
+        return hx_fail(c, "start_inplace took private memory");
     if (pl->mask == MASK_RATIO_0 && b)
         obcomm_adam_set_auto_mask(b, 0.0f);
     if (pl->mask == MASK_RATIO_0)
@@ -404,7 +432,7 @@ static int trainer_adam(obcomm_t *c, void *arg)
             (rc = set_mask_kind(a, pl->remask)) != 0)
             return hx_fail(c, "set_mask: %s", obcomm_strerror(rc));
         if (mixed) {
-            rc = mixed_step(c, a, pl, st, p, pm, ph, g, gh);
+            rc = mixed_step(c, a, pl, st, p, pm, ph, g, gh, gs, tmp);
         } else {
             grads_of(rank, st, p, g, pl->dead, pl->freeze);
             rc = b ? split_step(c, a, b, p, g) : obcomm_adam_step(a, p, g);
@@ -649,6 +677,39 @@ START_TEST(mixed_precision_and_clipping)
 }
 END_TEST
 
+/* obcomm_adam_start_inplace, with and without clipping, on 3 threads
+ * (obcomm_adam_set_threads; COUNT is below a split, which test_adam_kernels
+ * covers): on one node, 1 and 3 trainers, bit-exact against the same
+ * reference as the copying start; the warm-up leaves the same average in
+ * every rank's buffer and the compression stage leaves it untouched
+ * (mixed_step); on 2 x 2, the same parameters on every rank. */
+START_TEST(inplace_matches_reference)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
+    for (int ls = 1; ls <= 3; ls += 2)
+        for (int clip = 0; clip < 2; clip++) {
+            struct plan pl = {.freeze = 7,
+                              .steps = 20,
+                              .compare_reference = 1,
+                              .mx = {OBCOMM_FLOAT32, clip ? 5.0f : 0.0f},
+                              .inplace = 1,
+                              .threads = 3};
+            char job[32];
+            snprintf(job, sizeof(job), "inplace-%d-%d", ls, clip);
+            ck_assert_int_eq(
+                hx_run(&cl, ls, job, 20000, 120, trainer_adam, &pl), 0);
+        }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    struct plan pl = {
+        .freeze = 5, .steps = 20, .mx = {OBCOMM_FLOAT32, 5.0f}, .inplace = 1};
+    ck_assert_int_eq(hx_run(&cl, 2, "inplace", 20000, 120, trainer_adam, &pl),
+                     0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
 /* Several nodes: identical parameters on every rank after every step
  * (checked inside the trainer), through the switch at step 5. */
 START_TEST(nodes_hold_identical_parameters)
@@ -801,6 +862,7 @@ int main(void)
     tcase_add_test(tc, one_node_masks);
     tcase_add_test(tc, split_steps_overlap);
     tcase_add_test(tc, mixed_precision_and_clipping);
+    tcase_add_test(tc, inplace_matches_reference);
     tcase_add_loop_test(tc, nodes_hold_identical_parameters, 0, 2);
     tcase_add_test(tc, save_and_load_continue_bit_for_bit);
     suite_add_tcase(s, tc);

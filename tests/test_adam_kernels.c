@@ -52,8 +52,9 @@ static void ref_warmup(size_t n, const float *g, float *m, float *v, float *p,
                        const struct obc_adam_coef *k)
 {
     for (size_t i = 0; i < n; i++) {
-        m[i] = k->beta1 * m[i] + (1.0f - k->beta1) * g[i];
-        v[i] = k->beta2 * v[i] + ((1.0f - k->beta2) * g[i]) * g[i];
+        float gi = g[i] * k->gscale;
+        m[i] = k->beta1 * m[i] + (1.0f - k->beta1) * gi;
+        v[i] = k->beta2 * v[i] + ((1.0f - k->beta2) * gi) * gi;
         float den = sqrtf(v[i] * k->vc) + k->eps;
         float u = (m[i] * k->mc) / den + k->weight_decay * p[i];
         p[i] = p[i] - k->lr * u;
@@ -61,10 +62,10 @@ static void ref_warmup(size_t n, const float *g, float *m, float *v, float *p,
 }
 
 static void ref_momentum(size_t n, const float *m, const float *grad,
-                         float *next, float b1)
+                         float *next, float b1, float gscale)
 {
     for (size_t i = 0; i < n; i++)
-        next[i] = b1 * m[i] + (1.0f - b1) * grad[i];
+        next[i] = b1 * m[i] + (1.0f - b1) * (grad[i] * gscale);
 }
 
 static void ref_compress(size_t n, float *m, const float *d, float *p,
@@ -200,7 +201,8 @@ static void run(const struct run_case *rc)
                                   .eps = 1e-8f,
                                   .weight_decay = rc->weight_decay,
                                   .mc = 1.0f,
-                                  .vc = 1.0f};
+                                  .vc = 1.0f,
+                                  .gscale = t % 3 == 1 ? 0.37f : 1.0f};
         if (rc->bias_correction) {
             long tv = t < FREEZE ? t + 1 : FREEZE;
             k.mc = 1.0f / (1.0f - powf(beta1, (float)(t + 1)));
@@ -245,7 +247,7 @@ static void run(const struct run_case *rc)
         for (size_t i = 0; i < n; i++)
             grad[i] = rnd(&seed);
         for (int j = 0; j < nimpl; j++) {
-            impls[j]->momentum(n, st[j].m, grad, st[j].next, beta1);
+            impls[j]->momentum(n, st[j].m, grad, st[j].next, beta1, k.gscale);
             check_same(impls[j]->name, "next", t, st[j].next, st[0].next, n);
         }
         for (int j = 0; j < nimpl; j++) {
@@ -309,7 +311,8 @@ START_TEST(overflowing_denominator_is_not_masked)
     }
     /* And directly: the factor is +0.0, the momentum is kept. */
     float m[9], d[9], p[9];
-    struct obc_adam_coef k = {.lr = 0.1f, .weight_decay = 0.0f, .mc = 1.0f};
+    struct obc_adam_coef k = {
+        .lr = 0.1f, .weight_decay = 0.0f, .mc = 1.0f, .gscale = 1.0f};
     for (int i = 0; i < 9; i++) {
         m[i] = 1.5f;
         p[i] = 2.0f;
@@ -324,6 +327,83 @@ START_TEST(overflowing_denominator_is_not_masked)
             ck_assert(m[i] == 1.5f);
             ck_assert(p[i] == 2.0f);
         }
+    }
+}
+END_TEST
+
+/* obc_adam_run split over 1..5 threads equals one call of the kernel
+ * over the whole tensor, bit for bit, for every pass and a length that
+ * leaves a ragged last range; and a tensor too short to split runs on the
+ * calling thread alone. */
+START_TEST(split_runs_match_one_call)
+{
+    const size_t n = 4 * OBC_ADAM_SPLIT_MIN + 37;
+    const struct obc_adam_kernels *kern = obc_adam_kernels_best();
+    float *base[6], *mem[6];
+    uint64_t seed = 4242;
+    for (int j = 0; j < 6; j++) {
+        base[j] = malloc(n * sizeof(float));
+        mem[j] = malloc(n * sizeof(float));
+        ck_assert(base[j] != NULL && mem[j] != NULL);
+        for (size_t i = 0; i < n; i++)
+            base[j][i] = j == 3 ? fabsf(rnd(&seed)) : rnd(&seed);
+    }
+    for (size_t i = 0; i < n; i += 5)
+        base[3][i] = OBC_ADAM_MASKED; /* d: some masked */
+    struct obc_adam_coef k = {.lr = 1e-3f,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.999f,
+                              .eps = 1e-8f,
+                              .weight_decay = 0.01f,
+                              .mc = 1.1f,
+                              .vc = 1.3f,
+                              .gscale = 0.5f};
+    for (int kind = OBC_ADAM_WARMUP; kind <= OBC_ADAM_COMPRESS; kind++) {
+        float *want[6];
+        for (int j = 0; j < 6; j++) {
+            want[j] = malloc(n * sizeof(float));
+            ck_assert_ptr_nonnull(want[j]);
+            memcpy(want[j], base[j], n * sizeof(float));
+        }
+        /* g, m, v, d, p, next */
+        if (kind == OBC_ADAM_WARMUP)
+            kern->warmup(n, want[0], want[1], want[2], want[4], &k);
+        else if (kind == OBC_ADAM_MOMENTUM)
+            kern->momentum(n, want[1], want[0], want[5], k.beta1, k.gscale);
+        else
+            kern->compress(n, want[1], want[3], want[4], &k);
+        for (int threads = 1; threads <= 5; threads++) {
+            for (int j = 0; j < 6; j++)
+                memcpy(mem[j], base[j], n * sizeof(float));
+            struct obc_adam_pass ps = {.kind = kind,
+                                       .n = n,
+                                       .g = mem[0],
+                                       .m = mem[1],
+                                       .v = mem[2],
+                                       .d = mem[3],
+                                       .p = mem[4],
+                                       .next = mem[5],
+                                       .k = k};
+            int used = obc_adam_run(kern, &ps, threads);
+            ck_assert_int_eq(used, threads < 4 ? threads : 4);
+            for (int j = 0; j < 6; j++)
+                ck_assert_msg(memcmp(mem[j], want[j], n * sizeof(float)) == 0,
+                              "pass %d on %d threads: array %d differs", kind,
+                              threads, j);
+        }
+        for (int j = 0; j < 6; j++)
+            free(want[j]);
+    }
+    struct obc_adam_pass small = {.kind = OBC_ADAM_MOMENTUM,
+                                  .n = 2 * OBC_ADAM_SPLIT_MIN - 1,
+                                  .g = mem[0],
+                                  .m = mem[1],
+                                  .next = mem[5],
+                                  .k = k};
+    ck_assert_int_eq(obc_adam_run(kern, &small, 4), 1);
+    for (int j = 0; j < 6; j++) {
+        free(base[j]);
+        free(mem[j]);
     }
 }
 END_TEST
@@ -352,6 +432,7 @@ int main(void)
     tcase_add_loop_test(tc, kernels_match_reference, 0, 8 * NMASKS);
     tcase_add_test(tc, overflowing_denominator_is_not_masked);
     tcase_add_test(tc, best_is_avx2_when_available);
+    tcase_add_test(tc, split_runs_match_one_call);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

@@ -20,14 +20,16 @@
  *   before: compression step  the momentum loop, the mask loop (a call of
  *                           masked() per element) and the update loop
  *                           with its division
- *   IMPL: warm-up step      the gradient copy and the fused warm-up pass
+ *   IMPL: warm-up step, copy    obcomm_adam_start_ex's step: the copy of
+ *                           the gradient into the shared buffer and the
+ *                           fused warm-up pass
+ *   IMPL: warm-up step, in place  obcomm_adam_start_inplace's step (what
+ *                           OneBitAdam does for fp32): the fused pass alone
  *   IMPL: compression step  the momentum pass and the fused update pass
- *   IMPL: warm-up pass, momentum pass, compression pass
- *                           the passes alone
+ *   IMPL: momentum pass, compression pass   those passes alone
  * for IMPL portable and avx2 (when the CPU has it); with -t THREADS > 1
- * also "avx2 xT": the same passes split into THREADS equal ranges on
- * threads created for the pass (the question of docs/benchmarks.md, "1-bit
- * Adam's passes": would threads pay on this machine).
+ * also "avx2 xT": the same passes run by obc_adam_run on THREADS threads,
+ * as obcomm_adam_set_threads(THREADS) runs them.
  *
  * The state is that of the compression stage: 1% of coordinates masked
  * (the automatic mask's share is about that on real models), bias
@@ -39,7 +41,6 @@
  * result quotes the median). All buffers
  * are 64-byte aligned and touched before timing. */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,7 +145,8 @@ static struct obc_adam_coef coef(const struct opt *a)
                               .eps = a->eps,
                               .weight_decay = a->weight_decay,
                               .mc = 1.0f,
-                              .vc = 1.0f};
+                              .vc = 1.0f,
+                              .gscale = 1.0f};
     if (a->bias_correction) {
         long tv = a->step < a->freeze_step ? a->step + 1 : a->freeze_step;
         c.mc = 1.0f / (1.0f - powf(a->beta1, (float)(a->step + 1)));
@@ -153,65 +155,35 @@ static struct obc_adam_coef coef(const struct opt *a)
     return c;
 }
 
-/* A pass over [b, e) of the state, for one thread. */
+/* A pass as client/adam.c runs it: obc_adam_run on `threads` threads. */
 enum pass { PASS_WARMUP, PASS_MOMENTUM, PASS_COMPRESS };
 
-struct part {
-    const struct obc_adam_kernels *k;
-    enum pass pass;
-    struct opt *a;
-    float *p;
-    const float *grads;
-    struct obc_adam_coef c;
-    size_t b, e;
-};
-
-static void *run_part(void *arg)
-{
-    struct part *t = arg;
-    struct opt *a = t->a;
-    size_t b = t->b, n = t->e - t->b;
-
-    switch (t->pass) {
-    case PASS_WARMUP:
-        t->k->warmup(n, a->g + b, a->m + b, a->v + b, t->p + b, &t->c);
-        break;
-    case PASS_MOMENTUM:
-        t->k->momentum(n, a->m + b, t->grads + b, a->g + b, a->beta1);
-        break;
-    case PASS_COMPRESS:
-        t->k->compress(n, a->m + b, a->d + b, t->p + b, &t->c);
-        break;
-    }
-    return NULL;
-}
-
-/* One pass on `threads` threads (the caller's thread takes the first
- * range), ranges cut at multiples of 16 elements. */
 static void pass(const struct obc_adam_kernels *k, int threads, enum pass ps,
                  struct opt *a, float *p, const float *grads)
 {
-    struct part parts[MAX_THREADS];
-    pthread_t tid[MAX_THREADS];
-    size_t per = (a->count / (size_t)threads + 15) / 16 * 16;
-    struct obc_adam_coef c = coef(a);
+    struct obc_adam_pass run = {.n = a->count, .m = a->m, .p = p, .k = coef(a)};
 
-    for (int j = 0; j < threads; j++) {
-        size_t b = per * (size_t)j, e = b + per;
-        if (b > a->count)
-            b = a->count;
-        if (e > a->count || j == threads - 1)
-            e = a->count;
-        parts[j] = (struct part){k, ps, a, p, grads, c, b, e};
+    switch (ps) {
+    case PASS_WARMUP:
+        run.kind = OBC_ADAM_WARMUP;
+        run.g = a->g;
+        run.v = a->v;
+        break;
+    case PASS_MOMENTUM:
+        run.kind = OBC_ADAM_MOMENTUM;
+        run.g = grads;
+        run.next = a->g;
+        break;
+    case PASS_COMPRESS:
+        run.kind = OBC_ADAM_COMPRESS;
+        run.d = a->d;
+        break;
     }
-    for (int j = 1; j < threads; j++)
-        if (pthread_create(&tid[j], NULL, run_part, &parts[j]) != 0) {
-            fprintf(stderr, "bench_adam: pthread_create failed\n");
-            exit(2);
-        }
-    run_part(&parts[0]);
-    for (int j = 1; j < threads; j++)
-        pthread_join(tid[j], NULL);
+    if (obc_adam_run(k, &run, threads) != threads && threads > 1) {
+        fprintf(stderr, "bench_adam: a pass ran on fewer threads than %d\n",
+                threads);
+        exit(2);
+    }
 }
 
 static void new_warmup_step(const struct obc_adam_kernels *k, int threads,
@@ -411,9 +383,9 @@ int main(int argc, char **argv)
             static const struct {
                 enum what w;
                 const char *s;
-            } kinds[] = {{W_WARMUP, "warm-up step"},
+            } kinds[] = {{W_WARMUP, "warm-up step, copy"},
+                         {W_PASS_WARMUP, "warm-up step, in place"},
                          {W_COMPRESSION, "compression step"},
-                         {W_PASS_WARMUP, "warm-up pass"},
                          {W_PASS_MOMENTUM, "momentum pass"},
                          {W_PASS_COMPRESS, "compression pass"}};
             for (size_t q = 0; q < sizeof(kinds) / sizeof(kinds[0]); q++) {

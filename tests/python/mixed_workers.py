@@ -146,22 +146,44 @@ def train(args):
 
 
 def clip_reference(args):
-    """One node, warm-up, float32 with max_grad_norm: after every step the
-    parameters against a reference computed here from the parameters
-    before the step: both ranks' gradients on a copy of the model, their
-    float32 average (the daemon's sum / 2), DeepSpeed's clip coefficient
+    """One node, float32 with max_grad_norm, freeze at args["freeze"]:
+    after every step the parameters against a reference computed here
+    from the parameters before the step, from both ranks' gradients on a
+    copy of the model, with DeepSpeed's clip coefficient
     max_norm / (norm + 1e-6) from the norm in double, rounded to float32
-    as the C library takes it, and 1-bit Adam's warm-up update without
-    bias correction. Returns the max abs difference per step and the
-    digests."""
+    as the C library takes it. Warm-up: the coefficient of the float32
+    average (the daemon's sum / 2) scales the average, then 1-bit Adam's
+    warm-up update without bias correction. Compression stage: each rank's
+    coefficient of its own gradient scales that gradient, each rank's
+    momentum b1*m + (1-b1)*g is averaged (exactly: one node's 1-bit op is
+    the plain average), and the update divides by the frozen
+    sqrt(v) + eps (the automatic mask off, so no coordinate is held).
+    Returns the max abs difference per step, the coefficients (warm-up:
+    one; compression: one per rank) and the digests."""
     rank = int(os.environ["RANK"])
     torch.manual_seed(rank)
     model = Mlp()
     comm = obcomm.Communicator(timeout_ms=20000)
     max_norm, lr, b1, b2, eps = args["max_grad_norm"], 1e-2, 0.9, 0.999, 1e-8
+    freeze = args.get("freeze", 100)
     opt = obcomm.torch.OneBitAdam(
-        model.parameters(), lr=lr, freeze_step=100, comm=comm,
+        model.parameters(), lr=lr, freeze_step=freeze, comm=comm,
         bucket_cap_mb=CAP_MB, max_grad_norm=max_norm)
+    opt.set_auto_mask(False)
+
+    # The constants as the C library rounds them: beta and 1 - beta in
+    # float32 (a frozen v amplifies any difference).
+    def f32(x):
+        return float(torch.tensor(x, dtype=torch.float32))
+    f1, f2 = f32(b1), f32(b2)
+    c1, c2 = f32(1.0 - f1), f32(1.0 - f2)
+
+    def coef_of(grads):
+        norm = sum(float(g.double().square().sum()) for g in grads) ** 0.5
+        coef = max_norm / (norm + 1e-6)
+        return float(torch.tensor(coef, dtype=torch.float32)) \
+            if coef < 1 else 1.0
+
     ref = Mlp()
     ms = [torch.zeros_like(p) for p in model.parameters()]
     vs = [torch.zeros_like(p) for p in model.parameters()]
@@ -175,18 +197,24 @@ def clip_reference(args):
             ref.zero_grad()
             loss_of(ref, r, step).backward()
             gs.append([q.grad.clone() for q in ref.parameters()])
-        avg = [(a + b) / 2 for a, b in zip(*gs)]
-        norm = sum(float(g.double().square().sum()) for g in avg) ** 0.5
-        coef = max_norm / (norm + 1e-6)
-        coef = float(torch.tensor(coef, dtype=torch.float32)) \
-            if coef < 1 else 1.0
-        out["coefs"].append(coef)
         want = []
-        for p, g, m, v in zip(model.parameters(), avg, ms, vs):
-            g = g * coef if coef != 1.0 else g
-            m.mul_(b1).add_((1 - b1) * g)
-            v.mul_(b2).add_((1 - b2) * g * g)
-            want.append(p.detach() - lr * (m / (v.sqrt() + eps)))
+        if step >= freeze:
+            coefs = [coef_of(g) for g in gs]
+            out["coefs"].append(coefs)
+            for j, (p, m, v) in enumerate(zip(model.parameters(), ms, vs)):
+                moms = [f1 * m + c1 * (g[j] * c) for g, c in zip(gs, coefs)]
+                m.copy_((moms[0] + moms[1]) / 2)
+                d = 1 / (v.sqrt() + eps)  # frozen: the C library's factor
+                want.append(p.detach() - lr * (m * d))
+        else:
+            avg = [(a + b) / 2 for a, b in zip(*gs)]
+            coef = coef_of(avg)
+            out["coefs"].append([coef])
+            for p, g, m, v in zip(model.parameters(), avg, ms, vs):
+                g = g * coef if coef != 1.0 else g
+                m.copy_(f1 * m + c1 * g)
+                v.copy_(f2 * v + (c2 * g) * g)
+                want.append(p.detach() - lr * (m / (v.sqrt() + eps)))
         opt.zero_grad()
         loss_of(model, comm.rank, step).backward()
         opt.step()

@@ -2,6 +2,7 @@
 cluster.Cluster.run(..., script=overlap_workers.WORKERS)): OneBitAdam with
 several buckets, with and without overlap."""
 
+import hashlib
 import os
 import time
 
@@ -62,7 +63,7 @@ def _optimizer(model, comm, args):
     return obcomm.torch.OneBitAdam(
         model.parameters(), lr=1e-3, freeze_step=args["freeze"], comm=comm,
         weight_decay=args.get("wd", 0.0), overlap=args["overlap"],
-        bucket_cap_mb=cap)
+        bucket_cap_mb=cap, threads=args.get("threads"))
 
 
 def _log_starts(opt):
@@ -147,9 +148,16 @@ def train(args):
         out["starts"].append(list(log))
         log.clear()
         out["digests"].append(digest(model))
+        # The gradients after the step: in the warm-up the average (the
+        # same on every rank), in the compression stage this rank's own.
+        with torch.no_grad():
+            gs = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        out.setdefault("grads", []).append(
+            hashlib.sha256(gs.numpy().tobytes()).hexdigest())
         out["views"] = out.get("views", True) and all(
             comm.is_shared(p.grad) for p in model.parameters())
     out["steps"] = opt.steps
+    out["threads"] = [opt.threads, torch.get_num_threads()]
     if out["error"] is None:
         out["masked"] = opt.masked()
         out["unused_moved"] = (

@@ -66,21 +66,28 @@ def test_mixed_close_to_float32(make_cluster, dtype):
     assert mixed["rounded"] == [True] * 12
 
 
-def test_clip_warmup_reference(make_cluster):
-    """One node x 2 trainers, float32, warm-up, max_grad_norm 0.3: after
-    each of 6 steps the parameters are within 1e-6 (a few float32 ulps
-    of O(0.1) parameters; measured 4e-7) of a reference computed in the
-    worker from the parameters before the step (the float32 average of
-    both ranks' gradients, clipped by DeepSpeed's coefficient from its
-    norm, 1-bit Adam's warm-up update); the coefficient clipped every
-    step; every rank holds the same parameters."""
+def test_clip_reference(make_cluster):
+    """One node x 2 trainers, float32, max_grad_norm 0.3, freeze at 4 of
+    9 steps: after each step the parameters are within 1e-6 (a few
+    float32 ulps of O(0.1) parameters; measured 4e-7) of a reference
+    computed in the worker from the parameters before the step. Warm-up:
+    the float32 average of both ranks' gradients clipped by DeepSpeed's
+    coefficient from its norm, 1-bit Adam's warm-up update. Compression
+    stage: each rank's gradient clipped by the coefficient of its own
+    norm, the momenta averaged (one node: exactly), the frozen variance's
+    update. The coefficients clip every step, the ranks' own ones differ
+    (the compression stage clips locally), and every rank holds the same
+    parameters."""
     cl = make_cluster(1)
     res = cl.run("clipref", "clip_reference", 2,
-                 args={"max_grad_norm": 0.3, "until": 6}, script=W)
+                 args={"max_grad_norm": 0.3, "until": 9, "freeze": 4},
+                 script=W)
     for r in res:
-        assert len(r["diffs"]) == 6
+        assert len(r["diffs"]) == 9
         assert max(r["diffs"]) <= 1e-6, r["diffs"]
-        assert all(c < 1.0 for c in r["coefs"]), r["coefs"]
+        assert all(c < 1.0 for cs in r["coefs"] for c in cs), r["coefs"]
+        assert [len(cs) for cs in r["coefs"]] == [1] * 4 + [2] * 5
+        assert all(cs[0] != cs[1] for cs in r["coefs"][4:]), r["coefs"]
         assert r["digests"] == res[0]["digests"]
 
 

@@ -33,14 +33,17 @@ def test_overlap_equals_start_at_step(make_cluster, trainers):
     schedule: overlap=True gives bitwise the parameters of overlap=False
     after every step, on every rank; the buckets start when promised; the
     unused layer never moves; each bucket's automatic mask is the rule
-    applied to its own v; every compression step is 4 1-bit ops. At
+    applied to its own v; every compression step is 4 1-bit ops. The
+    gradients after a warm-up step are the average, averaged in place
+    (the same on every rank), after a compression step each rank's own;
+    threads (3 with overlap, torch's count without) change nothing. At
     step 3 two gradients are not the optimizer's views (None, a tensor of
     the user's): the hooks put them back into the shared buffer as step()
     does."""
     cl = make_cluster(2)
     args = {"freeze": 5, "until": 12, "v": True, "own_grads": 3}
-    on = cl.run("on", "train", trainers, args=dict(args, overlap=True),
-                script=W)
+    on = cl.run("on", "train", trainers,
+                args=dict(args, overlap=True, threads=3), script=W)
     off = cl.run("off", "train", trainers, args=dict(args, overlap=False),
                  script=W)
     assert len(on) == len(off) == 2 * trainers
@@ -54,10 +57,16 @@ def test_overlap_equals_start_at_step(make_cluster, trainers):
         assert a["steps"] == b["steps"] == 12
         assert a["views"] and b["views"]
         assert a["unused_moved"] == b["unused_moved"] == 0.0
+        assert a["grads"] == b["grads"]
+        assert a["grads"][:5] == on[0]["grads"][:5]
+        assert a["threads"][0] == 3 and b["threads"][0] == b["threads"][1]
         assert a["obcomm"]["buckets"] == [[k, n] for k, _, n in BUCKETS]
         want = sum(expected_masked(v, 0.01) for v in a["bucket_v"])
         assert a["masked"] == b["masked"] == want > 0
     assert len(set(on[0]["digests"])) == 12  # the parameters moved
+    # Compression steps leave each rank its own gradient.
+    assert all(len({r["grads"][s] for r in on}) == len(on)
+               for s in range(5, 12))
     # Per node: (12 - 5) compression steps x 4 buckets, twice.
     assert cl.metrics(0)["onebit_ops"] == cl.metrics(1)["onebit_ops"] == 56
 
@@ -166,3 +175,13 @@ def test_construction_checks_buckets(make_cluster):
         assert e["code"] == obcomm.comm.E_MISMATCH, e
         assert "on rank(s) [1] differ from rank 0's" in e["message"]
         assert "bucket_cap_mb" in e["message"]
+
+
+@pytest.mark.parametrize("threads", [0, 65, -1])
+def test_threads_out_of_range(threads):
+    """threads outside 1..64 is refused before any connection."""
+    import torch
+    import obcomm.torch
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="threads"):
+        obcomm.torch.OneBitAdam([p], threads=threads)

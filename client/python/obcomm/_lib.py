@@ -87,6 +87,9 @@ _FUNCTIONS = [
     # (FLOAT32, FLOAT16, BFLOAT16), a float scale each.
     ("obcomm_adam_start_ex", c_int, [c_void_p, c_void_p, c_int,
                                      ctypes.c_float]),
+    ("obcomm_adam_start_inplace", c_int, [c_void_p, c_void_p,
+                                          ctypes.c_float]),
+    ("obcomm_adam_set_threads", c_int, [c_void_p, c_int]),
     ("obcomm_adam_wait", c_int, [c_void_p]),
     ("obcomm_adam_grad_sumsq", c_int, [c_void_p,
                                        ctypes.POINTER(ctypes.c_double)]),

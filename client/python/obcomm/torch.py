@@ -38,6 +38,9 @@ AUTO_MASK_RATIO = 0.01
 
 _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 
+# OBCOMM_ADAM_MAX_THREADS of include/obcomm.h.
+ADAM_MAX_THREADS = 64
+
 # DDP's default bucket size (MiB).
 BUCKET_CAP_MB = 25
 
@@ -136,6 +139,17 @@ def _grad_ready(wself, bucket, i, *_):
         opt._grad_ready(bucket, i)
 
 
+def _grad_arriving(wself, bucket, i, grad):
+    """The hook on parameter i's gradient before AccumulateGrad adds it
+    into p.grad: refuses a second backward pass before anything is added,
+    so a bucket whose gradients the daemons are averaging in place is never
+    written while in flight."""
+    opt = wself()
+    if opt is not None:
+        opt._check_arrival(bucket, i)
+    return None
+
+
 class OneBitAdam(torch.optim.Optimizer):
     """1-bit Adam (Tang et al. 2021) as DeepSpeed runs it, over obcomm.
 
@@ -157,7 +171,17 @@ class OneBitAdam(torch.optim.Optimizer):
     and it averages the gradients itself (no DDP needed). Each param
     group's parameters and gradients are moved into one flat float32
     shared-memory buffer each and re-pointed as views into it; the
-    gradients stay those views (zero_grad zeroes them in place).
+    gradients stay those views (zero_grad zeroes them in place). In the
+    warm-up the daemons average float32 gradients where they are, without
+    a copy: after step() they hold the average, as DDP leaves them, and
+    from the moment a bucket starts (in backward, with overlap) until
+    step() returns its gradients must not be touched. The compression
+    stage only reads them.
+
+    threads: threads for the optimizer's own passes over each bucket
+    (obcomm_adam_set_threads; buckets under 128 Ki elements use one); None
+    takes torch.get_num_threads(), as torch's own optimizers use the
+    intra-op threads. Results are bit-identical for any value.
 
     Mixed precision (as DeepSpeed's fp16/bf16 training): the parameters
     of a param group may instead all be float16 or all bfloat16 (CPU
@@ -215,7 +239,7 @@ class OneBitAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, bias_correction=False,
                  comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True,
-                 max_grad_norm=0.0):
+                 max_grad_norm=0.0, threads=None):
         if not 0.0 <= lr:
             raise ValueError(f"invalid lr {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -228,6 +252,11 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError(f"invalid bucket_cap_mb {bucket_cap_mb}")
         if not 0.0 <= max_grad_norm < math.inf:
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}")
+        if threads is None:
+            threads = torch.get_num_threads()
+        if not 1 <= int(threads) <= ADAM_MAX_THREADS:
+            raise ValueError(f"invalid threads {threads} "
+                             f"(1 to {ADAM_MAX_THREADS})")
         # The optimizer holds its own share of the connection, so that it
         # outlives whichever of the process group, the caller's
         # Communicator and this optimizer is closed first.
@@ -235,6 +264,7 @@ class OneBitAdam(torch.optim.Optimizer):
         self.key = int(key)
         self.overlap = bool(overlap)
         self.max_grad_norm = float(max_grad_norm)
+        self.threads = int(threads)
         self.bucket_cap_mb = bucket_cap_mb
         self._cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._groups = []
@@ -338,6 +368,7 @@ class OneBitAdam(torch.optim.Optimizer):
             with conn.lock:
                 conn.adams.append(b)
             lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
+            lib.obcomm_adam_set_threads(h, self.threads)  # checked in __init__
             g.buckets.append(b)
             self._buckets.append(b)
         g.hyper = tuple(group[k] for k in _HYPER)
@@ -388,6 +419,8 @@ class OneBitAdam(torch.optim.Optimizer):
                     self._accs.append(acc)
                     self._hooks.append(acc.register_hook(
                         functools.partial(_grad_ready, wself, b, i)))
+                    self._hooks.append(p.register_hook(
+                        functools.partial(_grad_arriving, wself, b, i)))
                     b.hooked += 1
 
     def _grad_view(self, g, i):
@@ -418,8 +451,10 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- starting buckets -----------------------------------------------------
 
-    def _grad_ready(self, b, i):
-        """Parameter i of bucket b has its gradient of this backward pass."""
+    def _check_arrival(self, b, i):
+        """Parameter i of bucket b is about to receive a gradient: a
+        second backward pass (outside no_sync) raises here, before torch
+        adds anything to the gradients the first one sent."""
         if not self._sync or b.handle is None:
             return
         if b.state is not _State.IDLE or i in b.fired:
@@ -431,6 +466,12 @@ class OneBitAdam(torch.optim.Optimizer):
                 "gradients. Accumulate gradients with `with opt.no_sync():` "
                 "around all but the last backward pass (as with DDP), or "
                 "construct the optimizer with overlap=False")
+
+    def _grad_ready(self, b, i):
+        """Parameter i of bucket b has its gradient of this backward pass."""
+        if not self._sync or b.handle is None:
+            return
+        self._check_arrival(b, i)
         self._grad_view(b.group, i)
         b.fired.add(i)
         if not self._in_backward:
@@ -486,8 +527,12 @@ class OneBitAdam(torch.optim.Optimizer):
         grads = ctypes.c_void_p(g.flat_g.data_ptr() + g.item * b.off)
         try:
             with self.comm._locked():
-                self.comm._check(lib.obcomm_adam_start_ex(
-                    b.handle, grads, DTYPES[g.dtype], scale))
+                if g.mixed:
+                    rc = lib.obcomm_adam_start_ex(b.handle, grads,
+                                                  DTYPES[g.dtype], scale)
+                else:  # float32 in shared memory: averaged in place
+                    rc = lib.obcomm_adam_start_inplace(b.handle, grads, scale)
+                self.comm._check(rc)
             b.state = _State.STARTED
         except ObcommError as e:
             b.state, b.error = _State.FAILED, e
