@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "adam_kernels.h"
-#include "half.h"
 #include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
@@ -256,9 +255,15 @@ static void freeze_factors(obcomm_adam_t *a)
  * So the compression stage multiplies by a rounded reciprocal where the
  * warm-up divides: the two differ in the last bit at times, which is why
  * the formula is stated here and in docs/design.md, "The idea". */
-static void update(obcomm_adam_t *a, float *p, float avg_scale)
+static void update(obcomm_adam_t *a, float *p, float avg_scale,
+                   uint16_t *model16, int bf16)
 {
-    struct obc_adam_pass ps = {.n = a->count, .m = a->m, .p = p, .k = coef(a)};
+    struct obc_adam_pass ps = {.n = a->count,
+                               .m = a->m,
+                               .p = p,
+                               .model16 = model16,
+                               .bf16 = bf16,
+                               .k = coef(a)};
     if (a->step < a->cfg.freeze_step) {
         ps.kind = OBC_ADAM_WARMUP;
         ps.g = a->avg;
@@ -279,39 +284,26 @@ static int grad_dtype_ok(obcomm_dtype_t dt)
            dt == OBCOMM_BFLOAT16;
 }
 
-/* dst[i] = src[i] as fp32 (exact from fp16 and bf16), times scale unless
- * scale is 1: one pass, the conversion folded into the copy the step makes
- * anyway. */
-static void load_grads(float *dst, const void *src, obcomm_dtype_t dt, size_t n,
+/* The warm-up's copy of the gradients into the shared buffer, as fp32
+ * (exact from fp16 and bf16), times scale unless scale is 1: one pass, the
+ * conversion folded into the copy the step makes anyway. */
+static void load_grads(obcomm_adam_t *a, const void *src, obcomm_dtype_t dt,
                        float scale)
 {
-    if (dt == OBCOMM_FLOAT32 && scale == 1.0f) {
-        memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = src;
     const float *f = src;
-    for (size_t i = 0; i < n; i++) {
-        float x = dt == OBCOMM_FLOAT32   ? f[i]
-                  : dt == OBCOMM_FLOAT16 ? obcomm_f16_to_f32(h[i])
-                                         : obcomm_bf16_to_f32(h[i]);
-        dst[i] = scale == 1.0f ? x : x * scale;
-    }
-}
-
-/* The model's copy of the master parameters, rounded to nearest even. */
-static void store_model(void *dst, obcomm_dtype_t dt, const float *p, size_t n)
-{
-    uint16_t *h = dst;
-    if (dt == OBCOMM_FLOAT32) {
-        if (dst != p)
-            memcpy(dst, p, n * sizeof(float));
-    } else if (dt == OBCOMM_FLOAT16) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = obcomm_f32_to_f16(p[i]);
+    if (dt == OBCOMM_FLOAT32 && scale == 1.0f) {
+        memcpy(a->g, src, a->count * sizeof(float));
+    } else if (dt == OBCOMM_FLOAT32) {
+        for (size_t i = 0; i < a->count; i++)
+            a->g[i] = f[i] * scale;
     } else {
-        for (size_t i = 0; i < n; i++)
-            h[i] = obcomm_f32_to_bf16(p[i]);
+        struct obc_adam_pass ps = {.kind = OBC_ADAM_WIDEN,
+                                   .n = a->count,
+                                   .g16 = src,
+                                   .bf16 = dt == OBCOMM_BFLOAT16,
+                                   .next = a->g,
+                                   .k = {.gscale = scale}};
+        obc_adam_run(a->kern, &ps, a->threads);
     }
 }
 
@@ -331,7 +323,7 @@ static int start(obcomm_adam_t *a, const void *grads, obcomm_dtype_t dtype,
          * copy converts and scales) or of the caller's buffer. */
         a->avg = a->g;
         if (!inplace) {
-            load_grads(a->g, grads, dtype, a->count, scale);
+            load_grads(a, grads, dtype, scale);
         } else {
             a->avg = (float *)grads;
             if (scale != 1.0f)
@@ -344,18 +336,17 @@ static int start(obcomm_adam_t *a, const void *grads, obcomm_dtype_t dtype,
         /* Compression: local momentum, averaged with 1 bit per element;
          * v is never touched again. The new momentum is built in g
          * (unused in this stage), which becomes m when the op succeeds: a
-         * failed step leaves m as it was. An fp32 gradient is read where
-         * it is, the scale folded into the momentum pass. */
+         * failed step leaves m as it was. The gradient is read where it
+         * is (fp16 and bf16 widened in the same pass), the scale folded
+         * into the momentum pass. */
         if (!a->error_feedback && (rc = obcomm_reset_1bit(a->c, a->key)) != 0)
             return rc;
-        const float *gr = grads;
-        if (dtype != OBCOMM_FLOAT32) {
-            load_grads(a->g, grads, dtype, a->count, 1.0f);
-            gr = a->g;
-        }
+        int wide = dtype == OBCOMM_FLOAT32;
         struct obc_adam_pass ps = {.kind = OBC_ADAM_MOMENTUM,
                                    .n = a->count,
-                                   .g = gr,
+                                   .g = wide ? grads : NULL,
+                                   .g16 = wide ? NULL : grads,
+                                   .bf16 = dtype == OBCOMM_BFLOAT16,
                                    .m = a->m,
                                    .next = a->g,
                                    .k = {.beta1 = k->beta1, .gscale = scale}};
@@ -437,9 +428,13 @@ int obcomm_adam_finish_ex(obcomm_adam_t *a, float *params, void *model,
          * average, so every rank zeroes the same coordinates of the same
          * momentum (in update's pass). */
     }
-    update(a, params, avg_scale);
-    if (model != NULL)
-        store_model(model, model_dtype, params, a->count);
+    /* The model's copy, rounded to nearest even: fp16 and bf16 written
+     * in the update's pass, block by block. */
+    int narrow = model != NULL && model_dtype != OBCOMM_FLOAT32;
+    update(a, params, avg_scale, narrow ? model : NULL,
+           model_dtype == OBCOMM_BFLOAT16);
+    if (model != NULL && !narrow && model != params)
+        memcpy(model, params, a->count * sizeof(float));
     a->step++;
     return 0;
 }

@@ -5,6 +5,8 @@
  * against it by reading. */
 #include "adam_kernels.h"
 
+#include "half.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -57,11 +59,29 @@ static void p_compress(size_t n, float *restrict m, const float *restrict d,
     }
 }
 
+static void p_widen(size_t n, const uint16_t *restrict src, int bf16,
+                    float scale, float *restrict dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = bf16 ? obcomm_bf16_to_f32(src[i]) : obcomm_f16_to_f32(src[i]);
+        dst[i] = x * scale;
+    }
+}
+
+static void p_narrow(size_t n, const float *restrict src, int bf16,
+                     uint16_t *restrict dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16 ? obcomm_f32_to_bf16(src[i]) : obcomm_f32_to_f16(src[i]);
+}
+
 static const struct obc_adam_kernels portable = {
     .name = "portable",
     .warmup = p_warmup,
     .momentum = p_momentum,
     .compress = p_compress,
+    .widen = p_widen,
+    .narrow = p_narrow,
 };
 
 const struct obc_adam_kernels *obc_adam_kernels_portable(void)
@@ -73,7 +93,7 @@ const struct obc_adam_kernels *obc_adam_kernels_avx2(void)
 {
 #ifdef OBC_HAVE_AVX2
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
         return obc_adam_avx2_table();
 #endif
     return NULL;
@@ -93,24 +113,54 @@ struct part {
     size_t b, e;
 };
 
+/* Mixed precision's passes go in blocks of this many elements: 16 KiB
+ * of fp32, which the second kernel reads back from L1. */
+#define BLOCK 4096
+
+/* The pass on [b, b + n). */
+static void run_range(const struct obc_adam_kernels *kern,
+                      const struct obc_adam_pass *ps, size_t b, size_t n)
+{
+    const struct obc_adam_coef *k = &ps->k;
+
+    switch (ps->kind) {
+    case OBC_ADAM_WARMUP:
+        kern->warmup(n, ps->g + b, ps->m + b, ps->v + b, ps->p + b, k);
+        break;
+    case OBC_ADAM_MOMENTUM:
+        if (ps->g16 == NULL) {
+            kern->momentum(n, ps->m + b, ps->g + b, ps->next + b, k->beta1,
+                           k->gscale);
+            break;
+        }
+        /* The block's gradient widened into the block of next, then the
+         * momentum built there (next may be the gradient). */
+        kern->widen(n, ps->g16 + b, ps->bf16, 1.0f, ps->next + b);
+        kern->momentum(n, ps->m + b, ps->next + b, ps->next + b, k->beta1,
+                       k->gscale);
+        break;
+    case OBC_ADAM_COMPRESS:
+        kern->compress(n, ps->m + b, ps->d + b, ps->p + b, k);
+        break;
+    case OBC_ADAM_WIDEN:
+        kern->widen(n, ps->g16 + b, ps->bf16, k->gscale, ps->next + b);
+        break;
+    }
+    if (ps->model16 != NULL &&
+        (ps->kind == OBC_ADAM_WARMUP || ps->kind == OBC_ADAM_COMPRESS))
+        kern->narrow(n, ps->p + b, ps->bf16, ps->model16 + b);
+}
+
 static void *run_part(void *arg)
 {
     const struct part *t = arg;
     const struct obc_adam_pass *ps = t->ps;
-    size_t b = t->b, n = t->e - t->b;
+    int fused = (ps->kind == OBC_ADAM_MOMENTUM && ps->g16 != NULL) ||
+                ps->model16 != NULL;
+    size_t step = fused ? BLOCK : t->e - t->b;
 
-    switch (ps->kind) {
-    case OBC_ADAM_WARMUP:
-        t->kern->warmup(n, ps->g + b, ps->m + b, ps->v + b, ps->p + b, &ps->k);
-        break;
-    case OBC_ADAM_MOMENTUM:
-        t->kern->momentum(n, ps->m + b, ps->g + b, ps->next + b, ps->k.beta1,
-                          ps->k.gscale);
-        break;
-    case OBC_ADAM_COMPRESS:
-        t->kern->compress(n, ps->m + b, ps->d + b, ps->p + b, &ps->k);
-        break;
-    }
+    for (size_t b = t->b; b < t->e; b += step)
+        run_range(t->kern, ps, b, t->e - b < step ? t->e - b : step);
     return NULL;
 }
 

@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* A step's constants. mc and vc are the bias corrections
  * 1/(1 - beta1^t) and 1/(1 - beta2^tv) of the step, or exactly 1.0f
@@ -73,15 +74,32 @@ struct obc_adam_kernels {
      * set to 0 first. m is written only where masked. */
     void (*compress)(size_t n, float *m, const float *d, float *p,
                      const struct obc_adam_coef *k);
+
+    /* Mixed precision's conversions, exactly those of proto/half.h:
+     * widen: dst[i] = f32(src[i]) * scale, src fp16 (bf16 = 0) or bf16
+     *        (the conversion is exact; scale 1.0f leaves it so);
+     * narrow: dst[i] = src[i] rounded to fp16 or bf16, nearest even,
+     *        NaN quiet with the payload bits that fit. */
+    void (*widen)(size_t n, const uint16_t *src, int bf16, float scale,
+                  float *dst);
+    void (*narrow)(size_t n, const float *src, int bf16, uint16_t *dst);
 };
 
 /* One pass over a whole tensor, for obc_adam_run: kind says which
  * kernel, and the pointers it reads (warm-up: g, m, v, p; momentum: m, g
- * as grad, next; compress: m, d, p), all n elements long. */
+ * as grad, next; compress: m, d, p; widen: g16 into next, times
+ * k.gscale), all n elements long. Mixed precision, fused in blocks that
+ * stay in the cache: with g16 set the momentum pass reads its gradient
+ * from g16 (fp16, or bf16 when bf16 is set) instead of g, widening each
+ * block just before the kernel uses it; with model16 set the warm-up and
+ * compress passes write each block of new parameters, narrowed, into
+ * model16 right after the kernel wrote it. The results are those of the
+ * separate passes, bit for bit. */
 enum obc_adam_pass_kind {
     OBC_ADAM_WARMUP,
     OBC_ADAM_MOMENTUM,
-    OBC_ADAM_COMPRESS
+    OBC_ADAM_COMPRESS,
+    OBC_ADAM_WIDEN
 };
 
 struct obc_adam_pass {
@@ -89,6 +107,9 @@ struct obc_adam_pass {
     size_t n;
     const float *g, *d;
     float *m, *v, *p, *next;
+    const uint16_t *g16;
+    uint16_t *model16;
+    int bf16;
     struct obc_adam_coef k;
 };
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "adam_kernels.h"
+#include "half.h"
 
 /* splitmix64: a fixed seed per case, so a failure replays. */
 static uint64_t next_u64(uint64_t *s)
@@ -408,6 +409,167 @@ START_TEST(split_runs_match_one_call)
 }
 END_TEST
 
+/* widen and narrow against proto/half.h, element by element, in both
+ * tables: every one of the 65536 fp16 and bf16 patterns widened (scale 1
+ * and 0.37), and for narrowing the floats where rounding is decided
+ * (ties, the edges of the fp16 range and of its subnormals, Inf, NaNs
+ * with payloads, signalling NaNs) plus a million random bit patterns. */
+static void check_conversions(const struct obc_adam_kernels *kern)
+{
+    enum { N = 65536 + 3 };
+    uint16_t *h = malloc(N * sizeof(uint16_t));
+    float *f = malloc(N * sizeof(float));
+    ck_assert(h != NULL && f != NULL);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int sc = 0; sc < 2; sc++) {
+            float scale = sc ? 0.37f : 1.0f;
+            for (size_t i = 0; i < N; i++)
+                h[i] = (uint16_t)(i * 40503u); /* every pattern, shuffled */
+            kern->widen(N, h, bf16, scale, f);
+            for (size_t i = 0; i < N; i++) {
+                float x =
+                    bf16 ? obcomm_bf16_to_f32(h[i]) : obcomm_f16_to_f32(h[i]);
+                float want = x * scale;
+                /* ck_assert per element would cost a pipe write each */
+                if (memcmp(&want, &f[i], 4) != 0)
+                    ck_abort_msg("%s widen %s 0x%04x x %g: 0x%08x, want 0x%08x",
+                                 kern->name, bf16 ? "bf16" : "fp16", h[i],
+                                 (double)scale, obcomm_f32_bits(f[i]),
+                                 obcomm_f32_bits(want));
+            }
+        }
+    static const uint32_t special[] = {
+        0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000,
+        0x7f800001, 0xff800001, 0x7fa00000, 0x7fbfffff, 0x7fffffff, 0x7f812345,
+        0x00000001, 0x807fffff, 0x477fe000, 0x477fefff, 0x477ff000, 0x477fffff,
+        0x47800000, 0x38800000, 0x387fffff, 0x33000000, 0x33000001, 0x32ffffff,
+        0x33800000, 0x33c00000, 0x34200000, 0x3f801000, 0x3f803000, 0x3f808000,
+        0x3f818000, 0x3f7fffff, 0x7f7fffff, 0x7f7f8000, 0xff7f8000, 0x3f800001,
+        0x38000000, 0xb8ffe000, 0x3a000000, 0x39fff000};
+    const size_t ns = sizeof(special) / sizeof(special[0]);
+    const size_t nf = ns + 1000003;
+    float *x = malloc(nf * sizeof(float));
+    uint16_t *out = malloc(nf * sizeof(uint16_t));
+    ck_assert(x != NULL && out != NULL);
+    uint64_t seed = 99;
+    for (size_t i = 0; i < nf; i++)
+        x[i] = obcomm_f32_from_bits(i < ns ? special[i]
+                                           : (uint32_t)next_u64(&seed));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        kern->narrow(nf, x, bf16, out);
+        for (size_t i = 0; i < nf; i++) {
+            uint16_t want =
+                bf16 ? obcomm_f32_to_bf16(x[i]) : obcomm_f32_to_f16(x[i]);
+            if (out[i] != want)
+                ck_abort_msg("%s narrow %s 0x%08x: 0x%04x, want 0x%04x",
+                             kern->name, bf16 ? "bf16" : "fp16",
+                             obcomm_f32_bits(x[i]), out[i], want);
+        }
+    }
+    free(x);
+    free(out);
+    free(h);
+    free(f);
+}
+
+START_TEST(conversions_match_half_h)
+{
+    check_conversions(obc_adam_kernels_portable());
+    if (obc_adam_kernels_avx2() != NULL)
+        check_conversions(obc_adam_kernels_avx2());
+}
+END_TEST
+
+/* Mixed precision's fused passes (a momentum from fp16/bf16 gradients,
+ * a warm-up or compress pass that writes the narrowed model) equal the
+ * separate passes bit for bit, on 1 and 3 threads. */
+START_TEST(fused_mixed_passes_match_separate)
+{
+    const size_t n = 3 * OBC_ADAM_SPLIT_MIN + 4099;
+    const struct obc_adam_kernels *kern = obc_adam_kernels_best();
+    uint64_t seed = 777;
+    float *g = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4),
+          *d = malloc(n * 4), *p = malloc(n * 4), *next = malloc(n * 4);
+    float *m2 = malloc(n * 4), *v2 = malloc(n * 4), *p2 = malloc(n * 4),
+          *next2 = malloc(n * 4), *tmp = malloc(n * 4);
+    uint16_t *g16 = malloc(n * 2), *mod = malloc(n * 2), *mod2 = malloc(n * 2);
+    ck_assert(g && m && v && d && p && next && m2 && v2 && p2 && next2 && tmp &&
+              g16 && mod && mod2);
+    struct obc_adam_coef k = {.lr = 1e-2f,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.999f,
+                              .eps = 1e-8f,
+                              .weight_decay = 0.01f,
+                              .mc = 1.0f,
+                              .vc = 1.0f,
+                              .gscale = 0.75f};
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int threads = 1; threads <= 3; threads += 2) {
+            for (size_t i = 0; i < n; i++) {
+                g16[i] = bf16 ? obcomm_f32_to_bf16(rnd(&seed))
+                              : obcomm_f32_to_f16(rnd(&seed));
+                g[i] = rnd(&seed);
+                m[i] = m2[i] = rnd(&seed);
+                v[i] = v2[i] = fabsf(rnd(&seed));
+                d[i] = i % 9 == 0 ? OBC_ADAM_MASKED : fabsf(rnd(&seed));
+                p[i] = p2[i] = rnd(&seed);
+            }
+            /* Momentum from the 16-bit gradient. */
+            struct obc_adam_pass ps = {.kind = OBC_ADAM_MOMENTUM,
+                                       .n = n,
+                                       .g16 = g16,
+                                       .bf16 = bf16,
+                                       .m = m,
+                                       .next = next,
+                                       .k = k};
+            obc_adam_run(kern, &ps, threads);
+            kern->widen(n, g16, bf16, 1.0f, tmp);
+            kern->momentum(n, m2, tmp, next2, k.beta1, k.gscale);
+            ck_assert(memcmp(next, next2, n * 4) == 0);
+            /* Widen alone, with a scale. */
+            ps = (struct obc_adam_pass){.kind = OBC_ADAM_WIDEN,
+                                        .n = n,
+                                        .g16 = g16,
+                                        .bf16 = bf16,
+                                        .next = next,
+                                        .k = k};
+            obc_adam_run(kern, &ps, threads);
+            kern->widen(n, g16, bf16, k.gscale, next2);
+            ck_assert(memcmp(next, next2, n * 4) == 0);
+            /* Warm-up and compress writing the model. */
+            for (int kind = OBC_ADAM_WARMUP; kind <= OBC_ADAM_COMPRESS;
+                 kind += 2) {
+                ps = (struct obc_adam_pass){.kind = kind,
+                                            .n = n,
+                                            .g = g,
+                                            .d = d,
+                                            .m = m,
+                                            .v = v,
+                                            .p = p,
+                                            .model16 = mod,
+                                            .bf16 = bf16,
+                                            .k = k};
+                obc_adam_run(kern, &ps, threads);
+                if (kind == OBC_ADAM_WARMUP)
+                    kern->warmup(n, g, m2, v2, p2, &k);
+                else
+                    kern->compress(n, m2, d, p2, &k);
+                kern->narrow(n, p2, bf16, mod2);
+                ck_assert(memcmp(p, p2, n * 4) == 0);
+                ck_assert(memcmp(m, m2, n * 4) == 0);
+                ck_assert(memcmp(v, v2, n * 4) == 0);
+                ck_assert(memcmp(mod, mod2, n * 2) == 0);
+            }
+        }
+    float *all[] = {g, m, v, d, p, next, m2, v2, p2, next2, tmp};
+    for (size_t j = 0; j < sizeof(all) / sizeof(all[0]); j++)
+        free(all[j]);
+    free(g16);
+    free(mod);
+    free(mod2);
+}
+END_TEST
+
 /* The dispatch: best is AVX2 exactly when the CPU has it. */
 START_TEST(best_is_avx2_when_available)
 {
@@ -433,6 +595,8 @@ int main(void)
     tcase_add_test(tc, overflowing_denominator_is_not_masked);
     tcase_add_test(tc, best_is_avx2_when_available);
     tcase_add_test(tc, split_runs_match_one_call);
+    tcase_add_test(tc, conversions_match_half_h);
+    tcase_add_test(tc, fused_mixed_passes_match_separate);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
