@@ -27,6 +27,10 @@
  *                           OneBitAdam does for fp32): the fused pass alone
  *   IMPL: compression step  the momentum pass and the fused update pass
  *   IMPL: momentum pass, compression pass   those passes alone
+ *   IMPL: bf16 compression, separate / fused   a compression step of a
+ *                           bf16 model over fp32 masters, the conversions
+ *                           as scalar passes of their own (as before) or
+ *                           inside the passes (mixed_step)
  * for IMPL portable and avx2 (when the CPU has it); with -t THREADS > 1
  * also "avx2 xT": the same passes run by obc_adam_run on THREADS threads,
  * as obcomm_adam_set_threads(THREADS) runs them.
@@ -48,6 +52,7 @@
 #include <time.h>
 
 #include "adam_kernels.h"
+#include "half.h"
 #include "bench_util.h"
 
 #define MAX_THREADS 64
@@ -214,6 +219,8 @@ enum what {
     W_PASS_WARMUP,
     W_PASS_MOMENTUM,
     W_PASS_COMPRESS,
+    W_MIXED_SEPARATE,
+    W_MIXED_FUSED,
 };
 
 struct row {
@@ -227,7 +234,54 @@ struct row {
 struct bench {
     struct opt a;
     float *p, *grads, *dst;
+    uint16_t *g16, *model16; /* bf16 gradients and model */
 };
+
+/* A compression step of a bf16 model over fp32 masters. Separate: the
+ * passes as adam.c made them before the conversions were fused (the
+ * gradient widened into the shared buffer by a scalar loop, the momentum
+ * pass, the update pass, the model rounded by a scalar loop). Fused: the
+ * momentum pass widening the gradient block by block, and the update
+ * pass writing the rounded model block by block (obc_adam_run). */
+static void mixed_step(const struct obc_adam_kernels *k, int threads,
+                       struct bench *b, int fused)
+{
+    struct opt *a = &b->a;
+    struct obc_adam_coef c = coef(a);
+
+    if (!fused) {
+        for (size_t i = 0; i < a->count; i++)
+            a->g[i] = obcomm_bf16_to_f32(b->g16[i]);
+        pass(k, threads, PASS_MOMENTUM, a, b->p, a->g);
+    } else {
+        struct obc_adam_pass ps = {.kind = OBC_ADAM_MOMENTUM,
+                                   .n = a->count,
+                                   .g16 = b->g16,
+                                   .bf16 = 1,
+                                   .m = a->m,
+                                   .next = a->g,
+                                   .k = c};
+        obc_adam_run(k, &ps, threads);
+    }
+    float *m = a->g;
+    a->g = a->m;
+    a->m = m;
+    if (!fused) {
+        pass(k, threads, PASS_COMPRESS, a, b->p, NULL);
+        for (size_t i = 0; i < a->count; i++)
+            b->model16[i] = obcomm_f32_to_bf16(b->p[i]);
+    } else {
+        struct obc_adam_pass ps = {.kind = OBC_ADAM_COMPRESS,
+                                   .n = a->count,
+                                   .m = a->m,
+                                   .d = a->d,
+                                   .p = b->p,
+                                   .model16 = b->model16,
+                                   .bf16 = 1,
+                                   .k = c};
+        obc_adam_run(k, &ps, threads);
+    }
+}
 
 static void run_row(struct bench *b, const struct row *r)
 {
@@ -265,6 +319,11 @@ static void run_row(struct bench *b, const struct row *r)
     case W_PASS_COMPRESS:
         a->step = a->freeze_step;
         pass(r->k, r->threads, PASS_COMPRESS, a, b->p, b->grads);
+        break;
+    case W_MIXED_SEPARATE:
+    case W_MIXED_FUSED:
+        a->step = a->freeze_step;
+        mixed_step(r->k, r->threads, b, r->what == W_MIXED_FUSED);
         break;
     }
 }
@@ -329,6 +388,12 @@ int main(int argc, char **argv)
     b.p = xalloc(n);
     b.grads = xalloc(n);
     b.dst = xalloc(n);
+    b.g16 = malloc(n * sizeof(uint16_t));
+    b.model16 = malloc(n * sizeof(uint16_t));
+    if (b.g16 == NULL || b.model16 == NULL) {
+        fprintf(stderr, "bench_adam: out of memory\n");
+        return 2;
+    }
     uint64_t s = 12345;
     double vsum = 0;
     for (size_t i = 0; i < n; i++) {
@@ -336,6 +401,8 @@ int main(int argc, char **argv)
         float x = (float)(s >> 40) / 16777216.0f - 0.5f;
         b.p[i] = x;
         b.grads[i] = 0.01f * x;
+        b.g16[i] = obcomm_f32_to_bf16(0.01f * x);
+        b.model16[i] = 0;
         a->m[i] = 0.001f * x;
         /* 1% of v tiny: the automatic mask's share. */
         a->v[i] = (s >> 20) % 100 == 0 ? 1e-12f : 1e-4f * (1.0f + x);
@@ -387,7 +454,9 @@ int main(int argc, char **argv)
                          {W_PASS_WARMUP, "warm-up step, in place"},
                          {W_COMPRESSION, "compression step"},
                          {W_PASS_MOMENTUM, "momentum pass"},
-                         {W_PASS_COMPRESS, "compression pass"}};
+                         {W_PASS_COMPRESS, "compression pass"},
+                         {W_MIXED_SEPARATE, "bf16 compression, separate"},
+                         {W_MIXED_FUSED, "bf16 compression, fused"}};
             for (size_t q = 0; q < sizeof(kinds) / sizeof(kinds[0]); q++) {
                 snprintf(nm, sizeof(nm), "%s: %s", tag, kinds[q].s);
                 ROW(kinds[q].w, k, t, nm);
@@ -451,5 +520,7 @@ int main(int argc, char **argv)
     free(b.p);
     free(b.grads);
     free(b.dst);
+    free(b.g16);
+    free(b.model16);
     return 0;
 }
