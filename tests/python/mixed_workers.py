@@ -10,6 +10,7 @@ import torch
 import obcomm
 import obcomm.torch
 
+from overlap_workers import _log_starts
 from workers import serve
 
 WORKERS = os.path.abspath(__file__)
@@ -70,19 +71,6 @@ def digest(*tensors):
     for t in tensors:
         h.update(t.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def _log_starts(opt):
-    """(key, during backward) of every bucket start, as overlap_workers."""
-    log = []
-    start = opt._start
-
-    def logged(b, *args):
-        log.append((b.key, opt._in_backward))
-        start(b, *args)
-
-    opt._start = logged
-    return log
 
 
 def train(args):
