@@ -284,18 +284,25 @@ static int grad_dtype_ok(obcomm_dtype_t dt)
            dt == OBCOMM_BFLOAT16;
 }
 
+/* dst[i] = src[i] * s, or a copy when s is 1 (nothing when dst is src). */
+static void scale_into(float *dst, const float *src, size_t n, float s)
+{
+    if (s != 1.0f) {
+        for (size_t i = 0; i < n; i++)
+            dst[i] = src[i] * s;
+    } else if (dst != src) {
+        memcpy(dst, src, n * sizeof(float));
+    }
+}
+
 /* The warm-up's copy of the gradients into the shared buffer, as fp32
  * (exact from fp16 and bf16), times scale unless scale is 1: one pass, the
  * conversion folded into the copy the step makes anyway. */
 static void load_grads(obcomm_adam_t *a, const void *src, obcomm_dtype_t dt,
                        float scale)
 {
-    const float *f = src;
-    if (dt == OBCOMM_FLOAT32 && scale == 1.0f) {
-        memcpy(a->g, src, a->count * sizeof(float));
-    } else if (dt == OBCOMM_FLOAT32) {
-        for (size_t i = 0; i < a->count; i++)
-            a->g[i] = f[i] * scale;
+    if (dt == OBCOMM_FLOAT32) {
+        scale_into(a->g, src, a->count, scale);
     } else {
         struct obc_adam_pass ps = {.kind = OBC_ADAM_WIDEN,
                                    .n = a->count,
@@ -326,9 +333,7 @@ static int start(obcomm_adam_t *a, const void *grads, obcomm_dtype_t dtype,
             load_grads(a, grads, dtype, scale);
         } else {
             a->avg = (float *)grads;
-            if (scale != 1.0f)
-                for (size_t i = 0; i < a->count; i++)
-                    a->avg[i] = a->avg[i] * scale;
+            scale_into(a->avg, a->avg, a->count, scale);
         }
         rc = obcomm_iallreduce(a->c, a->avg, a->count, OBCOMM_FLOAT32,
                                OBCOMM_AVG, &a->req);

@@ -109,7 +109,9 @@ static obcomm_adam_config_t config(long freeze, int bias)
  * compression stage, by max_norm / (norm + 1e-6) when that is below 1. */
 struct mixed {
     obcomm_dtype_t dt;
-    float clip; /* 0: no clipping */
+    float clip;       /* 0: no clipping */
+    float warm_scale; /* 0: none; else start's scale in the warm-up (each
+                         rank's gradient times it before the average) */
 };
 
 /* x rounded to dt (nearest even) and back: what a dt tensor holds. */
@@ -165,11 +167,12 @@ static void reference(int size, long freeze, int bias, int steps, int dead,
             grads_of(r, st, pm, gr, dead, freeze);
             for (size_t i = 0; i < COUNT; i++)
                 gr[i] = round_to(mx->dt, gr[i]);
-            if (st >= freeze) { /* the local gradient, clipped */
-                float cf = clip_coef(sumsq_of(gr, COUNT), mx->clip);
-                for (size_t i = 0; cf != 1.0f && i < COUNT; i++)
-                    gr[i] = gr[i] * cf;
-            }
+            float cf = st >= freeze
+                           ? /* the local gradient, clipped */
+                           clip_coef(sumsq_of(gr, COUNT), mx->clip)
+                           : mx->warm_scale > 0 ? mx->warm_scale : 1.0f;
+            for (size_t i = 0; cf != 1.0f && i < COUNT; i++)
+                gr[i] = gr[i] * cf;
         }
         if (st < freeze) { /* the average, clipped */
             for (size_t i = 0; i < COUNT; i++) {
@@ -280,6 +283,8 @@ static int mixed_step(obcomm_t *c, obcomm_adam_t *a, const struct plan *pl,
     float local = 1.0f, avg = 1.0f;
     if (st >= pl->freeze)
         local = clip_coef(sumsq_of(g, COUNT), pl->mx.clip);
+    else if (pl->mx.warm_scale > 0)
+        local = pl->mx.warm_scale;
     int rc;
     if (pl->inplace) {
         memcpy(gs, g, COUNT * sizeof(float));
@@ -375,7 +380,8 @@ static int trainer_adam(obcomm_t *c, void *arg)
     int rank = obcomm_rank(c);
     float p[COUNT], g[COUNT], pm[COUNT], *tmp, *gs = NULL;
     uint16_t ph[COUNT], gh[COUNT];
-    int mixed = pl->mx.dt != OBCOMM_FLOAT32 || pl->mx.clip > 0 || pl->inplace;
+    int mixed = pl->mx.dt != OBCOMM_FLOAT32 || pl->mx.clip > 0 ||
+                pl->mx.warm_scale > 0 || pl->inplace;
     if (obcomm_alloc(c, COUNT * sizeof(float), (void **)&tmp) ||
         (pl->inplace && obcomm_alloc(c, COUNT * sizeof(float), (void **)&gs)))
         return hx_fail(c, "alloc");
@@ -613,8 +619,9 @@ END_TEST
 
 /* Mixed precision and clipping (start_ex, wait, grad_sumsq, finish_ex)
  * on one node, 1 and 3 trainers, freeze at 7 of 20: bit-exact against the
- * reference fed the same dt gradients and clipped as DeepSpeed clips, and
- * the model's parameters exactly the masters rounded. Against plain fp32
+ * reference fed the same dt gradients and clipped as DeepSpeed clips (and,
+ * in two cases, scaled by start's scale 0.5 in the warm-up), and the
+ * model's parameters exactly the masters rounded. Against plain fp32
  * the masters stay close: the mean of |p - p_fp32| is at most 5e-4 with
  * fp16 and 4e-3 with bf16, against 0.2 that 20 steps of lr 0.01 can move a
  * parameter (measured, and deterministic on one node: fp16 8.4e-5 and
@@ -626,10 +633,9 @@ END_TEST
 START_TEST(mixed_precision_and_clipping)
 {
     static const struct mixed mxs[] = {
-        {OBCOMM_FLOAT16, 0.0f},
-        {OBCOMM_BFLOAT16, 0.0f},
-        {OBCOMM_FLOAT32, 5.0f},
-        {OBCOMM_BFLOAT16, 5.0f},
+        {OBCOMM_FLOAT16, 0.0f, 0.0f},  {OBCOMM_BFLOAT16, 0.0f, 0.0f},
+        {OBCOMM_FLOAT32, 5.0f, 0.5f},  {OBCOMM_BFLOAT16, 5.0f, 0.0f},
+        {OBCOMM_BFLOAT16, 0.0f, 0.5f},
     };
     static const double tol[] = {5e-4, 4e-3};
     struct hx_cluster cl;
@@ -677,7 +683,8 @@ START_TEST(mixed_precision_and_clipping)
 }
 END_TEST
 
-/* obcomm_adam_start_inplace, with and without clipping, on 3 threads
+/* obcomm_adam_start_inplace, with and without clipping (with it, also
+ * start's scale 0.5 in the warm-up, applied in place), on 3 threads
  * (obcomm_adam_set_threads; COUNT is below a split, which test_adam_kernels
  * covers): on one node, 1 and 3 trainers, bit-exact against the same
  * reference as the copying start; the warm-up leaves the same average in
@@ -689,12 +696,13 @@ START_TEST(inplace_matches_reference)
     ck_assert_int_eq(hx_start(&cl, 1, NULL), 0);
     for (int ls = 1; ls <= 3; ls += 2)
         for (int clip = 0; clip < 2; clip++) {
-            struct plan pl = {.freeze = 7,
-                              .steps = 20,
-                              .compare_reference = 1,
-                              .mx = {OBCOMM_FLOAT32, clip ? 5.0f : 0.0f},
-                              .inplace = 1,
-                              .threads = 3};
+            struct plan pl = {
+                .freeze = 7,
+                .steps = 20,
+                .compare_reference = 1,
+                .mx = {OBCOMM_FLOAT32, clip ? 5.0f : 0.0f, clip ? 0.5f : 0.0f},
+                .inplace = 1,
+                .threads = 3};
             char job[32];
             snprintf(job, sizeof(job), "inplace-%d-%d", ls, clip);
             ck_assert_int_eq(
