@@ -304,5 +304,40 @@ def rank_mismatch(args):
     return None
 
 
+def create_waits(args):
+    """obcomm.backend's constructor on a store made here as env:// makes
+    it, with the torch ranks swapped as in rank_mismatch: torch rank 1
+    comes 2 s late. Returns when this rank entered and left the
+    constructor, and its error."""
+    from datetime import timedelta
+    import obcomm.backend
+    rank = 1 - int(os.environ["LOCAL_RANK"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"],
+                          int(os.environ["MASTER_PORT"]), 2, rank == 0,
+                          timedelta(seconds=60))
+    if rank == 1:
+        time.sleep(2)
+    out = {"rank": rank, "enter": time.time()}
+    try:
+        obcomm.backend._create(store, rank, 2, timedelta(seconds=60))
+        out["error"] = None
+    except obcomm.ObcommError as e:
+        out["error"] = _error(e)
+    out["leave"] = time.time()
+    return out
+
+
+def join_fails_on_one(args):
+    """init_process_group("obcomm") where torch rank 0 names a socket with
+    no daemon behind it: both ranks raise, neither waits."""
+    if os.environ["RANK"] == "0":
+        os.environ["OBCOMM_SOCKET"] = args
+    try:
+        dist.init_process_group("obcomm")
+    except obcomm.ObcommError as e:
+        return _error(e)
+    return None
+
+
 if __name__ == "__main__":
     serve(globals())

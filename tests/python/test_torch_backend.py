@@ -202,3 +202,36 @@ def test_rank_mismatch(make_cluster):
     for e in res:
         assert "but obcomm makes it rank" in e["message"]
         assert "--node_rank" in e["message"]
+
+
+def test_rank_mismatch_waits_for_every_rank(make_cluster):
+    """Torch rank 0 hosts the env:// store: it must not raise and exit
+    before the others have met it in the backend, or a rank still inside
+    torch's TCPStore() retries for 30 minutes (a hang CI met). Rank 1
+    comes 2 s late; rank 0 leaves after it came, and both get the error."""
+    import obcomm
+    cl = make_cluster(1)
+    res = run(cl, "twait", "create_waits", timeout=120)
+    by = {r["rank"]: r for r in res}
+    assert by[0]["leave"] >= by[1]["enter"], by
+    for r in res:
+        assert r["error"]["code"] == obcomm.comm.E_INVAL, r
+        assert r["error"]["message"].startswith(
+            f"torch.distributed makes this process rank {r['rank']} of 2, "
+            f"but obcomm makes it rank {1 - r['rank']} of 2"), r
+
+
+def test_join_fails_on_one_rank(make_cluster):
+    """A rank that cannot join fails init_process_group on every rank, with
+    a message naming it, instead of leaving the others in torch's barrier
+    until its timeout."""
+    import obcomm
+    cl = make_cluster(1)
+    nowhere = os.path.join(cl.dir, "no-daemon.sock")
+    a, b = run(cl, "tjoin", "join_fails_on_one", args=nowhere, timeout=120)
+    assert a["code"] == obcomm.comm.E_NOTCONN, a
+    assert nowhere in a["message"], a
+    assert b["code"] == obcomm.comm.E_NOTCONN, b
+    assert b["message"].startswith(
+        "torch rank(s) 0 of 2 could not join obcomm; rank 0: "), b
+    assert a["message"] in b["message"], (a, b)

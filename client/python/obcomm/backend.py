@@ -31,12 +31,15 @@ that way; the first backward then raises).
 """
 
 import inspect
+import json
 import sys
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from .comm import Communicator, ObcommError, E_INVAL, E_TIMEOUT
+from .comm import (Communicator, ObcommError, E_INVAL, E_PEER_LOST,
+                   E_TIMEOUT)
 from . import progress
 
 try:
@@ -200,27 +203,121 @@ class ProcessGroupObcomm(dist.ProcessGroup):
 
 def _create(store, rank, size, timeout):
     """The backend's constructor, as torch.distributed calls it with the
-    group's store, rank, size and timeout."""
+    group's store, rank, size and timeout. Every rank of the group gets the
+    same outcome: the group, or an ObcommError naming the ranks that
+    failed to join or that obcomm numbers differently from torch."""
     default = getattr(dist, "default_pg_timeout", None)
+    if not isinstance(timeout, timedelta):
+        timeout = default if isinstance(default, timedelta) else \
+            timedelta(minutes=30)
     timeout_ms = 0
-    if isinstance(timeout, timedelta) and timeout != default:
+    if timeout != default:
         timeout_ms = max(1, min(int(timeout.total_seconds() * 1000),
                                 2**31 - 1))
-    comm = Communicator._from_env(timeout_ms)
-    if comm.rank != rank or comm.size != size:
-        node = comm.rank // comm.local_size
-        msg = (f"torch.distributed makes this process rank {rank} of "
-               f"{size}, but obcomm makes it rank {comm.rank} of "
-               f"{comm.size} (node {node} x local_size {comm.local_size} + "
-               f"local_rank {comm.local_rank}, job {comm.job!r}): start "
-               f"torchrun on each node with --node_rank set to the rank of "
-               f"that node's obcommd and --nproc_per_node to its trainers "
-               f"(LOCAL_WORLD_SIZE); obcomm serves only groups of the whole "
-               f"world in its rank order (new_group of other ranks needs "
-               f"another backend)")
+    comm, failed = None, None
+    try:
+        comm = Communicator._from_env(timeout_ms)
+        mine = {"rank": comm.rank, "size": comm.size,
+                "local_rank": comm.local_rank,
+                "local_size": comm.local_size, "job": comm.job}
+    except ObcommError as e:
+        failed = e
+        mine = {"code": e.code, "message": e.message}
+    try:
+        everyone = _agree(store, rank, size, mine, timeout)
+    except BaseException:
+        if comm is not None:
+            comm.close()
+        raise
+    err = _verdict(everyone, rank, size)
+    if failed is not None:
+        raise failed
+    if err is not None:
         comm.close()
-        raise ObcommError(E_INVAL, msg)
+        raise err
     return ProcessGroupObcomm(comm, rank, size)
+
+
+def _agree(store, rank, size, mine, timeout):
+    """Publishes what obcomm made of this rank in the group's store and
+    returns what it made of every rank, by torch rank. With env:// (and
+    tcp://) torch rank 0 hosts the store: it leaves only after every rank
+    has read, since a rank that is still inside torch's TCPStore()
+    retries its connection until torch's timeout (30 minutes) once the
+    host is gone."""
+    keys = [f"obcomm/join/{r}" for r in range(size)]
+    store.set(keys[rank], json.dumps(mine))
+    t0 = time.monotonic()
+    try:
+        store.wait(keys, timeout)
+    except RuntimeError as e:
+        if time.monotonic() - t0 < timeout.total_seconds():
+            raise ObcommError(
+                E_PEER_LOST, f"torch.distributed's store failed while the "
+                f"obcomm backend's ranks met: {e}") from None
+        missing = [r for r, k in enumerate(keys) if not _present(store, k)]
+        raise ObcommError(
+            E_TIMEOUT, f"torch rank(s) {_ranks(missing)} of {size} did not "
+            f"reach the obcomm backend within {timeout}") from None
+    everyone = [json.loads(store.get(k)) for k in keys]
+    if store.add("obcomm/read", 1) == size:
+        store.set("obcomm/all_read", "1")
+    if rank == 0:
+        try:
+            store.wait(["obcomm/all_read"], timeout)
+        except RuntimeError:
+            pass  # a rank died after reading; the others have what they need
+    return everyone
+
+
+def _present(store, key):
+    try:
+        store.wait([key], timedelta(milliseconds=1))
+        return True
+    except RuntimeError:
+        return False
+
+
+def _ranks(rs, most=8):
+    s = ", ".join(str(r) for r in rs[:most])
+    return s + (f" and {len(rs) - most} more" if len(rs) > most else "")
+
+
+_HOW = ("start torchrun on each node with --node_rank set to the rank of "
+        "that node's obcommd and --nproc_per_node to its trainers "
+        "(LOCAL_WORLD_SIZE); obcomm serves only groups of the whole world "
+        "in its rank order (new_group of other ranks needs another backend)")
+
+
+def _verdict(everyone, rank, size):
+    """The ObcommError that every rank raises for a group whose ranks did
+    not all join, or that obcomm numbers differently from torch, naming
+    them; None for a good group. A rank that failed to join raises its own
+    error instead."""
+    failed = [r for r, e in enumerate(everyone) if "code" in e]
+    if failed:
+        e = everyone[failed[0]]
+        return ObcommError(
+            e["code"], f"torch rank(s) {_ranks(failed)} of {size} could not "
+            f"join obcomm; rank {failed[0]}: {e['message']}")
+    wrong = [r for r, e in enumerate(everyone)
+             if e["rank"] != r or e["size"] != size]
+    if not wrong:
+        return None
+    me = everyone[rank]
+    if rank in wrong:
+        node = me["rank"] // me["local_size"]
+        return ObcommError(
+            E_INVAL, f"torch.distributed makes this process rank {rank} of "
+            f"{size}, but obcomm makes it rank {me['rank']} of {me['size']} "
+            f"(node {node} x local_size {me['local_size']} + local_rank "
+            f"{me['local_rank']}, job {me['job']!r}): {_HOW}")
+    pairs = ", ".join(f"{r} is obcomm's {everyone[r]['rank']} of "
+                      f"{everyone[r]['size']}" for r in wrong[:8])
+    return ObcommError(
+        E_INVAL, f"torch.distributed and obcomm number torch rank(s) "
+        f"{_ranks(wrong)} of {size} differently (torch rank {pairs}): "
+        f"{_HOW}")
 
 
 def process_group():
