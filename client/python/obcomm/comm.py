@@ -19,6 +19,8 @@ from ._lib import lib, Options
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munmap.restype = ctypes.c_int
+_libc.free.argtypes = [ctypes.c_void_p]
+_libc.free.restype = None
 
 
 def _munmap(ptr, nbytes):
@@ -687,6 +689,33 @@ class Communicator:
         naming the nodes."""
         with self._locked() as h:
             self._check(lib.obcomm_restore_1bit(h, int(snapshot)))
+
+    def _export_1bit(self, snapshot):
+        """After save_1bit() on every rank: (this node's part of the
+        snapshot as bytes, the node) when its daemon keeps no state_dir
+        (a checkpoint then carries the part), else None. A collective."""
+        with self._locked() as h:
+            if lib.obcomm_1bit_durable(h):
+                durable = True
+            else:
+                durable = False
+                part, n = ctypes.c_void_p(), ctypes.c_size_t(0)
+                self._check(lib.obcomm_export_1bit(
+                    h, int(snapshot), ctypes.byref(part), ctypes.byref(n)))
+                try:
+                    raw = ctypes.string_at(part.value, n.value)
+                finally:
+                    _libc.free(part)
+        return None if durable else (raw, self.rank // self.local_size)
+
+    def _restore_1bit(self, snapshot, part=None, node=None):
+        """restore_1bit(snapshot), from `part` (bytes of _export_1bit) when
+        the checkpoint carries one for this node. A collective."""
+        mine = part is not None and node == self.rank // self.local_size
+        buf = ctypes.create_string_buffer(part, len(part)) if mine else None
+        with self._locked() as h:
+            self._check(lib.obcomm_restore_1bit_part(
+                h, int(snapshot), buf, len(part) if mine else 0))
 
     def broadcast(self, t, root=0):
         """In place: every rank ends with root's t (any dtype). Returns t."""

@@ -1,5 +1,5 @@
 """obcomm for PyTorch: OneBitAdam, a torch.optim.Optimizer over libobcomm's
-1-bit Adam; allreduce_hook, a DDP communication hook; and, registered by
+1-bit Adam; ZeroOneAdam (zeroone.py); allreduce_hook, a DDP communication hook; and, registered by
 importing this module, the torch.distributed backend "obcomm"
 (backend.py)."""
 
@@ -21,6 +21,7 @@ from torch.autograd import Variable
 from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
+from .zeroone import ZeroOneAdam
 
 # The header of obcomm_adam_save's file, field by field at fixed offsets,
 # little-endian (client/adam.c and obcomm.h give the layout): magic,
@@ -31,7 +32,8 @@ _ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
 _ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
 assert _ADAM_HEADER.size == 96
 
-__all__ = ["OneBitAdam", "allreduce_hook", "ProcessGroupObcomm"]
+__all__ = ["OneBitAdam", "ZeroOneAdam", "allreduce_hook",
+           "ProcessGroupObcomm"]
 
 # OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
 AUTO_MASK_RATIO = 0.01
