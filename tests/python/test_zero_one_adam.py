@@ -5,6 +5,7 @@ trainers), the rounds it skips, and a checkpoint that resumes bit for
 bit across a restart of the trainers."""
 
 import os
+import signal
 
 import cluster
 
@@ -57,7 +58,8 @@ def test_against_reference(make_cluster):
     """One node x 3 trainers: every rank's parameters within 1e-5 of the
     reference after each of 26 steps (variance updates at doubling
     intervals, 1-bit steps, the freeze, local steps at doubling
-    intervals), and the collectives counted as the schedule says."""
+    intervals, the momentum mask), and the collectives counted as the
+    schedule says."""
     cl = make_cluster(1)
     steps = 26
     res = run(cl, "zoref", "against_reference", 3, {"steps": steps})
@@ -65,6 +67,7 @@ def test_against_reference(make_cluster):
         assert len(r["diffs"]) == steps
         assert max(r["diffs"]) < 1e-5, (r["rank"], r["diffs"])
         assert r["rounds"] == expected_rounds(schedule(steps)), r["rounds"]
+        assert r["masked"] > 0  # the dead corner: the mask is exercised
 
 
 def test_two_nodes_identical_where_synchronized(make_cluster):
@@ -97,19 +100,29 @@ def test_two_nodes_identical_where_synchronized(make_cluster):
 
 
 def test_checkpoint_resumes_bit_for_bit(make_cluster, tmp_path):
-    """2 nodes x 1 trainer: state_dict after step 18 (stage 2, between
-    synchronizations once the interval is 2... here right after one, with
-    accumulated state) and after 21 (an unsynchronized local step: the
+    """2 nodes x 1 trainer: state_dict after step 18 (stage 2,
+    right after a synchronization) and after 21 (a local step: the
     accumulated updates and the last synchronized parameters are in the
-    dict), then a new run of the job loads each and goes on: the digests
-    equal the uninterrupted run's, step for step."""
+    dict), then a new run of the job loads each and goes on, the second
+    time on daemons restarted in between (killed): the digests equal the
+    uninterrupted run's, step for step."""
     cl = make_cluster(2)
     steps = 28
     ck = str(tmp_path / "ck")
     full = run(cl, "zock", "train", 1,
                {"steps": steps, "save": {18: ck + "18", 21: ck + "21"}})
+    assert schedule(steps)[18 - 1] == "sync"
     assert schedule(steps)[21 - 1] == "local"
     for at in (18, 21):
+        if at == 21:
+            # Daemons without a state_dir lose their sets when they
+            # restart: the parts the checkpoint carries bring them back.
+            for n in range(cl.k):
+                cl.kill_node(n, signal.SIGKILL)
+            for n in range(cl.k):
+                cl.start_node(n)
+            for n in range(cl.k):
+                cl.wait_ready(n)
         resumed = run(cl, "zock", "train", 1,
                       {"steps": steps, "load": ck + str(at)})
         for a, b in zip(full, resumed):

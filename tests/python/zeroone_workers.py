@@ -52,6 +52,7 @@ class Reference:
         self.u = [[torch.zeros_like(p) for p in ps] for ps in self.params]
         self.lrsum = [[0.0] * n for _ in range(size)]
         self.x = None
+        self.drop = None         # per parameter, from its group's v
         self.t, self.vi, self.vc, self.li, self.lc = 0, 1, 0, 1, 0
         self.frozen = False
 
@@ -60,6 +61,16 @@ class Reference:
         for x in per_rank[1:]:
             acc += x
         return acc / self.size
+
+    def _mask(self):
+        """OneBitAdam's automatic mask (ratio 0.01) over each param group
+        (GROUPS of _groups)."""
+        self.drop = [None] * len(self.v)
+        for idx in ([0, 1], [2, 3, 4, 5]):
+            flat = torch.cat([self.v[i].reshape(-1) for i in idx])
+            cut = 0.01 * flat.mean().sqrt().item()
+            for i in idx:
+                self.drop[i] = self.v[i].sqrt() <= cut
 
     @torch.no_grad()
     def step(self, step):
@@ -73,12 +84,15 @@ class Reference:
                 grads_of(model, r, step).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         sync = self.frozen and self.t % self.li == 0
+        full = not self.frozen and self.t % self.vi == 0
         for i in range(len(self.v)):
             lr = self.lr[i]
             if not self.frozen:
                 g = self._avg([gr[i] for gr in grads])
                 if self.t % self.vi == 0:
                     self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
+                else:
+                    g[self.drop[i]] = 0.0
                 for r in range(self.size):
                     m = self.m[r][i] = b1 * self.m[r][i] + (1 - b1) * g
                     p = self.params[r][i]
@@ -94,12 +108,15 @@ class Reference:
                 self.u[r][i] -= lr * upd
             if sync:
                 avg = self._avg([self.u[r][i] * d for r in range(self.size)])
+                avg[self.drop[i]] = 0.0
                 for r in range(self.size):
                     self.m[r][i] = -avg / self.lrsum[r][i]
                     self.params[r][i].copy_(self.x[i] + avg / d)
                     self.u[r][i].zero_()
                     self.lrsum[r][i] = 0.0
                 self.x[i] = self.params[0][i].clone()
+        if full:
+            self._mask()
         if not self.frozen:
             if self.t % self.vi == 0:
                 self.vc += 1
@@ -133,7 +150,8 @@ def against_reference(args):
         ref.step(step)
         diffs.append(max((p - q).abs().max().item() for p, q in zip(
             model.parameters(), ref.params[comm.rank])))
-    out = {"rank": comm.rank, "diffs": diffs, "rounds": dict(opt.rounds)}
+    out = {"rank": comm.rank, "diffs": diffs, "rounds": dict(opt.rounds),
+           "masked": opt.masked()}
     opt.close()
     comm.close()
     return out

@@ -9,6 +9,9 @@ from .comm import Communicator, ObcommError, E_MISMATCH
 
 __all__ = ["ZeroOneAdam"]
 
+# OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h).
+AUTO_MASK_RATIO = 0.01
+
 # The schedule's counters, saved in the state dict's "zero_one" entry.
 _COUNTERS = ("step", "var_interval", "var_counter", "local_step_interval",
              "local_step_counter", "frozen")
@@ -26,6 +29,7 @@ class _Group:
         self.count = 0
         self.p = self.g = self.m = self.v = self.u = self.x = None
         self.denom = None   # sqrt(v) + eps once v is frozen
+        self.drop = None    # the mask: True where a coordinate is held
         self.key = 0
         self.lrs = 0.0      # the learning rates summed since the last sync
 
@@ -58,6 +62,16 @@ class ZeroOneAdam(torch.optim.Optimizer):
     `key + g`; it is reset on every node (obcomm_reset_1bit) on the step
     both stages meet, since its error feedback then starts to compress
     another quantity (accumulated updates instead of gradients).
+
+    The momentum mask (as OneBitAdam's, docs/convergence.md): the 1-bit
+    average gives every coordinate of a chunk the same magnitude, so a
+    coordinate whose variance is 0 or tiny would move by up to
+    lr * scale / eps. After each variance update, coordinate i is masked
+    when sqrt(v_i) <= ratio * sqrt(mean v) over its param group
+    (set_auto_mask; ratio 0.01 by default, 0 masks only v_i == 0, < 0
+    turns it off); a masked coordinate's 1-bit averaged gradient (stage 1)
+    and synchronized update (stage 2) are set to 0, as DeepSpeed's
+    exp_avg_mask does with a mask the user builds.
 
     Where this differs from DeepSpeed's: a synchronization sets the
     parameters from a copy of the last synchronized ones instead of
@@ -103,6 +117,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self.local_step_scaler = int(local_step_scaler)
         self.local_step_clipper = int(local_step_clipper)
         self.rounds = {"fp32": 0, "1bit": 0}
+        self._auto_ratio = AUTO_MASK_RATIO
         self._groups = []
         self._c = dict(step=0, var_interval=1, var_counter=0,
                        local_step_interval=1, local_step_counter=0,
@@ -143,6 +158,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             p.grad = g.g[o:o + n].view_as(p)
         if self._c["frozen"]:
             self._freeze(g, group)
+        self._mask(g)
         self._groups.append(g)
 
     def _agree(self, g):
@@ -178,6 +194,27 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 else:
                     continue
                 p.grad = view.view_as(p)
+
+    def set_auto_mask(self, ratio):
+        """The automatic mask's ratio (AUTO_MASK_RATIO by default); 0
+        masks only coordinates whose variance is exactly 0, a negative
+        ratio turns the mask off."""
+        self._auto_ratio = float(ratio)
+        for g in self._groups:
+            self._mask(g)
+
+    def masked(self):
+        """Coordinates the mask holds now."""
+        return sum(int(g.drop.sum()) for g in self._groups
+                   if g.drop is not None)
+
+    def _mask(self, g):
+        r = self._auto_ratio
+        if r < 0.0 or self._c["step"] == 0:
+            g.drop = None   # off, or no variance yet
+            return
+        s = g.v.sqrt()
+        g.drop = s <= r * g.v.mean().sqrt().item()
 
     def _freeze(self, g, group):
         g.denom = g.v.sqrt().add_(group["eps"])
@@ -230,9 +267,12 @@ class ZeroOneAdam(torch.optim.Optimizer):
             self.comm.allreduce(g.g, "avg")
             self.rounds["fp32"] += 1
             g.v.mul_(beta2).addcmul_(g.g, g.g, value=1 - beta2)
+            self._mask(g)
         else:
             self.comm.allreduce_1bit(g.key, g.g)
             self.rounds["1bit"] += 1
+            if g.drop is not None:
+                g.g.masked_fill_(g.drop, 0.0)
         g.m.mul_(beta1).add_(g.g, alpha=1 - beta1)
         update = g.m / (g.v.sqrt() + group["eps"])
         if group["weight_decay"] > 0.0:
@@ -254,6 +294,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         g.u.mul_(g.denom)
         self.comm.allreduce_1bit(g.key, g.u)
         self.rounds["1bit"] += 1
+        if g.drop is not None:
+            g.u.masked_fill_(g.drop, 0.0)
         if g.lrs > 0.0:
             torch.div(g.u, -g.lrs, out=g.m)
         torch.addcdiv(g.x, g.u, g.denom, out=g.p)
@@ -350,6 +392,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 g.denom = g.v.sqrt().add_(group["eps"])
                 g.x = torch.cat([byp[id(p)]["sync_param"].reshape(-1).float()
                                  for p in g.params])
+            self._mask(g)
         self.state.clear()
 
     def close(self):
