@@ -1,8 +1,10 @@
 """A small convolutional network on Fashion-MNIST, data-parallel under
-torchrun, with one of three optimizers/communication schemes:
+torchrun, with one of four optimizers/communication schemes:
 
   adam      torch.optim.Adam, gradients averaged by DDP over Gloo
   onebit    obcomm.torch.OneBitAdam (no DDP, no Gloo: obcomm only)
+  zeroone   obcomm.torch.ZeroOneAdam, 0/1 Adam (obcomm only), its variance
+            frozen at the same step as OneBitAdam's
   powersgd  torch.optim.Adam, DDP over Gloo with PyTorch's PowerSGD hook
 
 Run it with torchrun, one torchrun per node, next to that node's obcommd
@@ -74,7 +76,8 @@ def load(data, kind):
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=["adam", "onebit", "powersgd"],
+    p.add_argument("--mode", choices=["adam", "onebit", "powersgd",
+                                      "zeroone"],
                    default="onebit")
     p.add_argument("--tag", help="output name (default: the mode)")
     p.add_argument("--steps", type=int, default=1500)
@@ -120,7 +123,7 @@ def main():
     node = int(os.environ.get("GROUP_RANK", "0"))
 
     comm = None
-    if a.mode == "onebit":
+    if a.mode in ("onebit", "zeroone"):
         import obcomm
         import obcomm.torch
         comm = obcomm.Communicator()
@@ -145,6 +148,13 @@ def main():
                                       comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(False)
+        net = model
+    elif a.mode == "zeroone":
+        opt = obcomm.torch.ZeroOneAdam(model.parameters(), lr=a.lr,
+                                       eps=a.eps, var_freeze_step=freeze,
+                                       comm=comm)
+        if a.mask == "off":
+            opt.set_auto_mask(-1.0)
         net = model
     else:
         net = nn.parallel.DistributedDataParallel(model)
@@ -241,6 +251,16 @@ def main():
             r["mask"] = a.mask
             r["masked"] = opt.masked()
             r["bias_correction"] = a.bias_correction
+            # Its schedule: every bucket, one fp32 allreduce per warm-up
+            # step, one 1-bit allreduce per step after.
+            nb = len(opt.buckets())
+            done = len(log)
+            r["rounds"] = {"fp32": nb * min(freeze, done),
+                           "1bit": nb * max(0, done - freeze)}
+        if a.mode == "zeroone":
+            r["mask"] = a.mask
+            r["masked"] = opt.masked()
+            r["rounds"] = dict(opt.rounds)  # counted by the optimizer
         if a.mode == "powersgd":
             r["powersgd_rank"] = a.powersgd_rank
         if diverged is not None:

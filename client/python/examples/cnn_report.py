@@ -16,6 +16,7 @@ RUNS = [
     ("powersgd", "Adam, DDP over Gloo + PowerSGD"),
     ("onebit-nomask", "OneBitAdam without the mask (ablation)"),
     ("onebit-bc", "OneBitAdam with bias correction"),
+    ("zeroone", "0/1 Adam (obcomm ZeroOneAdam)"),
 ]
 WINDOW = 50  # moving average of the plotted curves, in steps
 
@@ -26,6 +27,29 @@ def pct(x):
 
 def mb(x):
     return f"{x / 1e6:.1f} MB"
+
+
+def _zeroone(R, base, ob):
+    """0/1 Adam against Adam and OneBitAdam: accuracy, bytes, rounds."""
+    z = R["zeroone"]
+    zr, orr = z.get("rounds", {}), ob.get("rounds", {})
+
+    def rounds(r):
+        return (f"{r.get('fp32', 0) + r.get('1bit', 0)} ({r.get('fp32', 0)} "
+                f"fp32, {r.get('1bit', 0)} 1-bit)")
+    return [
+        f"**0/1 Adam** (variance updated at steps whose spacing doubles "
+        f"every 16 updates until step {z['freeze_step']}, 1-bit gradients "
+        f"in between, then local steps synchronized 1 bit per element; "
+        f"DeepSpeed's defaults otherwise): "
+        f"{100 * (z['test_accuracy'] - base['test_accuracy']):+.2f} points "
+        f"against Adam, "
+        f"{100 * (z['test_accuracy'] - ob['test_accuracy']):+.2f} against "
+        f"OneBitAdam; {ob['wire_bytes'] / z['wire_bytes']:.2f}x fewer bytes "
+        f"on the wire than OneBitAdam. Communication rounds of the "
+        f"optimizer over the run: 0/1 Adam {rounds(zr)}, counted by the "
+        f"optimizer; OneBitAdam {rounds(orr)}, by its schedule. The mask "
+        f"held {z.get('masked')} coordinates at the end.", ""]
 
 
 def main():
@@ -91,6 +115,7 @@ def main():
         f"({100 * ob.get('masked', 0) / ob['parameters']:.1f} %) at 0 in the "
         f"compression stage.",
         "",
+    ] + (_zeroone(R, base, ob) if "zeroone" in R else []) + [
         "**Bytes on the wire** count only what crosses between the two "
         "emulated nodes, for the whole run (initial broadcast, warm-up, "
         "compression stage, loss logging and evaluation). Gloo: the "
@@ -125,7 +150,7 @@ def main():
     fig, ax = plt.subplots(figsize=(9, 5.6))
     styles = {"adam": ("#1f77b4", "-"), "onebit": ("#d62728", "-"),
               "powersgd": ("#2ca02c", "-"), "onebit-nomask": ("#9467bd", ":"),
-              "onebit-bc": ("#ff7f0e", "--")}
+              "onebit-bc": ("#ff7f0e", "--"), "zeroone": ("#8c564b", "-")}
     for tag, label in RUNS:
         if tag not in R:
             continue
