@@ -1,0 +1,215 @@
+"""What ZeroOneAdam and OneBitLamb share: each param group's parameters and
+gradients in flat float32 shared-memory buffers (the tensors re-pointed as
+views), the same construction checked on every rank, the momentum mask, and
+checkpoints that pin the daemons' error feedback (a snapshot set, its parts
+carried when the daemons keep no state_dir)."""
+
+import hashlib
+
+import torch
+
+from .comm import Communicator, ObcommError, E_MISMATCH
+
+# OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h).
+AUTO_MASK_RATIO = 0.01
+
+
+class Group:
+    """A param group's flat buffers: p and g in shared memory (the
+    parameters and gradients are views into them); the optimizer adds its
+    own."""
+
+    def __init__(self):
+        self.params = []
+        self.spans = []     # (offset, numel) per parameter
+        self.count = 0
+        self.p = self.g = None
+        self.key = 0
+        self.drop = None    # the mask: True where a coordinate is held
+
+
+class FlatOptimizer(torch.optim.Optimizer):
+    """The base of ZeroOneAdam and OneBitLamb (not an optimizer alone):
+    subclasses set NAME and define _init_group(g, group)."""
+
+    NAME = "FlatOptimizer"
+
+    def __init__(self, params, defaults, comm, key):
+        # The optimizer holds its own share of the connection (as
+        # OneBitAdam), so it outlives the caller's Communicator.
+        self.comm = comm._share() if comm is not None else Communicator()
+        self.key = int(key)
+        self._auto_ratio = AUTO_MASK_RATIO
+        self._groups = []
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._setup(self.param_groups[-1])
+
+    def _setup(self, group):
+        g = Group()
+        for p in group["params"]:
+            if p.device.type != "cpu" or p.dtype != torch.float32:
+                raise TypeError(f"{self.NAME}: parameters must be float32 "
+                                f"CPU tensors, not {p.dtype} on {p.device}")
+            g.params.append(p)
+            g.spans.append((g.count, p.numel()))
+            g.count += p.numel()
+        if g.count == 0:
+            raise ValueError(f"{self.NAME}: a param group with no elements")
+        g.key = self.key + len(self._groups)
+        self._agree(g)
+        comm = self.comm
+        g.p, g.g = comm.empty(g.count), comm.empty(g.count)
+        with torch.no_grad():
+            for p, (o, n) in zip(g.params, g.spans):
+                g.p[o:o + n].copy_(p.reshape(-1))
+        # Every rank starts from rank 0's parameters (as DDP does).
+        comm.broadcast(g.p, root=0)
+        for p, (o, n) in zip(g.params, g.spans):
+            if p.grad is not None:
+                g.g[o:o + n].copy_(p.grad.reshape(-1))
+            p.data = g.p[o:o + n].view_as(p)
+            p.grad = g.g[o:o + n].view_as(p)
+        self._init_group(g, group)
+        self._groups.append(g)
+
+    def _agree(self, g):
+        """Every rank must build the same groups (the daemons match a job's
+        ops in the order they are issued): ObcommError on every rank
+        naming the ranks whose parameter shapes or key differ."""
+        desc = repr((self.NAME, g.key,
+                     [tuple(p.shape) for p in g.params])).encode()
+        mine = torch.tensor([int.from_bytes(
+            hashlib.blake2b(desc, digest_size=8).digest(), "little",
+            signed=True)], dtype=torch.int64)
+        every = torch.zeros(self.comm.size, dtype=torch.int64)
+        self.comm._iallgather(every, mine, None).future.wait()
+        differ = [r for r in range(self.comm.size) if every[r] != every[0]]
+        if differ:
+            raise ObcommError(
+                E_MISMATCH,
+                f"{self.NAME}: param group {len(self._groups)} on rank(s) "
+                f"{differ} differs from rank 0's (rank {self.comm.rank}: "
+                f"{len(g.params)} parameters, {g.count} elements, key "
+                f"{g.key}); every rank must construct the optimizer with "
+                f"the same parameters, param groups and key")
+
+    def _gather_grads(self, g):
+        """Points every p.grad back into g.g (copying a gradient that
+        torch put elsewhere, e.g. after zero_grad(set_to_none=True))."""
+        with torch.no_grad():
+            for p, (o, n) in zip(g.params, g.spans):
+                view = g.g[o:o + n]
+                if p.grad is None:
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad.reshape(-1))
+                else:
+                    continue
+                p.grad = view.view_as(p)
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in place (their views into the shared
+        buffer stay); set_to_none=True sets them to None as torch does."""
+        for g in self._groups:
+            if set_to_none:
+                for p in g.params:
+                    p.grad = None
+            else:
+                g.g.zero_()
+                for p, (o, n) in zip(g.params, g.spans):
+                    p.grad = g.g[o:o + n].view_as(p)
+
+    # -- the momentum mask ------------------------------------------------
+
+    def set_auto_mask(self, ratio):
+        """The automatic mask's ratio (AUTO_MASK_RATIO by default); 0
+        masks only coordinates whose variance is exactly 0, a negative
+        ratio turns the mask off."""
+        self._auto_ratio = float(ratio)
+        for g in self._groups:
+            self._mask(g)
+
+    def masked(self):
+        """Coordinates the mask holds now."""
+        return sum(int(g.drop.sum()) for g in self._groups
+                   if g.drop is not None)
+
+    def _mask_from(self, g, v):
+        """OneBitAdam's rule over a param group: coordinate i is held when
+        sqrt(v_i) <= ratio * sqrt(mean v); v None: no mask."""
+        r = self._auto_ratio
+        if r < 0.0 or v is None:
+            g.drop = None
+            return
+        g.drop = v.sqrt() <= r * v.mean().sqrt().item()
+
+    # -- checkpoints ------------------------------------------------------
+
+    def _snapshot(self):
+        """A collective: every daemon saves the run's error feedback; the
+        dict's "obcomm" entry naming it (with this node's part when its
+        daemon keeps no state_dir)."""
+        snapshot = self.comm.save_1bit()
+        info = {"snapshot": int(snapshot), "job": self.comm.job,
+                "keys": [g.key for g in self._groups]}
+        part = self.comm._export_1bit(snapshot)
+        if part is not None:
+            info["part"], info["node"] = part
+        return info
+
+    def _state_dict_with(self, per_param, extra):
+        """torch's state dict with per_param(g, i, o, n) -> {name: tensor}
+        as each parameter's state, "obcomm" (a snapshot, taken here) and
+        the optimizer's own entries `extra`."""
+        info = self._snapshot()
+        for g in self._groups:
+            for i, (p, (o, n)) in enumerate(zip(g.params, g.spans)):
+                self.state[p] = per_param(g, i, o, n)
+        try:
+            sd = super().state_dict()
+        finally:
+            self.state.clear()
+        sd.update(extra)
+        sd["obcomm"] = info
+        return sd
+
+    def _load_with(self, state_dict, entry):
+        """The first half of load_state_dict: checks the dict, loads the
+        param groups, restores the daemons' error feedback of the dict's
+        snapshot (raising on every rank if a node lacks it) and returns,
+        per group, each parameter's saved state and the dict's `entry`."""
+        info = state_dict.get("obcomm")
+        own = state_dict.get(entry)
+        if not isinstance(info, dict) or not info.get("snapshot") or \
+                not isinstance(own, dict):
+            raise ValueError(f"load_state_dict: not a {self.NAME} state "
+                             f"dict (no \"obcomm\" snapshot or \"{entry}\")")
+        if list(info.get("keys", [])) != [g.key for g in self._groups]:
+            raise ValueError(
+                f"load_state_dict: the state dict was saved with keys "
+                f"{info.get('keys')}, this optimizer has "
+                f"{[g.key for g in self._groups]}")
+        saved = state_dict["state"]
+        ids = [i for grp in state_dict["param_groups"] for i in grp["params"]]
+        # torch's load would cast and re-key the state; only the param
+        # groups go through it.
+        super().load_state_dict({"state": {},
+                                 "param_groups": state_dict["param_groups"]})
+        byp = {id(p): saved.get(i, {}) for p, i in zip(
+            (p for grp in self.param_groups for p in grp["params"]), ids)}
+        self.comm._restore_1bit(int(info["snapshot"]), info.get("part"),
+                                info.get("node"))
+        return [[byp[id(p)] for p in g.params] for g in self._groups], own
+
+    @staticmethod
+    def _cat(states, name):
+        return torch.cat([s[name].reshape(-1).float() for s in states])
+
+    def close(self):
+        """Lets go of the optimizer's share of the connection."""
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
