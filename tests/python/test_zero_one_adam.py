@@ -74,7 +74,7 @@ def test_two_nodes_identical_where_synchronized(make_cluster):
     """2 nodes x 2 trainers: after every stage-1 step and every
     synchronization all 4 ranks hold the same bits; between
     synchronizations the local steps differ (each rank's own gradient)
-    and communicate nothing; the loss goes down."""
+    and communicate nothing."""
     cl = make_cluster(2)
     steps = 30
     res = run(cl, "zo2", "train", 2, {"steps": steps, "status": True})
@@ -89,8 +89,6 @@ def test_two_nodes_identical_where_synchronized(make_cluster):
         for r in res:
             assert r["rounds_at"][i] == want, (i + 1, r["rounds_at"][i])
     for r in res:
-        first, last = sum(r["losses"][:5]), sum(r["losses"][-5:])
-        assert last < first, r["losses"]
         # Each group's key was reset on the step the stages met: its error
         # feedback holds only the synchronizations since (from zero).
         for key in (1, 2):

@@ -1,7 +1,7 @@
 """obcomm for PyTorch: OneBitAdam, a torch.optim.Optimizer over libobcomm's
-1-bit Adam; ZeroOneAdam (zeroone.py); allreduce_hook, a DDP communication hook; and, registered by
-importing this module, the torch.distributed backend "obcomm"
-(backend.py)."""
+1-bit Adam; ZeroOneAdam (zeroone.py) and OneBitLamb (lamb.py);
+allreduce_hook, a DDP communication hook; and, registered by importing
+this module, the torch.distributed backend "obcomm" (backend.py)."""
 
 import contextlib
 import ctypes
@@ -22,6 +22,7 @@ from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
 from .zeroone import ZeroOneAdam
+from .lamb import OneBitLamb
 
 # The header of obcomm_adam_save's file, field by field at fixed offsets,
 # little-endian (client/adam.c and obcomm.h give the layout): magic,
@@ -32,7 +33,7 @@ _ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
 _ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
 assert _ADAM_HEADER.size == 96
 
-__all__ = ["OneBitAdam", "ZeroOneAdam", "allreduce_hook",
+__all__ = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "allreduce_hook",
            "ProcessGroupObcomm"]
 
 # OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.

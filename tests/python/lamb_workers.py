@@ -1,0 +1,190 @@
+"""Trainer processes of test_onebit_lamb.py (cluster.py runs them with
+torchrun's environment): obcomm.torch.OneBitLamb on workers.Net."""
+
+import math
+import os
+
+import torch
+
+import obcomm
+import obcomm.torch
+from workers import Net, digest, grads_of, serve
+
+torch.set_num_threads(1)
+
+FREEZE = 6
+HYPER = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+             freeze_step=FREEZE)
+LAMB = dict(max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
+            factor_min=0.5, factor_threshold=0.1)
+
+
+def _error(e):
+    return {"code": e.code, "message": e.message}
+
+
+def _groups(model):
+    """Two param groups, the second with half the learning rate."""
+    ps = list(model.parameters())
+    return [{"params": ps[:2]}, {"params": ps[2:], "lr": HYPER["lr"] / 2}]
+
+
+class Reference:
+    """1-bit LAMB written out layer by layer for `size` ranks of one node,
+    where the 1-bit allreduce is the exact average of what the ranks
+    send. Returns nothing; params holds every rank's parameters."""
+
+    GROUPS = ([0, 1], [2, 3, 4, 5])
+
+    def __init__(self, model, size):
+        self.size = size
+        self.models = [Net() for _ in range(size)]
+        for m in self.models:
+            m.load_state_dict(model.state_dict())
+        self.params = [list(m.parameters()) for m in self.models]
+        k = len(self.params[0])
+        self.lr = [HYPER["lr"]] * 2 + [HYPER["lr"] / 2] * 4
+        z = [torch.zeros_like(p) for p in self.params[0]]
+        self.m = [[t.clone() for t in z] for _ in range(size)]
+        self.v = [t.clone() for t in z]
+        self.fresh = [t.clone() for t in z]
+        self.cf, self.last, self.scale = [0.0] * k, [1.0] * k, None
+        self.drop = None
+        self.t = 0
+
+    def _avg(self, xs):
+        acc = xs[0].clone()
+        for x in xs[1:]:
+            acc += x
+        return acc / self.size
+
+    @torch.no_grad()
+    def step(self, step):
+        b1, b2 = HYPER["betas"]
+        eps, wd = HYPER["eps"], HYPER["weight_decay"]
+        self.t += 1
+        grads = []
+        for r, model in enumerate(self.models):
+            model.zero_grad()
+            with torch.enable_grad():
+                grads_of(model, r, step).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        k = len(self.v)
+        if self.t <= FREEZE:
+            for i in range(k):
+                g = self._avg([gr[i] for gr in grads])
+                for r in range(self.size):
+                    self.m[r][i] = b1 * self.m[r][i] + (1 - b1) * g
+                self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
+                if self.t == FREEZE:
+                    self.fresh[i] = self.v[i].clone()
+                upd = self.m[0][i] / (self.v[i].sqrt() + eps) + \
+                    wd * self.params[0][i]
+                w = self.params[0][i].norm().item()
+                un = upd.norm().item()
+                c = 1.0
+                if w != 0 and un != 0:
+                    c = min(max(w / un, LAMB["min_coeff"]), LAMB["max_coeff"])
+                if c != 1.0:
+                    self.cf[i] = 0.9 * self.cf[i] + 0.1 * c
+                for r in range(self.size):
+                    self.params[r][i] -= self.lr[i] * c * upd
+            if self.t == FREEZE:
+                self.drop = [None] * k
+                for idx in self.GROUPS:
+                    flat = torch.cat([self.v[i].reshape(-1) for i in idx])
+                    cut = 0.01 * flat.mean().sqrt().item()
+                    for i in idx:
+                        self.drop[i] = self.v[i].sqrt() <= cut
+            return
+        if self.scale is None:
+            rms = [(self.m[0][i].norm() / math.sqrt(self.m[0][i].numel()))
+                   .item() for i in range(k)]
+            united = sum(rms) / k
+            self.scale = [united / x for x in rms]
+        for i in range(k):
+            last_m = self.m[0][i].clone()
+            sent = [(b1 * self.m[r][i] + (1 - b1) * grads[r][i]) *
+                    self.scale[i] for r in range(self.size)]
+            m = self._avg(sent) / self.scale[i]
+            m[self.drop[i]] = 0.0
+            for r in range(self.size):
+                self.m[r][i] = m
+            rec = (m - last_m * b1) / (1 - b1)
+            self.fresh[i] = b2 * self.fresh[i] + (1 - b2) * rec * rec
+            denom = self.v[i].sqrt() + eps
+            pre = m / denom
+            upd = pre + wd * self.params[0][i]
+            factor = (denom / (self.fresh[i].sqrt() + eps)).max().item()
+            ratio = min(1.0, pre.norm().item() / upd.norm().item())
+            factor = factor * ratio + (1 - ratio)
+            factor = min(max(factor, 0.5), 4.0)
+            factor = min(max(factor, self.last[i] * 0.9), self.last[i] * 1.1)
+            self.last[i] = factor
+            for r in range(self.size):
+                self.params[r][i] -= self.lr[i] * self.cf[i] * factor * upd
+
+
+def against_reference(args):
+    """One node: OneBitLamb against Reference through the warm-up and the
+    compression stage. Returns this rank's largest difference per step."""
+    torch.manual_seed(0)
+    model = Net()
+    comm = obcomm.Communicator(timeout_ms=20000)
+    opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **LAMB, comm=comm)
+    ref = Reference(model, comm.size)
+    diffs = []
+    for step in range(args["steps"]):
+        opt.zero_grad()
+        grads_of(model, comm.rank, step).backward()
+        opt.step()
+        ref.step(step)
+        diffs.append(max((p - q).abs().max().item() for p, q in zip(
+            model.parameters(), ref.params[comm.rank])))
+    out = {"rank": comm.rank, "diffs": diffs, "masked": opt.masked()}
+    opt.close()
+    comm.close()
+    return out
+
+
+def train(args):
+    """OneBitLamb on Net from a different model on every rank; args: steps,
+    optionally save {step: path} / load path. Returns the digest after
+    each step and the losses."""
+    torch.manual_seed(int(os.environ["RANK"]))
+    model = Net()
+    comm = obcomm.Communicator(timeout_ms=20000)
+    opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **LAMB, comm=comm)
+    out = {"rank": comm.rank, "digests": [], "losses": []}
+    first = 0
+    try:
+        if args.get("load"):
+            ck = torch.load(args["load"] + f".{comm.rank}")
+            model.load_state_dict(ck["model"])
+            try:
+                opt.load_state_dict(ck["opt"])
+            except obcomm.ObcommError as e:
+                out["load_error"] = _error(e)
+                return out
+            first = ck["step"]
+        out["first"] = first
+        for step in range(first, args["steps"]):
+            opt.zero_grad()
+            loss = grads_of(model, comm.rank, step)
+            loss.backward()
+            opt.step()
+            out["losses"].append(loss.item())
+            out["digests"].append(digest(model))
+            path = args.get("save", {}).get(step + 1)
+            if path:
+                torch.save({"model": model.state_dict(),
+                            "opt": opt.state_dict(), "step": step + 1},
+                           path + f".{comm.rank}")
+        return out
+    finally:
+        opt.close()
+        comm.close()
+
+
+if __name__ == "__main__":
+    serve(globals())
