@@ -16,7 +16,7 @@ FREEZE = 6
 HYPER = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
              freeze_step=FREEZE)
 LAMB = dict(max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
-            factor_min=0.5, factor_threshold=0.1)
+            factor_min=0.5, factor_threshold=0.02)
 
 
 def _error(e):
@@ -119,7 +119,7 @@ class Reference:
             ratio = min(1.0, pre.norm().item() / upd.norm().item())
             factor = factor * ratio + (1 - ratio)
             factor = min(max(factor, 0.5), 4.0)
-            factor = min(max(factor, self.last[i] * 0.9), self.last[i] * 1.1)
+            factor = min(max(factor, self.last[i] * 0.98), self.last[i] * 1.02)
             self.last[i] = factor
             for r in range(self.size):
                 self.params[r][i] -= self.lr[i] * self.cf[i] * factor * upd

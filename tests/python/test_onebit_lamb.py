@@ -19,13 +19,14 @@ def run(cl, job, func, trainers, args):
 
 def test_against_reference(make_cluster):
     """One node x 3 trainers, 14 steps (6 of warm-up): every rank's
-    parameters within 1e-5 of the reference after each step; the mask
+    parameters within 1e-6 of the reference after each step (3e-8 seen);
+    the mask
     holds coordinates (the dead corner)."""
     cl = make_cluster(1)
     steps = 14
     for r in run(cl, "lref", "against_reference", 3, {"steps": steps}):
         assert len(r["diffs"]) == steps
-        assert max(r["diffs"]) < 1e-5, (r["rank"], r["diffs"])
+        assert max(r["diffs"]) < 1e-6, (r["rank"], r["diffs"])
         assert r["masked"] > 0
 
 
