@@ -13,10 +13,10 @@ from workers import Net, digest, grads_of, serve
 torch.set_num_threads(1)
 
 FREEZE = 6
-HYPER = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+HYPER = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.5,
              freeze_step=FREEZE)
 LAMB = dict(max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
-            factor_min=0.5, factor_threshold=0.02)
+            factor_min=0.5, factor_threshold=0.0003)
 
 
 def _error(e):
@@ -36,8 +36,9 @@ class Reference:
 
     GROUPS = ([0, 1], [2, 3, 4, 5])
 
-    def __init__(self, model, size):
+    def __init__(self, model, size, lamb):
         self.size = size
+        self.lamb = lamb
         self.models = [Net() for _ in range(size)]
         for m in self.models:
             m.load_state_dict(model.state_dict())
@@ -84,7 +85,8 @@ class Reference:
                 un = upd.norm().item()
                 c = 1.0
                 if w != 0 and un != 0:
-                    c = min(max(w / un, LAMB["min_coeff"]), LAMB["max_coeff"])
+                    c = min(max(w / un, self.lamb["min_coeff"]),
+                            self.lamb["max_coeff"])
                 if c != 1.0:
                     self.cf[i] = 0.9 * self.cf[i] + 0.1 * c
                 for r in range(self.size):
@@ -118,8 +120,11 @@ class Reference:
             factor = (denom / (self.fresh[i].sqrt() + eps)).max().item()
             ratio = min(1.0, pre.norm().item() / upd.norm().item())
             factor = factor * ratio + (1 - ratio)
-            factor = min(max(factor, 0.5), 4.0)
-            factor = min(max(factor, self.last[i] * 0.98), self.last[i] * 1.02)
+            th = self.lamb["factor_threshold"]
+            factor = min(max(factor, self.lamb["factor_min"]),
+                         self.lamb["factor_max"])
+            factor = min(max(factor, self.last[i] * (1 - th)),
+                         self.last[i] * (1 + th))
             self.last[i] = factor
             for r in range(self.size):
                 self.params[r][i] -= self.lr[i] * self.cf[i] * factor * upd
@@ -127,12 +132,14 @@ class Reference:
 
 def against_reference(args):
     """One node: OneBitLamb against Reference through the warm-up and the
-    compression stage. Returns this rank's largest difference per step."""
+    compression stage, with LAMB's arguments updated by args["lamb"].
+    Returns this rank's largest difference per step."""
     torch.manual_seed(0)
     model = Net()
     comm = obcomm.Communicator(timeout_ms=20000)
-    opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **LAMB, comm=comm)
-    ref = Reference(model, comm.size)
+    lamb = dict(LAMB, **args.get("lamb", {}))
+    opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **lamb, comm=comm)
+    ref = Reference(model, comm.size, lamb)
     diffs = []
     for step in range(args["steps"]):
         opt.zero_grad()
