@@ -10,6 +10,8 @@
 #                    (OneBitAdam's default is DeepSpeed's: none)
 #   zeroone          obcomm.torch.ZeroOneAdam (0/1 Adam), variance frozen
 #                    at OneBitAdam's freeze step, eps 1e-8, automatic mask
+#   lamb             obcomm.torch.OneBitLamb (1-bit LAMB), frozen at the
+#                    same step, eps 1e-8, automatic mask
 # The same seed, steps, batch and lr everywhere. Writes into OUT (default
 # client/python/examples/results/cnn): results.md (the table), loss.png,
 # and per run <tag>.json, <tag>.csv (loss log), <tag>.log.
@@ -17,8 +19,8 @@
 #   deploy/cnn-compare.sh [--steps N] [--out DIR] [--runs "TAG..."]
 #                         [--report-only] [-- cnn_fmnist.py flags]
 #
-# --runs picks some of the six runs (deploy/run-torch.sh runs "onebit");
-# the table and plot are made only when all six are there.
+# --runs picks some of the seven runs (deploy/run-torch.sh runs "onebit");
+# the table and plot are made only when all seven are there.
 # Bytes on the wire: for obcomm the daemons' bytes_sent counters
 # (obcommctl --json metrics, summed over both daemons), cross-checked with
 # the kernel's tcp_info bytes_sent of the daemons' links; for Gloo the
@@ -32,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd)
 steps=1500 out=client/python/examples/results/cnn extra=() report_only=0
-runs="adam onebit powersgd onebit-nomask onebit-bc zeroone"
+runs="adam onebit powersgd onebit-nomask onebit-bc zeroone lamb"
 while [ $# -gt 0 ]; do
     case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -112,7 +114,7 @@ r["obcomm_bytes_sent"] = tot["bytes_sent"]
 r["obcomm_onebit_bytes_sent"] = tot["onebit_bytes_sent"]
 r["obcomm_kernel_bytes"] = kernel
 r["wire_bytes"] = (r["gloo_wire_bytes"]
-                   if r["mode"] not in ("onebit", "zeroone")
+                   if r["mode"] not in ("onebit", "zeroone", "lamb")
                    else tot["bytes_sent"])
 json.dump(r, open(path, "w"), indent=1)
 EOF
@@ -123,7 +125,7 @@ EOF
 if [ $report_only -eq 0 ]; then
     for r in $runs; do
         case "$r" in
-        adam | onebit | powersgd | zeroone) run "$r" "$r" ;;
+        adam | onebit | powersgd | zeroone | lamb) run "$r" "$r" ;;
         onebit-nomask) run onebit-nomask onebit --mask off ;;
         onebit-bc) run onebit-bc onebit --bias-correction ;;
         *) echo "cnn-compare: no run '$r'" >&2; exit 2 ;;
@@ -131,7 +133,7 @@ if [ $report_only -eq 0 ]; then
     done
 fi
 
-for r in adam onebit powersgd onebit-nomask onebit-bc zeroone; do
+for r in adam onebit powersgd onebit-nomask onebit-bc zeroone lamb; do
     [ -f "$out/$r.json" ] || exit 0
 done
 "$py" client/python/examples/cnn_report.py "$out" "$steps"

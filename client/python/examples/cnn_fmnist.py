@@ -1,10 +1,12 @@
 """A small convolutional network on Fashion-MNIST, data-parallel under
-torchrun, with one of four optimizers/communication schemes:
+torchrun, with one of five optimizers/communication schemes:
 
   adam      torch.optim.Adam, gradients averaged by DDP over Gloo
   onebit    obcomm.torch.OneBitAdam (no DDP, no Gloo: obcomm only)
   zeroone   obcomm.torch.ZeroOneAdam, 0/1 Adam (obcomm only), its variance
             frozen at the same step as OneBitAdam's
+  lamb      obcomm.torch.OneBitLamb, 1-bit LAMB (obcomm only), frozen at
+            the same step
   powersgd  torch.optim.Adam, DDP over Gloo with PyTorch's PowerSGD hook
 
 Run it with torchrun, one torchrun per node, next to that node's obcommd
@@ -77,7 +79,7 @@ def load(data, kind):
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["adam", "onebit", "powersgd",
-                                      "zeroone"],
+                                      "zeroone", "lamb"],
                    default="onebit")
     p.add_argument("--tag", help="output name (default: the mode)")
     p.add_argument("--steps", type=int, default=1500)
@@ -123,7 +125,7 @@ def main():
     node = int(os.environ.get("GROUP_RANK", "0"))
 
     comm = None
-    if a.mode in ("onebit", "zeroone"):
+    if a.mode in ("onebit", "zeroone", "lamb"):
         import obcomm
         import obcomm.torch
         comm = obcomm.Communicator()
@@ -153,6 +155,12 @@ def main():
         opt = obcomm.torch.ZeroOneAdam(model.parameters(), lr=a.lr,
                                        eps=a.eps, var_freeze_step=freeze,
                                        comm=comm)
+        if a.mask == "off":
+            opt.set_auto_mask(-1.0)
+        net = model
+    elif a.mode == "lamb":
+        opt = obcomm.torch.OneBitLamb(model.parameters(), lr=a.lr, eps=a.eps,
+                                      freeze_step=freeze, comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(-1.0)
         net = model
@@ -253,10 +261,17 @@ def main():
             r["bias_correction"] = a.bias_correction
             # Its schedule: every bucket, one fp32 allreduce per warm-up
             # step, one 1-bit allreduce per step after.
-            nb = len(opt.buckets())
+            nb = len(opt.buckets)
             done = len(log)
             r["rounds"] = {"fp32": nb * min(freeze, done),
                            "1bit": nb * max(0, done - freeze)}
+        if a.mode == "lamb":
+            r["mask"] = a.mask
+            r["masked"] = opt.masked()
+            # one fp32 allreduce per warm-up step, one 1-bit after
+            done = len(log)
+            r["rounds"] = {"fp32": min(freeze, done),
+                           "1bit": max(0, done - freeze)}
         if a.mode == "zeroone":
             r["mask"] = a.mask
             r["masked"] = opt.masked()

@@ -17,6 +17,7 @@ RUNS = [
     ("onebit-nomask", "OneBitAdam without the mask (ablation)"),
     ("onebit-bc", "OneBitAdam with bias correction"),
     ("zeroone", "0/1 Adam (obcomm ZeroOneAdam)"),
+    ("lamb", "1-bit LAMB (obcomm OneBitLamb)"),
 ]
 WINDOW = 50  # moving average of the plotted curves, in steps
 
@@ -50,6 +51,21 @@ def _zeroone(R, base, ob):
         f"optimizer over the run: 0/1 Adam {rounds(zr)}, counted by the "
         f"optimizer; OneBitAdam {rounds(orr)}, by its schedule. The mask "
         f"held {z.get('masked')} coordinates at the end.", ""]
+
+
+def _lamb(R, base, ob):
+    """1-bit LAMB against Adam and OneBitAdam."""
+    z = R["lamb"]
+    r = z.get("rounds", {})
+    return [
+        f"**1-bit LAMB** (LAMB warm-up to step {z['freeze_step']}, then "
+        f"1-bit momenta scaled per layer; lr {z['lr']}, DeepSpeed's "
+        f"defaults otherwise): "
+        f"{100 * (z['test_accuracy'] - base['test_accuracy']):+.2f} points "
+        f"against Adam, {ob['wire_bytes'] / z['wire_bytes']:.2f}x OneBitAdam's "
+        f"bytes ({r.get('fp32', 0)} fp32 and {r.get('1bit', 0)} 1-bit "
+        f"rounds, by its schedule); the mask held {z.get('masked')} "
+        f"coordinates.", ""]
 
 
 def main():
@@ -115,7 +131,8 @@ def main():
         f"({100 * ob.get('masked', 0) / ob['parameters']:.1f} %) at 0 in the "
         f"compression stage.",
         "",
-    ] + (_zeroone(R, base, ob) if "zeroone" in R else []) + [
+    ] + (_zeroone(R, base, ob) if "zeroone" in R else []) + (
+        _lamb(R, base, ob) if "lamb" in R else []) + [
         "**Bytes on the wire** count only what crosses between the two "
         "emulated nodes, for the whole run (initial broadcast, warm-up, "
         "compression stage, loss logging and evaluation). Gloo: the "
@@ -150,7 +167,8 @@ def main():
     fig, ax = plt.subplots(figsize=(9, 5.6))
     styles = {"adam": ("#1f77b4", "-"), "onebit": ("#d62728", "-"),
               "powersgd": ("#2ca02c", "-"), "onebit-nomask": ("#9467bd", ":"),
-              "onebit-bc": ("#ff7f0e", "--"), "zeroone": ("#8c564b", "-")}
+              "onebit-bc": ("#ff7f0e", "--"), "zeroone": ("#8c564b", "-"),
+              "lamb": ("#e377c2", "-")}
     for tag, label in RUNS:
         if tag not in R:
             continue
