@@ -105,6 +105,16 @@ class Cluster:
                 p.wait()
         self.procs[n] = None
 
+    def restart_all(self, sig=signal.SIGKILL):
+        """Kills every daemon with sig and starts them all again (a daemon
+        without a state_dir comes back without its snapshot sets)."""
+        for n in range(self.k):
+            self.kill_node(n, sig)
+        for n in range(self.k):
+            self.start_node(n)
+        for n in range(self.k):
+            self.wait_ready(n)
+
     def log(self, n):
         try:
             with open(os.path.join(self.dir, f"node{n}.log"), "rb") as f:

@@ -8,7 +8,8 @@ import torch
 
 import obcomm
 import obcomm.torch
-from workers import Net, digest, grads_of, serve
+from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
+                     serve)
 
 torch.set_num_threads(1)
 
@@ -19,30 +20,22 @@ LAMB = dict(max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
             factor_min=0.5, factor_threshold=0.0003)
 
 
-def _error(e):
-    return {"code": e.code, "message": e.message}
-
-
 def _groups(model):
     """Two param groups, the second with half the learning rate."""
     ps = list(model.parameters())
     return [{"params": ps[:2]}, {"params": ps[2:], "lr": HYPER["lr"] / 2}]
 
 
-class Reference:
+class Reference(SimulatedRanks):
     """1-bit LAMB written out layer by layer for `size` ranks of one node,
     where the 1-bit allreduce is the exact average of what the ranks
-    send. Returns nothing; params holds every rank's parameters."""
+    send; params holds every rank's parameters."""
 
     GROUPS = ([0, 1], [2, 3, 4, 5])
 
     def __init__(self, model, size, lamb):
-        self.size = size
+        super().__init__(model, size)
         self.lamb = lamb
-        self.models = [Net() for _ in range(size)]
-        for m in self.models:
-            m.load_state_dict(model.state_dict())
-        self.params = [list(m.parameters()) for m in self.models]
         k = len(self.params[0])
         self.lr = [HYPER["lr"]] * 2 + [HYPER["lr"] / 2] * 4
         z = [torch.zeros_like(p) for p in self.params[0]]
@@ -53,27 +46,16 @@ class Reference:
         self.drop = None
         self.t = 0
 
-    def _avg(self, xs):
-        acc = xs[0].clone()
-        for x in xs[1:]:
-            acc += x
-        return acc / self.size
-
     @torch.no_grad()
     def step(self, step):
         b1, b2 = HYPER["betas"]
         eps, wd = HYPER["eps"], HYPER["weight_decay"]
         self.t += 1
-        grads = []
-        for r, model in enumerate(self.models):
-            model.zero_grad()
-            with torch.enable_grad():
-                grads_of(model, r, step).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
+        grads = self.grads(step)
         k = len(self.v)
         if self.t <= FREEZE:
             for i in range(k):
-                g = self._avg([gr[i] for gr in grads])
+                g = self.avg([gr[i] for gr in grads])
                 for r in range(self.size):
                     self.m[r][i] = b1 * self.m[r][i] + (1 - b1) * g
                 self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
@@ -92,12 +74,7 @@ class Reference:
                 for r in range(self.size):
                     self.params[r][i] -= self.lr[i] * c * upd
             if self.t == FREEZE:
-                self.drop = [None] * k
-                for idx in self.GROUPS:
-                    flat = torch.cat([self.v[i].reshape(-1) for i in idx])
-                    cut = 0.01 * flat.mean().sqrt().item()
-                    for i in idx:
-                        self.drop[i] = self.v[i].sqrt() <= cut
+                self.drop = self.group_mask(self.v, self.GROUPS)
             return
         if self.scale is None:
             rms = [(self.m[0][i].norm() / math.sqrt(self.m[0][i].numel()))
@@ -108,7 +85,7 @@ class Reference:
             last_m = self.m[0][i].clone()
             sent = [(b1 * self.m[r][i] + (1 - b1) * grads[r][i]) *
                     self.scale[i] for r in range(self.size)]
-            m = self._avg(sent) / self.scale[i]
+            m = self.avg(sent) / self.scale[i]
             m[self.drop[i]] = 0.0
             for r in range(self.size):
                 self.m[r][i] = m
@@ -155,42 +132,13 @@ def against_reference(args):
 
 
 def train(args):
-    """OneBitLamb on Net from a different model on every rank; args: steps,
-    optionally save {step: path} / load path. Returns the digest after
-    each step and the losses."""
+    """OneBitLamb on Net from a different model on every rank; args as
+    workers.resume_and_train's."""
     torch.manual_seed(int(os.environ["RANK"]))
     model = Net()
     comm = obcomm.Communicator(timeout_ms=20000)
     opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **LAMB, comm=comm)
-    out = {"rank": comm.rank, "digests": [], "losses": []}
-    first = 0
-    try:
-        if args.get("load"):
-            ck = torch.load(args["load"] + f".{comm.rank}")
-            model.load_state_dict(ck["model"])
-            try:
-                opt.load_state_dict(ck["opt"])
-            except obcomm.ObcommError as e:
-                out["load_error"] = _error(e)
-                return out
-            first = ck["step"]
-        out["first"] = first
-        for step in range(first, args["steps"]):
-            opt.zero_grad()
-            loss = grads_of(model, comm.rank, step)
-            loss.backward()
-            opt.step()
-            out["losses"].append(loss.item())
-            out["digests"].append(digest(model))
-            path = args.get("save", {}).get(step + 1)
-            if path:
-                torch.save({"model": model.state_dict(),
-                            "opt": opt.state_dict(), "step": step + 1},
-                           path + f".{comm.rank}")
-        return out
-    finally:
-        opt.close()
-        comm.close()
+    return resume_and_train(model, opt, comm, args)
 
 
 if __name__ == "__main__":

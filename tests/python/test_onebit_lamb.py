@@ -6,7 +6,6 @@ resumes bit for bit across a restart of the daemons."""
 
 import math
 import os
-import signal
 
 import pytest
 import torch
@@ -71,12 +70,7 @@ def test_checkpoint_resumes_bit_for_bit(make_cluster, tmp_path):
         assert max(want) / min(want) > 2  # the layers differ
     for at in (4, 10):
         if at == 10:
-            for n in range(cl.k):
-                cl.kill_node(n, signal.SIGKILL)
-            for n in range(cl.k):
-                cl.start_node(n)
-            for n in range(cl.k):
-                cl.wait_ready(n)
+            cl.restart_all()
         resumed = run(cl, "lck", "train", 1,
                       {"steps": steps, "load": ck + str(at)})
         for a, b in zip(full, resumed):

@@ -5,7 +5,6 @@ trainers), the rounds it skips, and a checkpoint that resumes bit for
 bit across a restart of the trainers."""
 
 import os
-import signal
 
 import cluster
 
@@ -115,12 +114,7 @@ def test_checkpoint_resumes_bit_for_bit(make_cluster, tmp_path):
         if at == 21:
             # Daemons without a state_dir lose their sets when they
             # restart: the parts the checkpoint carries bring them back.
-            for n in range(cl.k):
-                cl.kill_node(n, signal.SIGKILL)
-            for n in range(cl.k):
-                cl.start_node(n)
-            for n in range(cl.k):
-                cl.wait_ready(n)
+            cl.restart_all()
         resumed = run(cl, "zock", "train", 1,
                       {"steps": steps, "load": ck + str(at)})
         for a, b in zip(full, resumed):

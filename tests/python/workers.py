@@ -346,6 +346,88 @@ def ckpt_train(args):
         comm.close()
 
 
+class SimulatedRanks:
+    """`size` ranks of one node simulated in one process, for the
+    optimizers' written-out references: each rank's own copy of model
+    (params[r]), its gradient at its own parameters, and the exact
+    average that obcomm computes inside a node (fp32 sum in rank order,
+    then / size)."""
+
+    def __init__(self, model, size):
+        self.size = size
+        self.models = [Net() for _ in range(size)]
+        for m in self.models:
+            m.load_state_dict(model.state_dict())
+        self.params = [list(m.parameters()) for m in self.models]
+
+    def grads(self, step):
+        """Per rank, the gradients of grads_of(rank, step)."""
+        out = []
+        for r, model in enumerate(self.models):
+            model.zero_grad()
+            with torch.enable_grad():
+                grads_of(model, r, step).backward()
+            out.append([p.grad.clone() for p in model.parameters()])
+        return out
+
+    def avg(self, per_rank):
+        acc = per_rank[0].clone()
+        for x in per_rank[1:]:
+            acc += x
+        return acc / self.size
+
+    @staticmethod
+    def group_mask(v, groups, ratio=0.01):
+        """OneBitAdam's automatic mask per parameter, over param groups
+        given as lists of parameter indices."""
+        drop = [None] * len(v)
+        for idx in groups:
+            flat = torch.cat([v[i].reshape(-1) for i in idx])
+            cut = ratio * flat.mean().sqrt().item()
+            for i in idx:
+                drop[i] = v[i].sqrt() <= cut
+        return drop
+
+
+def resume_and_train(model, opt, comm, args, after_step=None,
+                     set_to_none=lambda step: False):
+    """The loop of the optimizers' checkpoint tests: loads args["load"]
+    (a path written by a save: model, optimizer, step) if given, then
+    trains on grads_of up to args["steps"], saving {step: path} of
+    args["save"] after those steps (path.RANK). after_step(out) runs after
+    each step. Returns rank, first, digests, losses and, when the load
+    failed, load_error; closes opt and comm."""
+    out = {"rank": comm.rank, "digests": [], "losses": [], "first": 0}
+    try:
+        if args.get("load"):
+            ck = torch.load(args["load"] + f".{comm.rank}")
+            model.load_state_dict(ck["model"])
+            try:
+                opt.load_state_dict(ck["opt"])
+            except obcomm.ObcommError as e:
+                out["load_error"] = _error(e)
+                return out
+            out["first"] = ck["step"]
+        for step in range(out["first"], args["steps"]):
+            opt.zero_grad(set_to_none=set_to_none(step))
+            loss = grads_of(model, comm.rank, step)
+            loss.backward()
+            opt.step()
+            out["losses"].append(loss.item())
+            out["digests"].append(digest(model))
+            if after_step is not None:
+                after_step(out)
+            path = args.get("save", {}).get(step + 1)
+            if path:
+                torch.save({"model": model.state_dict(),
+                            "opt": opt.state_dict(), "step": step + 1},
+                           path + f".{comm.rank}")
+        return out
+    finally:
+        opt.close()
+        comm.close()
+
+
 def failed_op(args):
     """Ops 0 .. bad-1 are good allreduces (checked); op `bad` is an
     allreduce whose count differs on the last rank; then an allreduce, a

@@ -10,7 +10,8 @@ import torch
 import obcomm
 import obcomm.torch
 import cluster
-from workers import Net, digest, grads_of, serve
+from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
+                     serve)
 
 torch.set_num_threads(1)
 
@@ -23,10 +24,6 @@ SCHEDULE = dict(var_freeze_step=12, var_update_scaler=2, local_step_scaler=3,
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-4, weight_decay=0.01)
 
 
-def _error(e):
-    return {"code": e.code, "message": e.message}
-
-
 def _groups(model):
     """Two param groups, the second with half the learning rate, so that
     both keys and the per-group sums of learning rates are exercised."""
@@ -34,17 +31,13 @@ def _groups(model):
     return [{"params": ps[:2]}, {"params": ps[2:], "lr": HYPER["lr"] / 2}]
 
 
-class Reference:
+class Reference(SimulatedRanks):
     """0/1 Adam written out for `size` ranks of one node, where obcomm's
     1-bit allreduce is the exact average: per rank its own parameters,
     momentum and accumulated update; one variance."""
 
     def __init__(self, model, size, lrs):
-        self.size = size
-        self.models = [Net() for _ in range(size)]
-        for m in self.models:
-            m.load_state_dict(model.state_dict())
-        self.params = [list(m.parameters()) for m in self.models]
+        super().__init__(model, size)
         n = len(self.params[0])
         self.lr = lrs            # per parameter
         self.v = [torch.zeros_like(p) for p in self.params[0]]
@@ -56,39 +49,18 @@ class Reference:
         self.t, self.vi, self.vc, self.li, self.lc = 0, 1, 0, 1, 0
         self.frozen = False
 
-    def _avg(self, per_rank):
-        acc = per_rank[0].clone()
-        for x in per_rank[1:]:
-            acc += x
-        return acc / self.size
-
-    def _mask(self):
-        """OneBitAdam's automatic mask (ratio 0.01) over each param group
-        (GROUPS of _groups)."""
-        self.drop = [None] * len(self.v)
-        for idx in ([0, 1], [2, 3, 4, 5]):
-            flat = torch.cat([self.v[i].reshape(-1) for i in idx])
-            cut = 0.01 * flat.mean().sqrt().item()
-            for i in idx:
-                self.drop[i] = self.v[i].sqrt() <= cut
-
     @torch.no_grad()
     def step(self, step):
         b1, b2 = HYPER["betas"]
         eps, wd = HYPER["eps"], HYPER["weight_decay"]
         self.t += 1
-        grads = []
-        for r, model in enumerate(self.models):
-            model.zero_grad()
-            with torch.enable_grad():
-                grads_of(model, r, step).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
+        grads = self.grads(step)
         sync = self.frozen and self.t % self.li == 0
         full = not self.frozen and self.t % self.vi == 0
         for i in range(len(self.v)):
             lr = self.lr[i]
             if not self.frozen:
-                g = self._avg([gr[i] for gr in grads])
+                g = self.avg([gr[i] for gr in grads])
                 if self.t % self.vi == 0:
                     self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
                 else:
@@ -107,7 +79,7 @@ class Reference:
                 p -= lr * upd
                 self.u[r][i] -= lr * upd
             if sync:
-                avg = self._avg([self.u[r][i] * d for r in range(self.size)])
+                avg = self.avg([self.u[r][i] * d for r in range(self.size)])
                 avg[self.drop[i]] = 0.0
                 for r in range(self.size):
                     self.m[r][i] = -avg / self.lrsum[r][i]
@@ -116,7 +88,7 @@ class Reference:
                     self.lrsum[r][i] = 0.0
                 self.x[i] = self.params[0][i].clone()
         if full:
-            self._mask()
+            self.drop = self.group_mask(self.v, ([0, 1], [2, 3, 4, 5]))
         if not self.frozen:
             if self.t % self.vi == 0:
                 self.vc += 1
@@ -159,54 +131,34 @@ def against_reference(args):
 
 def train(args):
     """ZeroOneAdam on Net from a different model on every rank (the
-    optimizer broadcasts rank 0's); args: steps, and optionally save
-    {step: path} / load path as workers.ckpt_train. Returns the digest of
-    the parameters after each step, the rounds, and the metrics' bytes."""
+    optimizer broadcasts rank 0's); args as workers.resume_and_train's,
+    and status (then the daemon's 1-bit keys of the run at the end).
+    Adds the rounds after each step; every fifth zero_grad sets the
+    gradients to None."""
     torch.manual_seed(int(os.environ["RANK"]))
     model = Net()
     comm = obcomm.Communicator(timeout_ms=20000)
     opt = obcomm.torch.ZeroOneAdam(_groups(model), **HYPER, **SCHEDULE,
                                    comm=comm)
-    out = {"rank": comm.rank, "digests": [], "rounds_at": [], "losses": []}
-    first = 0
-    try:
-        if args.get("load"):
-            ck = torch.load(args["load"] + f".{comm.rank}")
-            model.load_state_dict(ck["model"])
-            try:
-                opt.load_state_dict(ck["opt"])
-            except obcomm.ObcommError as e:
-                out["load_error"] = _error(e)
-                return out
-            first = ck["step"]
-        out["first"] = first
-        for step in range(first, args["steps"]):
-            opt.zero_grad(set_to_none=(step % 5 == 4))
-            loss = grads_of(model, comm.rank, step)
-            loss.backward()
-            opt.step()
-            out["losses"].append(loss.item())
-            out["digests"].append(digest(model))
-            out["rounds_at"].append(dict(opt.rounds))
-            path = args.get("save", {}).get(step + 1)
-            if path:
-                torch.save({"model": model.state_dict(),
-                            "opt": opt.state_dict(), "step": step + 1},
-                           path + f".{comm.rank}")
-        if args.get("status"):
-            # The daemon's 1-bit keys of this run, while it lasts.
-            comm.barrier()
-            st = json.loads(subprocess.run(
-                [cluster.OBCOMMCTL, "-s", os.environ["OBCOMM_SOCKET"],
-                 "--json", "status"], capture_output=True, check=True,
-                timeout=10).stdout)
-            out["keys"] = {k["key"]: k for j in st["jobs"]
-                           if j["name"] == comm.job for k in j["keys"]}
-            comm.barrier()
-        return out
-    finally:
-        opt.close()
-        comm.close()
+    # A share of the connection that outlives the loop, for the query.
+    keep = comm._share() if args.get("status") else None
+    out = resume_and_train(
+        model, opt, comm, args,
+        after_step=lambda o: o.setdefault("rounds_at", []).append(
+            dict(opt.rounds)),
+        set_to_none=lambda step: step % 5 == 4)
+    if keep is not None:
+        # The daemon's 1-bit keys of this run, while it lasts.
+        keep.barrier()
+        st = json.loads(subprocess.run(
+            [cluster.OBCOMMCTL, "-s", os.environ["OBCOMM_SOCKET"],
+             "--json", "status"], capture_output=True, check=True,
+            timeout=10).stdout)
+        out["keys"] = {k["key"]: k for j in st["jobs"]
+                       if j["name"] == keep.job for k in j["keys"]}
+        keep.barrier()
+        keep.close()
+    return out
 
 
 if __name__ == "__main__":

@@ -14,6 +14,19 @@ from .comm import Communicator, ObcommError, E_MISMATCH
 AUTO_MASK_RATIO = 0.01
 
 
+def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
+    """ValueError for arguments no Adam-like optimizer takes (OneBitAdam,
+    ZeroOneAdam, OneBitLamb); name is the freeze step's argument."""
+    if not 0.0 <= lr:
+        raise ValueError(f"invalid lr {lr}")
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise ValueError(f"invalid betas {betas}")
+    if not eps > 0.0:
+        raise ValueError(f"invalid eps {eps}")
+    if not weight_decay >= 0.0 or not freeze_step >= 0:
+        raise ValueError(f"invalid weight_decay or {name}")
+
+
 class Group:
     """A param group's flat buffers: p and g in shared memory (the
     parameters and gradients are views into them); the optimizer adds its

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ._flat import FlatOptimizer
+from ._flat import FlatOptimizer, check_adam_args
 
 __all__ = ["OneBitLamb"]
 
@@ -56,14 +56,8 @@ class OneBitLamb(FlatOptimizer):
                  weight_decay=0.0, freeze_step=100000, max_coeff=10.0,
                  min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
                  factor_min=0.5, factor_threshold=0.1, comm=None, key=1):
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid lr {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
-        if not eps > 0.0:
-            raise ValueError(f"invalid eps {eps}")
-        if not weight_decay >= 0.0 or not freeze_step >= 0:
-            raise ValueError("invalid weight_decay or freeze_step")
+        check_adam_args(lr, betas, eps, weight_decay, freeze_step,
+                        "freeze_step")
         if not 0.0 < min_coeff <= max_coeff:
             raise ValueError(f"invalid min_coeff {min_coeff} / max_coeff "
                              f"{max_coeff}")

@@ -21,6 +21,7 @@ from torch.autograd import Variable
 from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
+from ._flat import check_adam_args
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
 
@@ -243,14 +244,8 @@ class OneBitAdam(torch.optim.Optimizer):
                  weight_decay=0.0, freeze_step=100000, bias_correction=False,
                  comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True,
                  max_grad_norm=0.0, threads=None):
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid lr {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
-        if not eps > 0.0:
-            raise ValueError(f"invalid eps {eps}")
-        if not weight_decay >= 0.0 or not freeze_step >= 0:
-            raise ValueError("invalid weight_decay or freeze_step")
+        check_adam_args(lr, betas, eps, weight_decay, freeze_step,
+                        "freeze_step")
         if not bucket_cap_mb > 0:
             raise ValueError(f"invalid bucket_cap_mb {bucket_cap_mb}")
         if not 0.0 <= max_grad_norm < math.inf:

@@ -3,7 +3,7 @@ ZeroOneAdam runs it (runtime/fp16/onebit/zoadam.py), on CPU tensors."""
 
 import torch
 
-from ._flat import FlatOptimizer
+from ._flat import FlatOptimizer, check_adam_args
 
 __all__ = ["ZeroOneAdam"]
 
@@ -75,14 +75,8 @@ class ZeroOneAdam(FlatOptimizer):
                  weight_decay=0.0, var_freeze_step=100000,
                  var_update_scaler=16, local_step_scaler=32678,
                  local_step_clipper=16, comm=None, key=1):
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid lr {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
-        if not eps > 0.0:
-            raise ValueError(f"invalid eps {eps}")
-        if not weight_decay >= 0.0 or not var_freeze_step >= 0:
-            raise ValueError("invalid weight_decay or var_freeze_step")
+        check_adam_args(lr, betas, eps, weight_decay, var_freeze_step,
+                        "var_freeze_step")
         for name, val in (("var_update_scaler", var_update_scaler),
                           ("local_step_scaler", local_step_scaler),
                           ("local_step_clipper", local_step_clipper)):
