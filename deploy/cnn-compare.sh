@@ -11,7 +11,9 @@
 #   zeroone          obcomm.torch.ZeroOneAdam (0/1 Adam), variance frozen
 #                    at OneBitAdam's freeze step, eps 1e-8, automatic mask
 #   lamb             obcomm.torch.OneBitLamb (1-bit LAMB), frozen at the
-#                    same step, eps 1e-8, automatic mask
+#                    same step, eps 1e-8, automatic mask, lr 1e-2: LAMB's
+#                    lr is a step relative to each layer's norm (at Adam's
+#                    1e-3 it reached 85.2 %, 4.4 points under Adam)
 # The same seed, steps, batch and lr everywhere. Writes into OUT (default
 # client/python/examples/results/cnn): results.md (the table), loss.png,
 # and per run <tag>.json, <tag>.csv (loss log), <tag>.log.
@@ -125,7 +127,8 @@ EOF
 if [ $report_only -eq 0 ]; then
     for r in $runs; do
         case "$r" in
-        adam | onebit | powersgd | zeroone | lamb) run "$r" "$r" ;;
+        adam | onebit | powersgd | zeroone) run "$r" "$r" ;;
+        lamb) run lamb lamb --lr 1e-2 ;;
         onebit-nomask) run onebit-nomask onebit --mask off ;;
         onebit-bc) run onebit-bc onebit --bias-correction ;;
         *) echo "cnn-compare: no run '$r'" >&2; exit 2 ;;

@@ -33,6 +33,10 @@ Contenders (the same model, data, seed and steps for all):
                 (as torch's Adam); --onebit-args passes more keyword
                 arguments to its constructor, or overrides these
                 ("overlap=True, bucket_cap_mb=25"; Python literals)
+  zeroone       obcomm.torch.ZeroOneAdam (0/1 Adam), var_freeze_step = the
+                warm-up steps, DeepSpeed's defaults otherwise
+  lamb          obcomm.torch.OneBitLamb (1-bit LAMB), freeze_step = the
+                warm-up steps, DeepSpeed's defaults otherwise
 
 Models:
   mlp           784-4096-4096-10 ReLU MLP (20.0 M parameters) on
@@ -83,7 +87,9 @@ import traceback
 from gloo_allreduce import dev_tx_bytes
 
 CONTENDERS = ("floor", "ddp-gloo", "ddp-powersgd", "ddp-powersgd-1b",
-              "ddp-obcomm", "onebit")
+              "ddp-obcomm", "onebit", "zeroone", "lamb")
+# The obcomm optimizers: no DDP, each averages itself.
+OBCOMM_OPTS = ("onebit", "zeroone", "lamb")
 MODELS = ("mlp", "transformer")
 DEFAULT_LR = {"mlp": 1e-4, "transformer": 1e-3}
 DEFAULT_BATCH = {"mlp": 8, "transformer": 4}
@@ -267,7 +273,7 @@ def run(a):
         model = make_model(a.model)
         result["parameters"] = sum(p.numel() for p in model.parameters())
         net = model
-        if a.contender in ("ddp-obcomm", "onebit"):
+        if a.contender in ("ddp-obcomm",) + OBCOMM_OPTS:
             import obcomm.torch  # also registers the backend "obcomm"
         if a.contender == "ddp-powersgd-1b" and a.bucket_cap_mb is None:
             a.bucket_cap_mb = math.ceil(result["parameters"] * 4 / 2**20) + 1
@@ -300,6 +306,12 @@ def run(a):
         elif a.contender == "onebit":
             opt = obcomm.torch.OneBitAdam(model.parameters(), lr=lr,
                                           freeze_step=warmup, **onebit_kwargs)
+        elif a.contender == "zeroone":
+            opt = obcomm.torch.ZeroOneAdam(model.parameters(), lr=lr,
+                                           var_freeze_step=warmup)
+        elif a.contender == "lamb":
+            opt = obcomm.torch.OneBitLamb(model.parameters(), lr=lr,
+                                          freeze_step=warmup)
         store_barrier(store, "start", world, rank)
         tx["start"] = dev_tx_bytes(a.dev)
         for step, (x, y) in enumerate(batches):
@@ -342,7 +354,7 @@ def run(a):
     result["loss"] = losses
     result["tx_bytes"] = tx
     print(json.dumps(result, separators=(",", ":")), flush=True)
-    if a.contender == "onebit" and opt is not None:
+    if a.contender in OBCOMM_OPTS and opt is not None:
         opt.close()
     if dist.is_initialized():
         dist.destroy_process_group()

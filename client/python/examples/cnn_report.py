@@ -84,7 +84,10 @@ def main():
         f"under torchrun on 2 emulated nodes x 2 trainers (one obcommd and "
         f"one torchrun per node, loopback, c10d rendezvous), batch "
         f"{base['batch']} per trainer ({4 * base['batch']} per step), "
-        f"{steps} steps, lr {base['lr']}, eps {base['eps']} (DeepSpeed's "
+        f"{steps} steps, lr {base['lr']}"
+        + (f" (1-bit LAMB: {R['lamb']['lr']}, see below)"
+           if "lamb" in R and R["lamb"]["lr"] != base["lr"] else "")
+        + f", eps {base['eps']} (DeepSpeed's "
         f"default) in every run, seed {base['seed']} (the same initial model "
         f"and data order everywhere). 1-bit Adam freezes the variance at "
         f"step {R['onebit']['freeze_step']} (15 %); PowerSGD (rank "
