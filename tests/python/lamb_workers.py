@@ -8,7 +8,7 @@ import torch
 
 import obcomm
 import obcomm.torch
-from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
+from workers import (Net, SimulatedRanks, resume_and_train,
                      serve)
 
 torch.set_num_threads(1)
@@ -117,14 +117,7 @@ def against_reference(args):
     lamb = dict(LAMB, **args.get("lamb", {}))
     opt = obcomm.torch.OneBitLamb(_groups(model), **HYPER, **lamb, comm=comm)
     ref = Reference(model, comm.size, lamb)
-    diffs = []
-    for step in range(args["steps"]):
-        opt.zero_grad()
-        grads_of(model, comm.rank, step).backward()
-        opt.step()
-        ref.step(step)
-        diffs.append(max((p - q).abs().max().item() for p, q in zip(
-            model.parameters(), ref.params[comm.rank])))
+    diffs = ref.follow(model, opt, comm.rank, args["steps"])
     out = {"rank": comm.rank, "diffs": diffs, "masked": opt.masked()}
     opt.close()
     comm.close()

@@ -376,6 +376,20 @@ class SimulatedRanks:
             acc += x
         return acc / self.size
 
+    def follow(self, model, opt, rank, steps):
+        """Trains model with opt as rank `rank` and this reference (its
+        step(step)) side by side; the largest difference between model
+        and the reference's copy of that rank after each step."""
+        diffs = []
+        for step in range(steps):
+            opt.zero_grad()
+            grads_of(model, rank, step).backward()
+            opt.step()
+            self.step(step)
+            diffs.append(max((p - q).abs().max().item() for p, q in zip(
+                model.parameters(), self.params[rank])))
+        return diffs
+
     @staticmethod
     def group_mask(v, groups, ratio=0.01):
         """OneBitAdam's automatic mask per parameter, over param groups

@@ -10,7 +10,7 @@ import torch
 import obcomm
 import obcomm.torch
 import cluster
-from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
+from workers import (Net, SimulatedRanks, resume_and_train,
                      serve)
 
 torch.set_num_threads(1)
@@ -114,14 +114,7 @@ def against_reference(args):
                                    comm=comm)
     lrs = [HYPER["lr"]] * 2 + [HYPER["lr"] / 2] * 4
     ref = Reference(model, comm.size, lrs)
-    diffs = []
-    for step in range(args["steps"]):
-        opt.zero_grad()
-        grads_of(model, comm.rank, step).backward()
-        opt.step()
-        ref.step(step)
-        diffs.append(max((p - q).abs().max().item() for p, q in zip(
-            model.parameters(), ref.params[comm.rank])))
+    diffs = ref.follow(model, opt, comm.rank, args["steps"])
     out = {"rank": comm.rank, "diffs": diffs, "rounds": dict(opt.rounds),
            "masked": opt.masked()}
     opt.close()
