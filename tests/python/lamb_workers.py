@@ -8,8 +8,7 @@ import torch
 
 import obcomm
 import obcomm.torch
-from workers import (Net, SimulatedRanks, resume_and_train,
-                     serve)
+from workers import Net, SimulatedRanks, resume_and_train, serve
 
 torch.set_num_threads(1)
 
