@@ -410,6 +410,54 @@ OBCOMM_API int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path,
 OBCOMM_API int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path,
                                    int restore);
 
+/* 0/1 Adam (Lu et al. 2022, arXiv 2202.06009), as DeepSpeed's ZeroOneAdam.
+ * Stage 1, step t <= var_freeze_step: on steps where t % var_interval == 0
+ * the gradients are averaged in full precision and m and v are updated;
+ * on the others the gradients are averaged by obcomm_allreduce_1bit(key)
+ * and only m is updated; var_interval starts at 1 and doubles after every
+ * var_update_scaler variance updates. Stage 2: v is frozen and each rank
+ * steps on its own gradient, accumulating its updates u; every
+ * local_step_interval steps (1, doubling every local_step_scaler steps up
+ * to local_step_clipper) u * (sqrt(v) + eps) is averaged 1 bit per element,
+ * and every rank sets p to the last synchronized parameters plus the
+ * average / (sqrt(v) + eps) and m to minus the average over the summed
+ * learning rates. The key's error feedback is reset (obcomm_reset_1bit) on
+ * the step the stages meet. The update is DeepSpeed's: no bias correction,
+ * weight decay added to m / (sqrt(v) + eps). OneBitAdam's automatic mask
+ * (OBCOMM_ADAM_AUTO_MASK_RATIO, over v after each variance update) zeroes
+ * the 1-bit averaged gradient and synchronized update of the coordinates it
+ * holds. Every rank of the job creates it with the same key, count and
+ * config and steps together; parameters then stay bitwise identical on
+ * every rank after every stage-1 step and synchronization. A failed step
+ * stops the run, as every failed op. */
+typedef struct obcomm_zoadam obcomm_zoadam_t;
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    long var_freeze_step, var_update_scaler, local_step_scaler,
+        local_step_clipper;
+} obcomm_zoadam_config_t;
+
+/* DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight
+ * decay, var_freeze_step 100000, var_update_scaler 16, local_step_scaler
+ * 32678, local_step_clipper 16. */
+OBCOMM_API obcomm_zoadam_config_t obcomm_zoadam_defaults(void);
+/* Borrows c. Keeps the gradient and u in shared memory, m, v, the frozen
+ * denominators and the synchronized parameters in private memory (count
+ * floats each). Caller frees with obcomm_zoadam_destroy. */
+OBCOMM_API int obcomm_zoadam_create(obcomm_t *c, uint64_t key, size_t count,
+                                    const obcomm_zoadam_config_t *cfg,
+                                    obcomm_zoadam_t **out);
+/* One step of params (count floats, any memory) from this rank's grads. A
+ * collective on the steps that communicate; every rank calls it. */
+OBCOMM_API int obcomm_zoadam_step(obcomm_zoadam_t *a, float *params,
+                                  const float *grads);
+OBCOMM_API void obcomm_zoadam_set_lr(obcomm_zoadam_t *a, float lr);
+OBCOMM_API long obcomm_zoadam_steps(const obcomm_zoadam_t *a);
+/* The collectives the steps issued: full precision and 1-bit. */
+OBCOMM_API void obcomm_zoadam_rounds(const obcomm_zoadam_t *a, long *fp32,
+                                     long *onebit);
+OBCOMM_API void obcomm_zoadam_destroy(obcomm_zoadam_t *a);
+
 #ifdef __cplusplus
 }
 #endif
