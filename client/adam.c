@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "adam_kernels.h"
+#include "ckpt_io.h"
 #include "client.h"
 
 #define ADAM_MAGIC   "OBCMADAM"
@@ -469,9 +470,6 @@ int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
  *  60 u32 bias_correction   64 i64 freeze_step
  *  72 u64 snapshot      80 u64 part bytes    88 u32 part's node  92 u32 0
  * Version 2 files (the header as this machine's struct) are still read. */
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "adam.c writes m and v as they lie in memory: add byte swaps here"
-#endif
 #define ADAM_HDR_BYTES 96
 
 struct adam_file {
@@ -502,66 +500,26 @@ struct adam_hdr_v2 {
     uint32_t reserved2;
 };
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    memcpy(p, &v, 4); /* little-endian host (checked above) */
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    memcpy(p, &v, 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static void encode_header(uint8_t h[ADAM_HDR_BYTES], const struct adam_file *f)
 {
     memset(h, 0, ADAM_HDR_BYTES);
     memcpy(h, ADAM_MAGIC, 8);
-    put32(h + 8, ADAM_VERSION);
-    put32(h + 12, ADAM_HDR_BYTES);
-    put64(h + 16, f->count);
-    put64(h + 24, (uint64_t)f->step);
-    put64(h + 32, f->key);
-    put32(h + 40, fbits(f->cfg.lr));
-    put32(h + 44, fbits(f->cfg.beta1));
-    put32(h + 48, fbits(f->cfg.beta2));
-    put32(h + 52, fbits(f->cfg.eps));
-    put32(h + 56, fbits(f->cfg.weight_decay));
-    put32(h + 60, (uint32_t)f->cfg.bias_correction);
-    put64(h + 64, (uint64_t)(int64_t)f->cfg.freeze_step);
-    put64(h + 72, f->snapshot);
-    put64(h + 80, f->part_bytes);
-    put32(h + 88, f->part_node);
+    obc_put32(h + 8, ADAM_VERSION);
+    obc_put32(h + 12, ADAM_HDR_BYTES);
+    obc_put64(h + 16, f->count);
+    obc_put64(h + 24, (uint64_t)f->step);
+    obc_put64(h + 32, f->key);
+    obc_put32(h + 40, obc_fbits(f->cfg.lr));
+    obc_put32(h + 44, obc_fbits(f->cfg.beta1));
+    obc_put32(h + 48, obc_fbits(f->cfg.beta2));
+    obc_put32(h + 52, obc_fbits(f->cfg.eps));
+    obc_put32(h + 56, obc_fbits(f->cfg.weight_decay));
+    obc_put32(h + 60, (uint32_t)f->cfg.bias_correction);
+    obc_put64(h + 64, (uint64_t)(int64_t)f->cfg.freeze_step);
+    obc_put64(h + 72, f->snapshot);
+    obc_put64(h + 80, f->part_bytes);
+    obc_put32(h + 88, f->part_node);
 }
-
-static int read_all(int fd, void *buf, size_t len);
 
 /* Reads the header of either version; 0, OBCOMM_E_IO or OBCOMM_E_CORRUPT
  * (not a checkpoint, or of an unknown version). */
@@ -570,16 +528,16 @@ static int read_header(int fd, struct adam_file *f)
     uint8_t h[sizeof(struct adam_hdr_v2) > ADAM_HDR_BYTES
                   ? sizeof(struct adam_hdr_v2)
                   : ADAM_HDR_BYTES];
-    int rc = read_all(fd, h, 12);
+    int rc = obc_read_all(fd, h, 12);
     if (rc)
         return rc;
     if (memcmp(h, ADAM_MAGIC, 8) != 0)
         return OBCOMM_E_CORRUPT;
-    f->version = get32(h + 8);
+    f->version = obc_get32(h + 8);
     if (f->version == 2) {
         struct adam_hdr_v2 v2;
         memcpy(&v2, h, 12);
-        rc = read_all(fd, (uint8_t *)&v2 + 12, sizeof(v2) - 12);
+        rc = obc_read_all(fd, (uint8_t *)&v2 + 12, sizeof(v2) - 12);
         if (rc)
             return rc;
         f->count = v2.count;
@@ -594,57 +552,25 @@ static int read_header(int fd, struct adam_file *f)
     }
     if (f->version != ADAM_VERSION)
         return OBCOMM_E_CORRUPT;
-    rc = read_all(fd, h + 12, ADAM_HDR_BYTES - 12);
+    rc = obc_read_all(fd, h + 12, ADAM_HDR_BYTES - 12);
     if (rc)
         return rc;
-    if (get32(h + 12) != ADAM_HDR_BYTES)
+    if (obc_get32(h + 12) != ADAM_HDR_BYTES)
         return OBCOMM_E_CORRUPT;
-    f->count = get64(h + 16);
-    f->step = (int64_t)get64(h + 24);
-    f->key = get64(h + 32);
-    f->cfg.lr = bitsf(get32(h + 40));
-    f->cfg.beta1 = bitsf(get32(h + 44));
-    f->cfg.beta2 = bitsf(get32(h + 48));
-    f->cfg.eps = bitsf(get32(h + 52));
-    f->cfg.weight_decay = bitsf(get32(h + 56));
-    f->cfg.bias_correction = (int)get32(h + 60);
-    f->cfg.freeze_step = (long)(int64_t)get64(h + 64);
-    f->snapshot = get64(h + 72);
-    f->part_bytes = get64(h + 80);
-    f->part_node = get32(h + 88);
+    f->count = obc_get64(h + 16);
+    f->step = (int64_t)obc_get64(h + 24);
+    f->key = obc_get64(h + 32);
+    f->cfg.lr = obc_bitsf(obc_get32(h + 40));
+    f->cfg.beta1 = obc_bitsf(obc_get32(h + 44));
+    f->cfg.beta2 = obc_bitsf(obc_get32(h + 48));
+    f->cfg.eps = obc_bitsf(obc_get32(h + 52));
+    f->cfg.weight_decay = obc_bitsf(obc_get32(h + 56));
+    f->cfg.bias_correction = (int)obc_get32(h + 60);
+    f->cfg.freeze_step = (long)(int64_t)obc_get64(h + 64);
+    f->snapshot = obc_get64(h + 72);
+    f->part_bytes = obc_get64(h + 80);
+    f->part_node = obc_get32(h + 88);
     f->header_bytes = ADAM_HDR_BYTES;
-    return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return OBCOMM_E_IO;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-static int read_all(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return OBCOMM_E_IO;
-        if (n == 0)
-            return OBCOMM_E_CORRUPT;
-        p += n;
-        len -= (size_t)n;
-    }
     return 0;
 }
 
@@ -693,13 +619,13 @@ int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
     }
     uint8_t hdr[ADAM_HDR_BYTES];
     encode_header(hdr, &h);
-    rc = write_all(fd, hdr, sizeof(hdr));
+    rc = obc_write_all(fd, hdr, sizeof(hdr));
     if (rc == 0)
-        rc = write_all(fd, a->m, a->count * sizeof(float));
+        rc = obc_write_all(fd, a->m, a->count * sizeof(float));
     if (rc == 0)
-        rc = write_all(fd, a->v, a->count * sizeof(float));
+        rc = obc_write_all(fd, a->v, a->count * sizeof(float));
     if (rc == 0 && part_bytes > 0)
-        rc = write_all(fd, part, part_bytes);
+        rc = obc_write_all(fd, part, part_bytes);
     free(part);
     if (rc == 0 && fsync(fd) != 0)
         rc = OBCOMM_E_IO;
@@ -736,9 +662,9 @@ int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path, int restore)
                     (v = malloc(a->count * sizeof(float))) == NULL))
         rc = OBCOMM_E_NOMEM;
     if (rc == 0)
-        rc = read_all(fd, m, a->count * sizeof(float));
+        rc = obc_read_all(fd, m, a->count * sizeof(float));
     if (rc == 0)
-        rc = read_all(fd, v, a->count * sizeof(float));
+        rc = obc_read_all(fd, v, a->count * sizeof(float));
     /* The part, bounded by the file's length before allocation. */
     struct stat st;
     void *part = NULL;
@@ -749,7 +675,7 @@ int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path, int restore)
     if (rc == 0 && h.part_bytes > 0 && (part = malloc(h.part_bytes)) == NULL)
         rc = OBCOMM_E_NOMEM;
     if (rc == 0 && part != NULL)
-        rc = read_all(fd, part, h.part_bytes);
+        rc = obc_read_all(fd, part, h.part_bytes);
     close(fd);
     /* Every daemon back to the checkpoint's error feedback (this node from
      * the file's part when it is this node's), or an error on every rank:

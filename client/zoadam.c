@@ -1,9 +1,16 @@
 /* 0/1 Adam on top of the public collectives (include/obcomm.h). */
 #include <obcomm.h>
 
+#include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_io.h"
+#include "client.h"
 
 struct obcomm_zoadam {
     obcomm_t *c;
@@ -238,4 +245,173 @@ int obcomm_zoadam_step(obcomm_zoadam_t *a, float *params, const float *grads)
         memset(a->u, 0, a->count * sizeof(float));
     }
     return 0;
+}
+
+/* The checkpoint file: a header of ZO_HDR_BYTES at fixed offsets, every
+ * field little-endian (ckpt_io.h), then m, v, u and x (count floats each)
+ * and the node's part of the snapshot.
+ *   0 magic "OBCMZOAD"   8 u32 version (1)   12 u32 header bytes (176)
+ *  16 u64 count         24 i64 step          32 u64 key
+ *  40 f32 lr  44 f32 beta1  48 f32 beta2  52 f32 eps  56 f32 weight_decay
+ *  60 u32 frozen        64 i64 var_freeze_step   72 i64 var_update_scaler
+ *  80 i64 local_step_scaler   88 i64 local_step_clipper
+ *  96 i64 var_interval 104 i64 var_counter 112 i64 local_interval
+ * 120 i64 local_counter 128 f64 lrs  136 i64 fp32 rounds 144 i64 1-bit
+ * 152 u64 snapshot     160 u64 part bytes   168 u32 part's node 172 u32 0 */
+#define ZO_MAGIC     "OBCMZOAD"
+#define ZO_VERSION   1
+#define ZO_HDR_BYTES 176
+
+static void encode(const obcomm_zoadam_t *a, uint8_t h[ZO_HDR_BYTES],
+                   uint64_t snapshot, uint64_t part_bytes)
+{
+    const obcomm_zoadam_config_t *k = &a->cfg;
+    uint64_t lrs;
+    memcpy(&lrs, &a->lrs, 8);
+    memset(h, 0, ZO_HDR_BYTES);
+    memcpy(h, ZO_MAGIC, 8);
+    obc_put32(h + 8, ZO_VERSION);
+    obc_put32(h + 12, ZO_HDR_BYTES);
+    obc_put64(h + 16, a->count);
+    obc_put64(h + 24, (uint64_t)a->step);
+    obc_put64(h + 32, a->key);
+    obc_put32(h + 40, obc_fbits(k->lr));
+    obc_put32(h + 44, obc_fbits(k->beta1));
+    obc_put32(h + 48, obc_fbits(k->beta2));
+    obc_put32(h + 52, obc_fbits(k->eps));
+    obc_put32(h + 56, obc_fbits(k->weight_decay));
+    obc_put32(h + 60, (uint32_t)a->frozen);
+    obc_put64(h + 64, (uint64_t)k->var_freeze_step);
+    obc_put64(h + 72, (uint64_t)k->var_update_scaler);
+    obc_put64(h + 80, (uint64_t)k->local_step_scaler);
+    obc_put64(h + 88, (uint64_t)k->local_step_clipper);
+    obc_put64(h + 96, (uint64_t)a->var_interval);
+    obc_put64(h + 104, (uint64_t)a->var_counter);
+    obc_put64(h + 112, (uint64_t)a->local_interval);
+    obc_put64(h + 120, (uint64_t)a->local_counter);
+    obc_put64(h + 128, lrs);
+    obc_put64(h + 136, (uint64_t)a->rounds_fp32);
+    obc_put64(h + 144, (uint64_t)a->rounds_1bit);
+    obc_put64(h + 152, snapshot);
+    obc_put64(h + 160, part_bytes);
+    obc_put32(h + 168, (uint32_t)a->c->node_rank);
+}
+
+int obcomm_zoadam_save(obcomm_zoadam_t *a, const char *path)
+{
+    if (a == NULL || path == NULL)
+        return OBCOMM_E_INVAL;
+    /* The daemons' error feedback first: no file names a snapshot that
+     * some node could not save. */
+    uint64_t snapshot = 0;
+    int rc = obcomm_save_1bit(a->c, &snapshot);
+    if (rc)
+        return rc;
+    void *part = NULL;
+    size_t part_bytes = 0;
+    if (!obcomm_1bit_durable(a->c) &&
+        (rc = obcomm_export_1bit(a->c, snapshot, &part, &part_bytes)) != 0)
+        return rc;
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        free(part);
+        return OBCOMM_E_IO;
+    }
+    uint8_t h[ZO_HDR_BYTES];
+    encode(a, h, snapshot, part_bytes);
+    size_t bytes = a->count * sizeof(float);
+    rc = obc_write_all(fd, h, sizeof(h));
+    const float *arrays[] = {a->m, a->v, a->u, a->x};
+    for (int i = 0; rc == 0 && i < 4; i++)
+        rc = obc_write_all(fd, arrays[i], bytes);
+    if (rc == 0 && part_bytes > 0)
+        rc = obc_write_all(fd, part, part_bytes);
+    free(part);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = OBCOMM_E_IO;
+    close(fd);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = OBCOMM_E_IO;
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
+{
+    if (a == NULL || path == NULL)
+        return OBCOMM_E_INVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return OBCOMM_E_IO;
+    uint8_t h[ZO_HDR_BYTES];
+    int rc = obc_read_all(fd, h, sizeof(h));
+    if (rc == 0 &&
+        (memcmp(h, ZO_MAGIC, 8) != 0 || obc_get32(h + 8) != ZO_VERSION ||
+         obc_get32(h + 12) != ZO_HDR_BYTES || obc_get64(h + 16) != a->count ||
+         obc_get64(h + 32) != a->key || obc_get64(h + 152) == 0))
+        rc = OBCOMM_E_CORRUPT;
+    uint64_t part_bytes = rc == 0 ? obc_get64(h + 160) : 0;
+    size_t bytes = a->count * sizeof(float);
+    /* Read into new memory: a short or damaged file leaves the optimizer
+     * as it was. The part is bounded by the file's length first. */
+    struct stat st;
+    if (rc == 0 && (fstat(fd, &st) != 0 || st.st_size < 0 ||
+                    (uint64_t)st.st_size !=
+                        ZO_HDR_BYTES + 4 * (uint64_t)bytes + part_bytes))
+        rc = OBCOMM_E_CORRUPT;
+    float *arrays = rc == 0 ? malloc(4 * bytes) : NULL;
+    void *part = NULL;
+    if (rc == 0 && (arrays == NULL ||
+                    (part_bytes > 0 && (part = malloc(part_bytes)) == NULL)))
+        rc = OBCOMM_E_NOMEM;
+    if (rc == 0)
+        rc = obc_read_all(fd, arrays, 4 * bytes);
+    if (rc == 0 && part != NULL)
+        rc = obc_read_all(fd, part, part_bytes);
+    close(fd);
+    int mine = part != NULL && obc_get32(h + 168) == (uint32_t)a->c->node_rank;
+    if (rc == 0)
+        rc =
+            obcomm_restore_1bit_part(a->c, obc_get64(h + 152),
+                                     mine ? part : NULL, mine ? part_bytes : 0);
+    free(part);
+    if (rc == 0) {
+        size_t n = a->count;
+        memcpy(a->m, arrays, bytes);
+        memcpy(a->v, arrays + n, bytes);
+        memcpy(a->u, arrays + 2 * n, bytes);
+        memcpy(a->x, arrays + 3 * n, bytes);
+        a->step = (long)obc_get64(h + 24);
+        a->frozen = (int)obc_get32(h + 60);
+        a->var_interval = (long)obc_get64(h + 96);
+        a->var_counter = (long)obc_get64(h + 104);
+        a->local_interval = (long)obc_get64(h + 112);
+        a->local_counter = (long)obc_get64(h + 120);
+        uint64_t lrs = obc_get64(h + 128);
+        memcpy(&a->lrs, &lrs, 8);
+        a->rounds_fp32 = (long)obc_get64(h + 136);
+        a->rounds_1bit = (long)obc_get64(h + 144);
+        /* The schedule's config comes from the file, the learning rate
+         * from the caller's schedule. */
+        a->cfg.beta1 = obc_bitsf(obc_get32(h + 44));
+        a->cfg.beta2 = obc_bitsf(obc_get32(h + 48));
+        a->cfg.eps = obc_bitsf(obc_get32(h + 52));
+        a->cfg.weight_decay = obc_bitsf(obc_get32(h + 56));
+        a->cfg.var_freeze_step = (long)obc_get64(h + 64);
+        a->cfg.var_update_scaler = (long)obc_get64(h + 72);
+        a->cfg.local_step_scaler = (long)obc_get64(h + 80);
+        a->cfg.local_step_clipper = (long)obc_get64(h + 88);
+        /* The mask and the denominators follow from v. */
+        a->thr = -1.0f;
+        if (a->step > 0)
+            remask(a);
+        if (a->frozen)
+            for (size_t i = 0; i < n; i++)
+                a->denom[i] = sqrtf(a->v[i]) + a->cfg.eps;
+    }
+    free(arrays);
+    return rc;
 }

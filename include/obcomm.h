@@ -457,6 +457,16 @@ OBCOMM_API long obcomm_zoadam_steps(const obcomm_zoadam_t *a);
 OBCOMM_API void obcomm_zoadam_rounds(const obcomm_zoadam_t *a, long *fp32,
                                      long *onebit);
 OBCOMM_API void obcomm_zoadam_destroy(obcomm_zoadam_t *a);
+/* Collectives with obcomm_adam_save's and _load's semantics: save has
+ * every daemon save the run's error feedback as a snapshot set and writes
+ * the optimizer's state (schedule, m, v, the accumulated updates, the
+ * synchronized parameters, the snapshot's id, and this node's part of it
+ * when its daemon keeps no state_dir) to path; load brings every daemon
+ * back to that set and the optimizer to the file, so the run continues bit
+ * for bit, or fails on every rank (the optimizer then stays as it was).
+ * The parameters are the caller's to save. */
+OBCOMM_API int obcomm_zoadam_save(obcomm_zoadam_t *a, const char *path);
+OBCOMM_API int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 
 #include "ck_run.h"
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,87 @@ START_TEST(two_nodes_identical_where_synchronized)
 }
 END_TEST
 
+/* A checkpoint: run A saves the optimizer and the parameters after step
+ * SAVE_AT (a local step, between synchronizations) and writes its final
+ * parameters; run B, after the daemons restarted, loads both and must end
+ * with the same bits. */
+#define SAVE_AT 21
+
+struct ckpt {
+    const char *dir;
+    int resume;
+};
+
+static int ckpt_trainer(obcomm_t *c, void *arg)
+{
+    const struct ckpt *ck = arg;
+    int rank = obcomm_rank(c);
+    char opt[512], par[512], fin[512];
+    snprintf(opt, sizeof(opt), "%s/opt.%d", ck->dir, rank);
+    snprintf(par, sizeof(par), "%s/params.%d", ck->dir, rank);
+    snprintf(fin, sizeof(fin), "%s/final.%d", ck->dir, rank);
+    obcomm_zoadam_config_t k = config();
+    obcomm_zoadam_t *a;
+    int rc = obcomm_zoadam_create(c, 3, COUNT, &k, &a);
+    if (rc)
+        return hx_fail(c, "create: %s", obcomm_strerror(rc));
+    static float p[COUNT], g[COUNT], want[COUNT];
+    int first = 1;
+    for (size_t i = 0; i < COUNT; i++)
+        p[i] = cosf((float)i);
+    if (ck->resume) {
+        FILE *f = fopen(par, "rb");
+        if (f == NULL || fread(p, sizeof(p), 1, f) != 1)
+            return hx_fail(c, "cannot read %s", par);
+        fclose(f);
+        if ((rc = obcomm_zoadam_load(a, opt)))
+            return hx_fail(c, "load: %s", obcomm_last_error(c));
+        if (obcomm_zoadam_steps(a) != SAVE_AT)
+            return hx_fail(c, "loaded at step %ld", obcomm_zoadam_steps(a));
+        first = SAVE_AT + 1;
+    }
+    for (int t = first; t <= STEPS; t++) {
+        grads_of(rank, t - 1, p, g);
+        if ((rc = obcomm_zoadam_step(a, p, g)))
+            return hx_fail(c, "step %d: %s", t, obcomm_last_error(c));
+        if (!ck->resume && t == SAVE_AT) {
+            if ((rc = obcomm_zoadam_save(a, opt)))
+                return hx_fail(c, "save: %s", obcomm_last_error(c));
+            FILE *f = fopen(par, "wb");
+            if (f == NULL || fwrite(p, sizeof(p), 1, f) != 1 || fclose(f))
+                return hx_fail(c, "cannot write %s", par);
+        }
+    }
+    obcomm_zoadam_destroy(a);
+    FILE *f = fopen(fin, ck->resume ? "rb" : "wb");
+    if (f == NULL)
+        return hx_fail(c, "cannot open %s", fin);
+    int ok = ck->resume ? fread(want, sizeof(want), 1, f) == 1 &&
+                              memcmp(p, want, sizeof(p)) == 0
+                        : fwrite(p, sizeof(p), 1, f) == 1;
+    fclose(f);
+    return ok ? 0 : hx_fail(c, "the resumed run ends elsewhere");
+}
+
+START_TEST(save_and_load_continue_bit_for_bit)
+{
+    char dir[] = "/tmp/obcomm-zoadam-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    struct ckpt a = {.dir = dir, .resume = 0}, b = {.dir = dir, .resume = 1};
+    ck_assert_int_eq(hx_run(&cl, 1, "zo-ck", 20000, 120, ckpt_trainer, &a), 0);
+    /* Without a state_dir the sets are gone: the files' parts restore. */
+    hx_halt(&cl, SIGKILL);
+    ck_assert_int_eq(hx_restart(&cl), 0);
+    ck_assert_int_eq(hx_run(&cl, 1, "zo-ck", 20000, 120, ckpt_trainer, &b), 0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(bad_arguments)
 {
     obcomm_zoadam_config_t k = config();
@@ -272,6 +354,7 @@ int main(void)
     tcase_add_test(tc, bad_arguments);
     tcase_add_test(tc, one_node_matches_reference);
     tcase_add_test(tc, two_nodes_identical_where_synchronized);
+    tcase_add_test(tc, save_and_load_continue_bit_for_bit);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }
