@@ -373,6 +373,23 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
         rc = obc_read_all(fd, part, part_bytes);
     close(fd);
     int mine = part != NULL && obc_get32(h + 168) == (uint32_t)a->c->node_rank;
+    /* The schedule is checked before anything is restored: a damaged
+     * interval would divide by zero on the next step. */
+    obcomm_zoadam_config_t cfg = a->cfg;
+    if (rc == 0) {
+        cfg.beta1 = obc_bitsf(obc_get32(h + 44));
+        cfg.beta2 = obc_bitsf(obc_get32(h + 48));
+        cfg.eps = obc_bitsf(obc_get32(h + 52));
+        cfg.weight_decay = obc_bitsf(obc_get32(h + 56));
+        cfg.var_freeze_step = (long)obc_get64(h + 64);
+        cfg.var_update_scaler = (long)obc_get64(h + 72);
+        cfg.local_step_scaler = (long)obc_get64(h + 80);
+        cfg.local_step_clipper = (long)obc_get64(h + 88);
+        if (!config_valid(&cfg) || (long)obc_get64(h + 24) < 0 ||
+            obc_get32(h + 60) > 1 || (long)obc_get64(h + 96) < 1 ||
+            (long)obc_get64(h + 112) < 1)
+            rc = OBCOMM_E_CORRUPT;
+    }
     if (rc == 0)
         rc =
             obcomm_restore_1bit_part(a->c, obc_get64(h + 152),
@@ -396,14 +413,7 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
         a->rounds_1bit = (long)obc_get64(h + 144);
         /* The schedule's config comes from the file, the learning rate
          * from the caller's schedule. */
-        a->cfg.beta1 = obc_bitsf(obc_get32(h + 44));
-        a->cfg.beta2 = obc_bitsf(obc_get32(h + 48));
-        a->cfg.eps = obc_bitsf(obc_get32(h + 52));
-        a->cfg.weight_decay = obc_bitsf(obc_get32(h + 56));
-        a->cfg.var_freeze_step = (long)obc_get64(h + 64);
-        a->cfg.var_update_scaler = (long)obc_get64(h + 72);
-        a->cfg.local_step_scaler = (long)obc_get64(h + 80);
-        a->cfg.local_step_clipper = (long)obc_get64(h + 88);
+        a->cfg = cfg;
         /* The mask and the denominators follow from v. */
         a->thr = -1.0f;
         if (a->step > 0)

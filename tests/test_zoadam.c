@@ -264,12 +264,31 @@ struct ckpt {
     int resume;
 };
 
+/* Copies src to dst with the 8 bytes at off zeroed. */
+static int damaged_copy(const char *src, const char *dst, long off)
+{
+    static char buf[1 << 16];
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    int rc = in && out ? 0 : -1;
+    size_t n;
+    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    if (out && fseek(out, off, SEEK_SET) == 0 && rc == 0)
+        rc = fwrite("\0\0\0\0\0\0\0\0", 1, 8, out) == 8 ? 0 : -1;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        rc = -1;
+    return rc;
+}
+
 static int ckpt_trainer(obcomm_t *c, void *arg)
 {
     const struct ckpt *ck = arg;
     int rank = obcomm_rank(c);
-    char opt[512], par[512], fin[512];
+    char opt[512], par[512], fin[512], bad[512];
     snprintf(opt, sizeof(opt), "%s/opt.%d", ck->dir, rank);
+    snprintf(bad, sizeof(bad), "%s/bad.%d", ck->dir, rank);
     snprintf(par, sizeof(par), "%s/params.%d", ck->dir, rank);
     snprintf(fin, sizeof(fin), "%s/final.%d", ck->dir, rank);
     obcomm_zoadam_config_t k = config();
@@ -286,6 +305,13 @@ static int ckpt_trainer(obcomm_t *c, void *arg)
         if (f == NULL || fread(p, sizeof(p), 1, f) != 1)
             return hx_fail(c, "cannot read %s", par);
         fclose(f);
+        /* A copy whose local-step interval is 0 is refused before any
+         * collective, and the optimizer stays as it was. */
+        if ((rc = damaged_copy(opt, bad, 112)) != 0)
+            return hx_fail(c, "cannot copy %s", opt);
+        if ((rc = obcomm_zoadam_load(a, bad)) != OBCOMM_E_CORRUPT ||
+            obcomm_zoadam_steps(a) != 0)
+            return hx_fail(c, "a zero interval loaded: %d", rc);
         if ((rc = obcomm_zoadam_load(a, opt)))
             return hx_fail(c, "load: %s", obcomm_last_error(c));
         if (obcomm_zoadam_steps(a) != SAVE_AT)
