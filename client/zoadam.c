@@ -28,7 +28,8 @@ struct obcomm_zoadam {
     float *m, *v; /* private */
     float *denom; /* private: sqrt(v) + eps once v is frozen */
     float *x;     /* private: the parameters at the last sync */
-    float thr;    /* the mask: v_i <= thr is held (-1: no mask yet) */
+    float ratio;  /* the automatic mask's (negative: off) */
+    float thr;    /* the mask: v_i <= thr is held (-1: no mask) */
 };
 
 obcomm_zoadam_config_t obcomm_zoadam_defaults(void)
@@ -69,6 +70,7 @@ int obcomm_zoadam_create(obcomm_t *c, uint64_t key, size_t count,
     a->count = count;
     a->cfg = *cfg;
     a->var_interval = a->local_interval = 1;
+    a->ratio = OBCOMM_ADAM_AUTO_MASK_RATIO;
     a->thr = -1.0f;
     size_t bytes = count * sizeof(float);
     int rc = obcomm_alloc(c, bytes, (void **)&a->g);
@@ -129,10 +131,13 @@ void obcomm_zoadam_rounds(const obcomm_zoadam_t *a, long *fp32, long *onebit)
  * ratio * sqrt(mean v))^2, the mean summed in double in index order. */
 static void remask(obcomm_zoadam_t *a)
 {
+    a->thr = -1.0f;
+    if (a->ratio < 0.0f || a->step == 0)
+        return;
     double sum = 0;
     for (size_t i = 0; i < a->count; i++)
         sum += (double)a->v[i];
-    double r = (double)OBCOMM_ADAM_AUTO_MASK_RATIO * sqrt(sum / a->count);
+    double r = (double)a->ratio * sqrt(sum / a->count);
     a->thr = (float)(r * r);
 }
 
@@ -143,6 +148,23 @@ static void apply_mask(const obcomm_zoadam_t *a, float *x)
     for (size_t i = 0; i < a->count; i++)
         if (a->v[i] <= a->thr)
             x[i] = 0.0f;
+}
+
+void obcomm_zoadam_set_auto_mask(obcomm_zoadam_t *a, float ratio)
+{
+    if (a == NULL)
+        return;
+    a->ratio = ratio;
+    remask(a);
+}
+
+size_t obcomm_zoadam_masked(const obcomm_zoadam_t *a)
+{
+    size_t n = 0;
+    if (a != NULL && a->thr >= 0.0f)
+        for (size_t i = 0; i < a->count; i++)
+            n += a->v[i] <= a->thr;
+    return n;
 }
 
 static int stage1(obcomm_zoadam_t *a, float *p, const float *grads, int full)
@@ -244,6 +266,74 @@ int obcomm_zoadam_step(obcomm_zoadam_t *a, float *params, const float *grads)
         memcpy(a->x, params, a->count * sizeof(float));
         memset(a->u, 0, a->count * sizeof(float));
     }
+    return 0;
+}
+
+/* A schedule some run reaches: intervals powers of two within bounds are
+ * not required (a config may change between runs), only what keeps step()
+ * defined. */
+static int state_valid(const obcomm_zoadam_state_t *s)
+{
+    return s->step >= 0 && (s->frozen == 0 || s->frozen == 1) &&
+           s->var_interval >= 1 && s->var_counter >= 0 &&
+           s->local_interval >= 1 && s->local_counter >= 0 && s->lrs >= 0 &&
+           isfinite(s->lrs) && s->rounds_fp32 >= 0 && s->rounds_1bit >= 0;
+}
+
+void obcomm_zoadam_get_state(const obcomm_zoadam_t *a, obcomm_zoadam_state_t *s,
+                             const float **m, const float **v, const float **u,
+                             const float **x)
+{
+    obcomm_zoadam_state_t st = {
+        .step = a->step,
+        .frozen = a->frozen,
+        .var_interval = a->var_interval,
+        .var_counter = a->var_counter,
+        .local_interval = a->local_interval,
+        .local_counter = a->local_counter,
+        .lrs = a->lrs,
+        .rounds_fp32 = a->rounds_fp32,
+        .rounds_1bit = a->rounds_1bit,
+    };
+    if (s)
+        *s = st;
+    if (m)
+        *m = a->m;
+    if (v)
+        *v = a->v;
+    if (u)
+        *u = a->u;
+    if (x)
+        *x = a->x;
+}
+
+int obcomm_zoadam_set_state(obcomm_zoadam_t *a, const obcomm_zoadam_state_t *s,
+                            const float *m, const float *v, const float *u,
+                            const float *x)
+{
+    if (a == NULL || s == NULL || m == NULL || v == NULL || u == NULL ||
+        (s->frozen && x == NULL) || !state_valid(s))
+        return OBCOMM_E_INVAL;
+    size_t n = a->count, bytes = n * sizeof(float);
+    memmove(a->m, m, bytes);
+    memmove(a->v, v, bytes);
+    memmove(a->u, u, bytes);
+    if (s->frozen)
+        memmove(a->x, x, bytes);
+    a->step = s->step;
+    a->frozen = s->frozen;
+    a->var_interval = s->var_interval;
+    a->var_counter = s->var_counter;
+    a->local_interval = s->local_interval;
+    a->local_counter = s->local_counter;
+    a->lrs = s->lrs;
+    a->rounds_fp32 = s->rounds_fp32;
+    a->rounds_1bit = s->rounds_1bit;
+    /* The mask and the denominators follow from v. */
+    remask(a);
+    if (a->frozen)
+        for (size_t i = 0; i < n; i++)
+            a->denom[i] = sqrtf(a->v[i]) + a->cfg.eps;
     return 0;
 }
 
@@ -357,9 +447,9 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
     size_t bytes = a->count * sizeof(float);
     /* Read into new memory: a short or damaged file leaves the optimizer
      * as it was. The part is bounded by the file's length first. */
-    struct stat st;
-    if (rc == 0 && (fstat(fd, &st) != 0 || st.st_size < 0 ||
-                    (uint64_t)st.st_size !=
+    struct stat fs;
+    if (rc == 0 && (fstat(fd, &fs) != 0 || fs.st_size < 0 ||
+                    (uint64_t)fs.st_size !=
                         ZO_HDR_BYTES + 4 * (uint64_t)bytes + part_bytes))
         rc = OBCOMM_E_CORRUPT;
     float *arrays = rc == 0 ? malloc(4 * bytes) : NULL;
@@ -376,6 +466,7 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
     /* The schedule is checked before anything is restored: a damaged
      * interval would divide by zero on the next step. */
     obcomm_zoadam_config_t cfg = a->cfg;
+    obcomm_zoadam_state_t st = {0};
     if (rc == 0) {
         cfg.beta1 = obc_bitsf(obc_get32(h + 44));
         cfg.beta2 = obc_bitsf(obc_get32(h + 48));
@@ -385,9 +476,17 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
         cfg.var_update_scaler = (long)obc_get64(h + 72);
         cfg.local_step_scaler = (long)obc_get64(h + 80);
         cfg.local_step_clipper = (long)obc_get64(h + 88);
-        if (!config_valid(&cfg) || (long)obc_get64(h + 24) < 0 ||
-            obc_get32(h + 60) > 1 || (long)obc_get64(h + 96) < 1 ||
-            (long)obc_get64(h + 112) < 1)
+        st.step = (long)obc_get64(h + 24);
+        st.frozen = obc_get32(h + 60) > 1 ? -1 : (int)obc_get32(h + 60);
+        st.var_interval = (long)obc_get64(h + 96);
+        st.var_counter = (long)obc_get64(h + 104);
+        st.local_interval = (long)obc_get64(h + 112);
+        st.local_counter = (long)obc_get64(h + 120);
+        uint64_t lrs = obc_get64(h + 128);
+        memcpy(&st.lrs, &lrs, 8);
+        st.rounds_fp32 = (long)obc_get64(h + 136);
+        st.rounds_1bit = (long)obc_get64(h + 144);
+        if (!config_valid(&cfg) || !state_valid(&st))
             rc = OBCOMM_E_CORRUPT;
     }
     if (rc == 0)
@@ -396,31 +495,12 @@ int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path)
                                      mine ? part : NULL, mine ? part_bytes : 0);
     free(part);
     if (rc == 0) {
-        size_t n = a->count;
-        memcpy(a->m, arrays, bytes);
-        memcpy(a->v, arrays + n, bytes);
-        memcpy(a->u, arrays + 2 * n, bytes);
-        memcpy(a->x, arrays + 3 * n, bytes);
-        a->step = (long)obc_get64(h + 24);
-        a->frozen = (int)obc_get32(h + 60);
-        a->var_interval = (long)obc_get64(h + 96);
-        a->var_counter = (long)obc_get64(h + 104);
-        a->local_interval = (long)obc_get64(h + 112);
-        a->local_counter = (long)obc_get64(h + 120);
-        uint64_t lrs = obc_get64(h + 128);
-        memcpy(&a->lrs, &lrs, 8);
-        a->rounds_fp32 = (long)obc_get64(h + 136);
-        a->rounds_1bit = (long)obc_get64(h + 144);
         /* The schedule's config comes from the file, the learning rate
          * from the caller's schedule. */
         a->cfg = cfg;
-        /* The mask and the denominators follow from v. */
-        a->thr = -1.0f;
-        if (a->step > 0)
-            remask(a);
-        if (a->frozen)
-            for (size_t i = 0; i < n; i++)
-                a->denom[i] = sqrtf(a->v[i]) + a->cfg.eps;
+        size_t n = a->count;
+        rc = obcomm_zoadam_set_state(a, &st, arrays, arrays + n, arrays + 2 * n,
+                                     arrays + 3 * n);
     }
     free(arrays);
     return rc;

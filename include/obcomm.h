@@ -467,6 +467,36 @@ OBCOMM_API void obcomm_zoadam_destroy(obcomm_zoadam_t *a);
  * The parameters are the caller's to save. */
 OBCOMM_API int obcomm_zoadam_save(obcomm_zoadam_t *a, const char *path);
 OBCOMM_API int obcomm_zoadam_load(obcomm_zoadam_t *a, const char *path);
+/* The automatic mask's ratio, as obcomm_adam_set_auto_mask's: 0 masks only
+ * coordinates whose v is 0, a negative ratio turns the mask off. */
+OBCOMM_API void obcomm_zoadam_set_auto_mask(obcomm_zoadam_t *a, float ratio);
+/* Coordinates the mask holds at 0 now (0 before the first step). */
+OBCOMM_API size_t obcomm_zoadam_masked(const obcomm_zoadam_t *a);
+
+/* The optimizer's state for a caller's own checkpoint format (the Python
+ * package's state dict): the schedule, and m, v, u (the updates since the
+ * last synchronization) and x (the parameters at it), count floats each,
+ * borrowed until the next step, set_state, load or destroy. The daemons'
+ * error feedback is the caller's to save and restore with it
+ * (obcomm_save_1bit, obcomm_restore_1bit_part). */
+typedef struct {
+    long step;
+    int frozen;
+    long var_interval, var_counter, local_interval, local_counter;
+    double lrs; /* the learning rates summed since the last sync */
+    long rounds_fp32, rounds_1bit;
+} obcomm_zoadam_state_t;
+
+OBCOMM_API void obcomm_zoadam_get_state(const obcomm_zoadam_t *a,
+                                        obcomm_zoadam_state_t *s,
+                                        const float **m, const float **v,
+                                        const float **u, const float **x);
+/* Copies a state in (x is read only when s->frozen); OBCOMM_E_INVAL, and
+ * nothing changed, when the schedule is not one a run can reach. */
+OBCOMM_API int obcomm_zoadam_set_state(obcomm_zoadam_t *a,
+                                       const obcomm_zoadam_state_t *s,
+                                       const float *m, const float *v,
+                                       const float *u, const float *x);
 
 #ifdef __cplusplus
 }

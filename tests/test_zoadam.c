@@ -316,6 +316,17 @@ static int ckpt_trainer(obcomm_t *c, void *arg)
             return hx_fail(c, "load: %s", obcomm_last_error(c));
         if (obcomm_zoadam_steps(a) != SAVE_AT)
             return hx_fail(c, "loaded at step %ld", obcomm_zoadam_steps(a));
+        /* The state goes out and back in unchanged (the Python package's
+         * state dict does this); a zero interval is refused. */
+        obcomm_zoadam_state_t st;
+        const float *m, *v, *u, *x;
+        obcomm_zoadam_get_state(a, &st, &m, &v, &u, &x);
+        obcomm_zoadam_state_t zero = st;
+        zero.var_interval = 0;
+        if (obcomm_zoadam_set_state(a, &zero, m, v, u, x) != OBCOMM_E_INVAL)
+            return hx_fail(c, "set_state took a zero interval");
+        if (!st.frozen || (rc = obcomm_zoadam_set_state(a, &st, m, v, u, x)))
+            return hx_fail(c, "set_state: %d (frozen %d)", rc, st.frozen);
         first = SAVE_AT + 1;
     }
     for (int t = first; t <= STEPS; t++) {

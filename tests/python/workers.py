@@ -3,6 +3,7 @@ OUT.pickle` runs FUNC(args) with torchrun's environment (set by
 cluster.Cluster.run) and pickles its return value to OUT."""
 
 import hashlib
+import math
 import os
 import pickle
 import sys
@@ -393,13 +394,16 @@ class SimulatedRanks:
     @staticmethod
     def group_mask(v, groups, ratio=0.01):
         """OneBitAdam's automatic mask per parameter, over param groups
-        given as lists of parameter indices."""
+        given as lists of parameter indices: held where v <= (ratio *
+        sqrt(mean v))^2, the mean in double, the threshold rounded to
+        float32 (libobcomm's rule)."""
         drop = [None] * len(v)
         for idx in groups:
-            flat = torch.cat([v[i].reshape(-1) for i in idx])
-            cut = ratio * flat.mean().sqrt().item()
+            flat = torch.cat([v[i].reshape(-1) for i in idx]).double()
+            r = ratio * math.sqrt(flat.sum().item() / flat.numel())
+            cut = torch.tensor(r * r, dtype=torch.float32)
             for i in idx:
-                drop[i] = v[i].sqrt() <= cut
+                drop[i] = v[i] <= cut
         return drop
 
 

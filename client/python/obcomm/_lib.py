@@ -32,6 +32,27 @@ class AdamConfig(ctypes.Structure):
                 ("bias_correction", c_int)]
 
 
+class ZoadamConfig(ctypes.Structure):
+    """obcomm_zoadam_config_t."""
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float),
+                ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("weight_decay", ctypes.c_float),
+                ("var_freeze_step", ctypes.c_long),
+                ("var_update_scaler", ctypes.c_long),
+                ("local_step_scaler", ctypes.c_long),
+                ("local_step_clipper", ctypes.c_long)]
+
+
+class ZoadamState(ctypes.Structure):
+    """obcomm_zoadam_state_t."""
+    _fields_ = [("step", ctypes.c_long), ("frozen", c_int),
+                ("var_interval", ctypes.c_long),
+                ("var_counter", ctypes.c_long),
+                ("local_interval", ctypes.c_long),
+                ("local_counter", ctypes.c_long), ("lrs", ctypes.c_double),
+                ("rounds_fp32", ctypes.c_long), ("rounds_1bit", ctypes.c_long)]
+
+
 # (name, restype, argtypes)
 _FUNCTIONS = [
     ("obcomm_connect", c_int, [ctypes.POINTER(Options), ctypes.POINTER(c_void_p)]),
@@ -112,6 +133,23 @@ _FUNCTIONS = [
     ("obcomm_adam_save_ex", c_int, [c_void_p, ctypes.c_char_p,
                                     ctypes.c_uint64]),
     ("obcomm_adam_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
+    # 0/1 Adam (ZeroOneAdam).
+    ("obcomm_zoadam_create", c_int, [c_void_p, c_uint64, c_size_t,
+                                     ctypes.POINTER(ZoadamConfig),
+                                     ctypes.POINTER(c_void_p)]),
+    ("obcomm_zoadam_step", c_int, [c_void_p, c_void_p, c_void_p]),
+    ("obcomm_zoadam_set_lr", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_zoadam_set_auto_mask", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_zoadam_masked", c_size_t, [c_void_p]),
+    ("obcomm_zoadam_get_state", None, [c_void_p, ctypes.POINTER(ZoadamState),
+                                       ctypes.POINTER(c_void_p),
+                                       ctypes.POINTER(c_void_p),
+                                       ctypes.POINTER(c_void_p),
+                                       ctypes.POINTER(c_void_p)]),
+    ("obcomm_zoadam_set_state", c_int, [c_void_p, ctypes.POINTER(ZoadamState),
+                                        c_void_p, c_void_p, c_void_p,
+                                        c_void_p]),
+    ("obcomm_zoadam_destroy", None, [c_void_p]),
 ]
 
 

@@ -255,9 +255,9 @@ class _Conn:
             if p is not None:
                 done = p.stop_locked()
             self.disown_user_buffers()
-            for g in self.adams:
+            for g in self.adams:  # C optimizers on this handle
                 if g.handle is not None:
-                    lib.obcomm_adam_destroy(g.handle)
+                    getattr(g, "destroy", lib.obcomm_adam_destroy)(g.handle)
                     g.handle = None
             self.adams = []
             lib.obcomm_close(self.h)

@@ -1,8 +1,11 @@
 """0/1 Adam (Lu et al. 2022, arXiv 2202.06009) over obcomm, as DeepSpeed's
 ZeroOneAdam runs it (runtime/fp16/onebit/zoadam.py), on CPU tensors."""
 
+import ctypes
+
 import torch
 
+from ._lib import lib, ZoadamConfig, ZoadamState
 from ._flat import FlatOptimizer, check_adam_args
 
 __all__ = ["ZeroOneAdam"]
@@ -45,7 +48,8 @@ class ZeroOneAdam(FlatOptimizer):
     average gives every coordinate of a chunk the same magnitude, so a
     coordinate whose variance is 0 or tiny would move by up to
     lr * scale / eps. After each variance update, coordinate i is masked
-    when sqrt(v_i) <= ratio * sqrt(mean v) over its param group
+    when v_i <= (ratio * sqrt(mean v))^2 over its param group (the
+    threshold rounded to float32, the mean summed in double)
     (set_auto_mask; ratio 0.01 by default, 0 masks only v_i == 0, < 0
     turns it off); a masked coordinate's 1-bit averaged gradient (stage 1)
     and synchronized update (stage 2) are set to 0, as DeepSpeed's
@@ -58,6 +62,9 @@ class ZeroOneAdam(FlatOptimizer):
     more float32 copy of the parameters. There is no warm-up call that
     skips the first step, and a learning rate summed to 0 over an interval
     leaves the momentum as it was instead of dividing by 0.
+
+    The steps run in libobcomm (obcomm_zoadam_*, one C optimizer per param
+    group), as OneBitAdam's run in obcomm_adam_*.
 
     Parameters must be float32 CPU tensors; every rank constructs the
     optimizer with the same parameters and arguments (checked) and starts
@@ -86,35 +93,56 @@ class ZeroOneAdam(FlatOptimizer):
         self.var_update_scaler = int(var_update_scaler)
         self.local_step_scaler = int(local_step_scaler)
         self.local_step_clipper = int(local_step_clipper)
-        self.rounds = {"fp32": 0, "1bit": 0}
-        self._c = dict(step=0, var_interval=1, var_counter=0,
-                       local_step_interval=1, local_step_counter=0,
-                       frozen=False)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
         super().__init__(params, defaults, comm, key)
 
     def _init_group(self, g, group):
-        # m, v; u, the updates accumulated since the last synchronization,
-        # in shared memory (the 1-bit allreduce of stage 2 averages it);
-        # x, the parameters at the last synchronization, and denom,
-        # sqrt(v) + eps, once v is frozen; lrs, the learning rates summed
-        # since the last synchronization.
-        g.m, g.v = torch.zeros(g.count), torch.zeros(g.count)
-        g.u = self.comm.empty(g.count)
-        g.x = g.denom = None
-        g.lrs = 0.0
-        if self._c["frozen"]:
-            self._freeze(g, group)
+        # The C optimizer keeps m, v, u (the updates since the last
+        # synchronization), x (the parameters at it) and the schedule; it
+        # steps g.p from g.g.
+        beta1, beta2 = group["betas"]
+        cfg = ZoadamConfig(
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            var_freeze_step=self.var_freeze_step,
+            var_update_scaler=self.var_update_scaler,
+            local_step_scaler=self.local_step_scaler,
+            local_step_clipper=self.local_step_clipper)
+        h = ctypes.c_void_p()
+        comm = self.comm
+        with comm._locked() as ch:
+            comm._check(lib.obcomm_zoadam_create(ch, g.key, g.count,
+                                                 ctypes.byref(cfg),
+                                                 ctypes.byref(h)))
+        # The connection destroys it before its handle closes, whichever
+        # holder closes last.
+        g.handle, g.destroy, g.conn = h, lib.obcomm_zoadam_destroy, comm._c()
+        with g.conn.lock:
+            g.conn.adams.append(g)
+        if self._groups:  # a group added later joins the schedule
+            st, _ = self._state(self._groups[0])
+            st.lrs, st.rounds_fp32, st.rounds_1bit = 0.0, 0, 0
+            zero = torch.zeros(g.count)
+            self._set_state(g, st, zero, zero, zero, g.p)
         self._mask(g)
 
     def _mask(self, g):
-        self._mask_from(g, g.v if self._c["step"] > 0 else None)
+        lib.obcomm_zoadam_set_auto_mask(g.handle, self._auto_ratio)
 
-    def _freeze(self, g, group):
-        g.denom = g.v.sqrt().add_(group["eps"])
-        g.x = g.p.clone()
-        g.u.zero_()
+    def masked(self):
+        """Coordinates the mask holds now."""
+        return sum(lib.obcomm_zoadam_masked(g.handle) for g in self._groups)
+
+    @property
+    def rounds(self):
+        """The collectives step() issued, {"fp32": n, "1bit": n}."""
+        out = {"fp32": 0, "1bit": 0}
+        for g in self._groups:
+            st, _ = self._state(g)
+            out["fp32"] += st.rounds_fp32
+            out["1bit"] += st.rounds_1bit
+        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -122,81 +150,39 @@ class ZeroOneAdam(FlatOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        c = self._c
-        c["step"] += 1
-        t = c["step"]
-        full = not c["frozen"] and t % c["var_interval"] == 0
-        sync = c["frozen"] and t % c["local_step_interval"] == 0
+        comm = self.comm
         for g, group in zip(self._groups, self.param_groups):
             self._gather_grads(g)
-            if c["frozen"]:
-                self._local_step(g, group, sync)
-            else:
-                self._stage1_step(g, group, full)
-        # The schedules, as DeepSpeed advances them after the update.
-        if not c["frozen"]:
-            if full:
-                c["var_counter"] += 1
-                if c["var_counter"] == self.var_update_scaler:
-                    c["var_counter"] = 0
-                    c["var_interval"] *= 2
-        else:
-            c["local_step_counter"] += 1
-            if c["local_step_counter"] == self.local_step_scaler:
-                c["local_step_counter"] = 0
-                c["local_step_interval"] = min(
-                    self.local_step_clipper, c["local_step_interval"] * 2)
-        if not c["frozen"] and t > self.var_freeze_step:
-            c["frozen"] = True
-            for g, group in zip(self._groups, self.param_groups):
-                # Both error buffers of the key start again at zero on
-                # every node: from here on they compress accumulated
-                # updates, not gradients.
-                self.comm.reset_1bit(g.key)
-                self._freeze(g, group)
+            lib.obcomm_zoadam_set_lr(g.handle, float(group["lr"]))
+            with comm._locked():
+                comm._check(lib.obcomm_zoadam_step(
+                    g.handle, g.p.data_ptr(), g.g.data_ptr()))
         return loss
 
-    def _stage1_step(self, g, group, full):
-        beta1, beta2 = group["betas"]
-        if full:
-            self.comm.allreduce(g.g, "avg")
-            self.rounds["fp32"] += 1
-            g.v.mul_(beta2).addcmul_(g.g, g.g, value=1 - beta2)
-            self._mask(g)
-        else:
-            self.comm.allreduce_1bit(g.key, g.g)
-            self.rounds["1bit"] += 1
-            if g.drop is not None:
-                g.g.masked_fill_(g.drop, 0.0)
-        g.m.mul_(beta1).add_(g.g, alpha=1 - beta1)
-        update = g.m / (g.v.sqrt() + group["eps"])
-        if group["weight_decay"] > 0.0:
-            update.add_(g.p, alpha=group["weight_decay"])
-        g.p.add_(update, alpha=-group["lr"])
+    # -- the C optimizer's state ------------------------------------------
 
-    def _local_step(self, g, group, sync):
-        beta1 = group["betas"][0]
-        lr = group["lr"]
-        g.m.mul_(beta1).add_(g.g, alpha=1 - beta1)
-        g.lrs += lr
-        update = g.m / g.denom
-        if group["weight_decay"] > 0.0:
-            update.add_(g.p, alpha=group["weight_decay"])
-        g.p.add_(update, alpha=-lr)
-        g.u.add_(update, alpha=-lr)
-        if not sync:
-            return
-        g.u.mul_(g.denom)
-        self.comm.allreduce_1bit(g.key, g.u)
-        self.rounds["1bit"] += 1
-        if g.drop is not None:
-            g.u.masked_fill_(g.drop, 0.0)
-        if g.lrs > 0.0:
-            torch.div(g.u, -g.lrs, out=g.m)
-        torch.addcdiv(g.x, g.u, g.denom, out=g.p)
-        g.x.copy_(g.p)
-        g.u.zero_()
-        g.lrs = 0.0
+    def _state(self, g):
+        """The C optimizer's schedule and its m, v, u, x (views into its
+        memory, valid until its next step)."""
+        st = ZoadamState()
+        ptrs = [ctypes.c_void_p() for _ in range(4)]
+        lib.obcomm_zoadam_get_state(g.handle, ctypes.byref(st),
+                                    *(ctypes.byref(q) for q in ptrs))
+        return st, [torch.frombuffer(
+            (ctypes.c_float * g.count).from_address(q.value),
+            dtype=torch.float32) for q in ptrs]
+
+    def _set_state(self, g, st, m, v, u, x):
+        ts = [t.reshape(-1).contiguous().float() for t in (m, v, u, x)]
+        if any(t.numel() != g.count for t in ts):
+            raise ValueError(f"load_state_dict: param group of {g.count} "
+                             f"elements, state of "
+                             f"{[t.numel() for t in ts]}")
+        rc = lib.obcomm_zoadam_set_state(g.handle, ctypes.byref(st),
+                                         *(t.data_ptr() for t in ts))
+        if rc != 0:
+            raise ValueError(f"load_state_dict: the schedule {_sched(st)} "
+                             f"is not one a run reaches")
 
     # -- checkpoints ------------------------------------------------------
 
@@ -204,20 +190,25 @@ class ZeroOneAdam(FlatOptimizer):
         """torch's state dict with, per parameter, 'exp_avg',
         'exp_avg_sq', 'momentum_accumulator' and, once the variance is
         frozen, 'sync_param' (the parameters at the last synchronization);
-        "zero_one", the schedule's counters and each group's summed
-        learning rates; and "obcomm", the snapshot set of the daemons'
-        error feedback taken with it (and this node's part of it when its
-        daemon keeps no state_dir). A collective."""
+        "zero_one", the schedule's counters, each group's summed learning
+        rates and the rounds; and "obcomm", the snapshot set of the
+        daemons' error feedback taken with it (and this node's part of it
+        when its daemon keeps no state_dir). A collective."""
+        states = [self._state(g) for g in self._groups]
+
         def per_param(g, i, o, n):
             p = g.params[i]
-            st = {"exp_avg": g.m[o:o + n].clone().view_as(p),
-                  "exp_avg_sq": g.v[o:o + n].clone().view_as(p),
-                  "momentum_accumulator": g.u[o:o + n].clone().view_as(p)}
-            if g.x is not None:
-                st["sync_param"] = g.x[o:o + n].clone().view_as(p)
-            return st
+            st, (m, v, u, x) = states[self._groups.index(g)]
+            out = {"exp_avg": m[o:o + n].clone().view_as(p),
+                   "exp_avg_sq": v[o:o + n].clone().view_as(p),
+                   "momentum_accumulator": u[o:o + n].clone().view_as(p)}
+            if st.frozen:
+                out["sync_param"] = x[o:o + n].clone().view_as(p)
+            return out
+        st = states[0][0]
         return self._state_dict_with(per_param, {"zero_one": dict(
-            self._c, lrs=[g.lrs for g in self._groups])})
+            _sched(st), lrs=[s.lrs for s, _ in states],
+            rounds=[[s.rounds_fp32, s.rounds_1bit] for s, _ in states])})
 
     def load_state_dict(self, state_dict):
         """Restores the moments, the accumulated updates, the schedule and
@@ -225,6 +216,14 @@ class ZeroOneAdam(FlatOptimizer):
         parameters come from the model's own state dict, as with any torch
         optimizer. Every rank calls it; it raises ObcommError on every rank
         when a node lacks the snapshot or holds it damaged."""
+        sched = state_dict.get("zero_one")
+        if isinstance(sched, dict) and (
+                any(k not in sched for k in _COUNTERS + ("lrs",)) or
+                len(sched["lrs"]) != len(self._groups)):
+            raise ValueError(f"load_state_dict: \"zero_one\" lacks one of "
+                             f"{_COUNTERS + ('lrs',)} or has "
+                             f"{len(sched.get('lrs', []))} groups' lrs, "
+                             f"not {len(self._groups)}")
         states, sched = self._load_with(state_dict, "zero_one")
         frozen = bool(sched["frozen"])
         need = ["exp_avg", "exp_avg_sq", "momentum_accumulator"] + (
@@ -233,15 +232,52 @@ class ZeroOneAdam(FlatOptimizer):
             if not all(k in s for s in st for k in need):
                 raise ValueError(f"load_state_dict: a parameter lacks one "
                                  f"of {need} (not a ZeroOneAdam state)")
-        self._c = {k: sched[k] for k in _COUNTERS}
-        for g, group, st, lrs in zip(self._groups, self.param_groups, states,
-                                     sched["lrs"]):
-            g.m.copy_(self._cat(st, "exp_avg"))
-            g.v.copy_(self._cat(st, "exp_avg_sq"))
-            g.u.copy_(self._cat(st, "momentum_accumulator"))
-            g.lrs = float(lrs)
-            g.denom = g.x = None
-            if frozen:
-                g.denom = g.v.sqrt().add_(group["eps"])
-                g.x = self._cat(st, "sync_param")
-            self._mask(g)
+        rounds = sched.get("rounds", [[0, 0]] * len(self._groups))
+        for g, st, lrs, r in zip(self._groups, states, sched["lrs"], rounds):
+            c = ZoadamState(
+                step=int(sched["step"]), frozen=int(frozen),
+                var_interval=int(sched["var_interval"]),
+                var_counter=int(sched["var_counter"]),
+                local_interval=int(sched["local_step_interval"]),
+                local_counter=int(sched["local_step_counter"]),
+                lrs=float(lrs), rounds_fp32=int(r[0]), rounds_1bit=int(r[1]))
+            x = self._cat(st, "sync_param") if frozen else g.p
+            self._set_state(g, c, self._cat(st, "exp_avg"),
+                            self._cat(st, "exp_avg_sq"),
+                            self._cat(st, "momentum_accumulator"), x)
+
+    # -- lifetime ---------------------------------------------------------
+
+    def _destroy(self):
+        for g in self._groups:
+            conn = getattr(g, "conn", None)
+            if conn is None:
+                continue
+            with conn.lock:
+                if g.handle is not None and conn.h is not None:
+                    lib.obcomm_zoadam_destroy(g.handle)
+                g.handle = None
+                if g in conn.adams:
+                    conn.adams.remove(g)
+            g.conn = None
+
+    def close(self):
+        """Frees the C optimizers and lets go of the optimizer's share of
+        the connection."""
+        self._destroy()
+        super().close()
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:
+            pass
+
+
+def _sched(st):
+    """The state dict's "zero_one" counters of a ZoadamState."""
+    return {"step": st.step, "var_interval": st.var_interval,
+            "var_counter": st.var_counter,
+            "local_step_interval": st.local_interval,
+            "local_step_counter": st.local_counter,
+            "frozen": bool(st.frozen)}
