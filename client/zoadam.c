@@ -141,13 +141,10 @@ static void remask(obcomm_zoadam_t *a)
     a->thr = (float)(r * r);
 }
 
-static void apply_mask(const obcomm_zoadam_t *a, float *x)
+/* Whether the mask holds coordinate i. */
+static inline int held(const obcomm_zoadam_t *a, size_t i)
 {
-    if (a->thr < 0.0f)
-        return;
-    for (size_t i = 0; i < a->count; i++)
-        if (a->v[i] <= a->thr)
-            x[i] = 0.0f;
+    return a->thr >= 0.0f && a->v[i] <= a->thr;
 }
 
 void obcomm_zoadam_set_auto_mask(obcomm_zoadam_t *a, float ratio)
@@ -161,70 +158,76 @@ void obcomm_zoadam_set_auto_mask(obcomm_zoadam_t *a, float ratio)
 size_t obcomm_zoadam_masked(const obcomm_zoadam_t *a)
 {
     size_t n = 0;
-    if (a != NULL && a->thr >= 0.0f)
+    if (a != NULL)
         for (size_t i = 0; i < a->count; i++)
-            n += a->v[i] <= a->thr;
+            n += held(a, i);
     return n;
 }
 
+/* One pass each: the averaged (and, on 1-bit steps, masked) gradient
+ * into m, and v on full-precision steps, then the step. */
 static int stage1(obcomm_zoadam_t *a, float *p, const float *grads, int full)
 {
     const obcomm_zoadam_config_t *k = &a->cfg;
     size_t n = a->count;
     memcpy(a->g, grads, n * sizeof(float));
-    int rc;
-    if (full) {
-        rc = obcomm_allreduce(a->c, a->g, n, OBCOMM_FLOAT32, OBCOMM_AVG);
-        if (rc)
-            return rc;
+    int rc = full ? obcomm_allreduce(a->c, a->g, n, OBCOMM_FLOAT32, OBCOMM_AVG)
+                  : obcomm_allreduce_1bit(a->c, a->key, a->g, n);
+    if (rc)
+        return rc;
+    if (full)
         a->rounds_fp32++;
-        for (size_t i = 0; i < n; i++)
-            a->v[i] = a->v[i] * k->beta2 + (1 - k->beta2) * a->g[i] * a->g[i];
-        remask(a);
-    } else {
-        rc = obcomm_allreduce_1bit(a->c, a->key, a->g, n);
-        if (rc)
-            return rc;
+    else
         a->rounds_1bit++;
-        apply_mask(a, a->g);
-    }
+    const float b1 = k->beta1, c1 = 1 - k->beta1, b2 = k->beta2,
+                c2 = 1 - k->beta2;
     for (size_t i = 0; i < n; i++) {
-        a->m[i] = a->m[i] * k->beta1 + (1 - k->beta1) * a->g[i];
+        float gi = a->g[i];
+        if (full)
+            a->v[i] = a->v[i] * b2 + c2 * gi * gi;
+        else if (held(a, i))
+            gi = 0.0f;
+        a->m[i] = a->m[i] * b1 + c1 * gi;
         float up = a->m[i] / (sqrtf(a->v[i]) + k->eps);
         if (k->weight_decay > 0)
             up += k->weight_decay * p[i];
         p[i] += -k->lr * up;
     }
+    if (full)
+        remask(a);
     return 0;
 }
 
+/* The local step, with u scaled by sqrt(v) + eps in the same pass on a
+ * synchronizing step; then the average, masked, sets m, p and x. */
 static int stage2(obcomm_zoadam_t *a, float *p, const float *grads, int sync)
 {
     const obcomm_zoadam_config_t *k = &a->cfg;
     size_t n = a->count;
     a->lrs += k->lr;
+    const float b1 = k->beta1, c1 = 1 - k->beta1;
     for (size_t i = 0; i < n; i++) {
-        a->m[i] = a->m[i] * k->beta1 + (1 - k->beta1) * grads[i];
+        a->m[i] = a->m[i] * b1 + c1 * grads[i];
         float up = a->m[i] / a->denom[i];
         if (k->weight_decay > 0)
             up += k->weight_decay * p[i];
         p[i] += -k->lr * up;
         a->u[i] += -k->lr * up;
+        if (sync)
+            a->u[i] *= a->denom[i];
     }
     if (!sync)
         return 0;
-    for (size_t i = 0; i < n; i++)
-        a->u[i] *= a->denom[i];
     int rc = obcomm_allreduce_1bit(a->c, a->key, a->u, n);
     if (rc)
         return rc;
     a->rounds_1bit++;
-    apply_mask(a, a->u);
     float lrs = (float)a->lrs;
     for (size_t i = 0; i < n; i++) {
+        float ui = held(a, i) ? 0.0f : a->u[i];
         if (lrs > 0)
-            a->m[i] = a->u[i] / -lrs;
-        p[i] = a->x[i] + a->u[i] / a->denom[i];
+            a->m[i] = ui / -lrs;
+        p[i] = a->x[i] + ui / a->denom[i];
         a->x[i] = p[i];
         a->u[i] = 0.0f;
     }
