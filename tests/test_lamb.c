@@ -238,8 +238,8 @@ static int differ(obcomm_t *c, const float *p, float *tmp)
  * for a compiler that contracts a * b + c into an FMA in one of the two
  * translation units and not the other, which moves a parameter by an ulp
  * or so per step (1e-6 is ~10 ulp of float, 14 steps of lr 0.01). A
- * mutation of the algorithm moves them by far more (see the report of
- * the commit that added this test). */
+ * mutation of the algorithm moves them by far more: without the
+ * threshold clamp they are 2.7e-4 apart at the first compressed step. */
 #define REL_TOL 1e-6
 
 static int trainer(obcomm_t *c, void *arg)
