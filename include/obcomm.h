@@ -498,6 +498,109 @@ OBCOMM_API int obcomm_zoadam_set_state(obcomm_zoadam_t *a,
                                        const float *m, const float *v,
                                        const float *u, const float *x);
 
+/* 1-bit LAMB (Li et al. 2021, arXiv 2104.06069), as DeepSpeed's OnebitLamb,
+ * over layers: the parameters are cut into n_layers contiguous layers
+ * (elements layer_offsets[l] .. layer_offsets[l + 1]), each with its own
+ * trust ratio. Norms, sums and the per-layer ratios are kept in double.
+ *
+ * Warm-up, steps 1 .. freeze_step: the gradients are averaged in full
+ * precision; m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g*g; each layer moves
+ * by lr * c * u, u = m / (sqrt(v) + eps) + weight_decay * p, where the
+ * trust ratio c = |p| / |u| is clipped to [min_coeff, max_coeff] (1 when
+ * either norm is 0); when c != 1 the layer's average ratio c_avg =
+ * coeff_beta * c_avg + (1 - coeff_beta) * c. On step freeze_step the
+ * fresh variance v' takes a copy of v. After the warm-up v is frozen:
+ * d = sqrt(v) + eps.
+ *
+ * Compression stage: at its first step each layer's scale s is fixed as
+ * the mean over the layers of the momenta's RMS over the layer's own (1
+ * when the layer's RMS is 0). Each step, m = b1*m + (1-b1)*g with this
+ * rank's g; each layer's m is multiplied by s, averaged with
+ * obcomm_allreduce_1bit(key), divided by s; the mask zeroes the
+ * coordinates it holds. The reconstructed gradient r = (m - b1*m_prev) /
+ * (1-b1) updates v' = b2*v' + (1-b2)*r*r. Each layer's factor is the
+ * largest d / (sqrt(v') + eps) over the layer; with weight decay it is
+ * blended, f*q + (1-q), by q = min(1, |m/d| / |u|) (1 when |u| is 0); it
+ * is clipped to [factor_min, factor_max] and to the previous factor (1 at
+ * first) times [1 - factor_threshold, 1 + factor_threshold]; the layer
+ * moves by lr * c_avg * f * u, u = m / d + weight_decay * p.
+ *
+ * No bias correction (DeepSpeed's update). OneBitAdam's automatic mask
+ * (OBCOMM_ADAM_AUTO_MASK_RATIO over the frozen v, the rule of
+ * obcomm_adam_set_auto_mask) holds the momentum of coordinates whose
+ * variance is tiny. Every rank of the job creates it with the same key,
+ * layers and config and steps together; parameters then stay bitwise
+ * identical on every rank if they start so. A failed step leaves the
+ * optimizer as it was (the step is not counted); it stops the run, as
+ * every failed op. */
+typedef struct obcomm_lamb obcomm_lamb_t;
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float max_coeff, min_coeff, coeff_beta;
+    float factor_max, factor_min, factor_threshold;
+    long freeze_step;
+} obcomm_lamb_config_t;
+
+/* DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight
+ * decay, freeze_step 100000, max_coeff 10, min_coeff 0.01, coeff_beta 0.9,
+ * factor_max 4, factor_min 0.5, factor_threshold 0.1. */
+OBCOMM_API obcomm_lamb_config_t obcomm_lamb_defaults(void);
+/* Borrows c; copies layer_offsets (n_layers + 1 entries, 0 first, count
+ * last, strictly increasing: OBCOMM_E_INVAL otherwise, also for a config
+ * out of range). Keeps the gradient and m in shared memory, v, v', the
+ * frozen denominators and a scratch copy in private memory (count floats
+ * each). Caller frees with obcomm_lamb_destroy. */
+OBCOMM_API int obcomm_lamb_create(obcomm_t *c, uint64_t key, size_t count,
+                                  size_t n_layers, const size_t *layer_offsets,
+                                  const obcomm_lamb_config_t *cfg,
+                                  obcomm_lamb_t **out);
+/* One step of params (count floats, any memory) from this rank's grads
+ * (only read). A collective: every rank calls it. */
+OBCOMM_API int obcomm_lamb_step(obcomm_lamb_t *a, float *params,
+                                const float *grads);
+OBCOMM_API void obcomm_lamb_set_lr(obcomm_lamb_t *a, float lr);
+OBCOMM_API long obcomm_lamb_steps(const obcomm_lamb_t *a);
+/* The collectives the steps issued: full precision and 1-bit. */
+OBCOMM_API void obcomm_lamb_rounds(const obcomm_lamb_t *a, long *fp32,
+                                   long *onebit);
+/* The automatic mask's ratio, as obcomm_adam_set_auto_mask: 0 holds only
+ * coordinates whose frozen v is 0, a negative ratio turns the mask off. */
+OBCOMM_API void obcomm_lamb_set_auto_mask(obcomm_lamb_t *a, float ratio);
+/* Coordinates the mask holds (0 before the variance is frozen). */
+OBCOMM_API size_t obcomm_lamb_masked(const obcomm_lamb_t *a);
+OBCOMM_API void obcomm_lamb_destroy(obcomm_lamb_t *a);
+/* Collectives with obcomm_zoadam_save's and _load's semantics: save has
+ * every daemon save the run's error feedback as a snapshot set and writes
+ * the optimizer's state (step, stage, the layers, per layer c_avg, the
+ * last factor and s, then m, v and v', the snapshot's id, and this node's
+ * part of it when its daemon keeps no state_dir) to path; load checks the
+ * whole file before any collective, brings every daemon back to that set
+ * and the optimizer to the file (its config but the learning rate), so
+ * the run continues bit for bit, or fails on every rank (the optimizer
+ * then stays as it was): OBCOMM_E_CORRUPT for a damaged file or one of
+ * other layers or key. The parameters are the caller's to save.
+ *
+ * The file: a 144-byte header, every field little-endian at a fixed
+ * offset (magic "OBCMLAMB", u32 version 1, u32 header bytes, u64 count,
+ * u64 n_layers, i64 step, u64 key, f32 lr, beta1, beta2, eps,
+ * weight_decay, max_coeff, min_coeff, coeff_beta, factor_max, factor_min,
+ * factor_threshold, u32 stage (0 warm-up, 1 frozen, 2 scales fixed), i64
+ * freeze_step, i64 fp32 rounds, i64 1-bit rounds, u64 snapshot at 120, u64
+ * part bytes, u32 part's node, u32 0), then the layer offsets (n_layers +
+ * 1 u64), c_avg, the last factors and s (n_layers f64 each), m, v and v'
+ * (count f32 each), then the part.
+ *
+ * save_ex and load_ex, as obcomm_adam_save_ex and _load_ex, save several
+ * optimizers of one job as one checkpoint: snapshot 0 takes a new set, any
+ * other names one taken already (its part is exported again); restore 0
+ * loads without touching the daemons, whose set the caller restored. */
+OBCOMM_API int obcomm_lamb_save(obcomm_lamb_t *a, const char *path);
+OBCOMM_API int obcomm_lamb_load(obcomm_lamb_t *a, const char *path);
+OBCOMM_API int obcomm_lamb_save_ex(obcomm_lamb_t *a, const char *path,
+                                   uint64_t snapshot);
+OBCOMM_API int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path,
+                                   int restore);
+
 #ifdef __cplusplus
 }
 #endif

@@ -76,10 +76,14 @@ class Reference(SimulatedRanks):
                 self.drop = self.group_mask(self.v, self.GROUPS)
             return
         if self.scale is None:
+            # Per param group: the mean RMS over the group's layers.
             rms = [(self.m[0][i].norm() / math.sqrt(self.m[0][i].numel()))
                    .item() for i in range(k)]
-            united = sum(rms) / k
-            self.scale = [united / x for x in rms]
+            self.scale = [None] * k
+            for idx in self.GROUPS:
+                united = sum(rms[i] for i in idx) / len(idx)
+                for i in idx:
+                    self.scale[i] = united / rms[i]
         for i in range(k):
             last_m = self.m[0][i].clone()
             sent = [(b1 * self.m[r][i] + (1 - b1) * grads[r][i]) *

@@ -58,12 +58,16 @@ def test_checkpoint_resumes_bit_for_bit(make_cluster, tmp_path):
                {"steps": steps,
                 "save": {4: ck + "4", FREEZE: ck + "6", 10: ck + "10"}})
     # The layer scales, fixed at the first compressed step from the
-    # warm-up's last momenta: the mean RMS over each layer's RMS.
+    # warm-up's last momenta: per param group (lamb_workers._groups), the
+    # mean RMS over the group's layers over each layer's RMS (in double,
+    # as the C optimizer sums).
     for rank in range(2):
         m = [st["exp_avg"] for _, st in sorted(
             torch.load(f"{ck}6.{rank}")["opt"]["state"].items())]
-        rms = [(x.norm() / math.sqrt(x.numel())).item() for x in m]
-        want = [sum(rms) / len(rms) / r for r in rms]
+        rms = [(x.double().norm() / math.sqrt(x.numel())).item() for x in m]
+        want = []
+        for grp in (rms[:2], rms[2:]):
+            want += [sum(grp) / len(grp) / r for r in grp]
         got = [st["scaling_coeff"] for _, st in sorted(
             torch.load(f"{ck}10.{rank}")["opt"]["state"].items())]
         assert got == pytest.approx(want, rel=1e-12), (got, want)

@@ -153,6 +153,37 @@ _FUNCTIONS = [
 ]
 
 
+
+# -- 1-bit LAMB (obcomm_lamb_*, client/lamb.c) ------------------------------
+
+class LambConfig(ctypes.Structure):
+    """obcomm_lamb_config_t."""
+    _fields_ = [(name, ctypes.c_float) for name in (
+        "lr", "beta1", "beta2", "eps", "weight_decay", "max_coeff",
+        "min_coeff", "coeff_beta", "factor_max", "factor_min",
+        "factor_threshold")] + [("freeze_step", ctypes.c_long)]
+
+
+_FUNCTIONS += [
+    ("obcomm_lamb_defaults", LambConfig, []),
+    ("obcomm_lamb_create", c_int, [c_void_p, c_uint64, c_size_t, c_size_t,
+                                   ctypes.POINTER(c_size_t),
+                                   ctypes.POINTER(LambConfig),
+                                   ctypes.POINTER(c_void_p)]),
+    ("obcomm_lamb_step", c_int, [c_void_p, c_void_p, c_void_p]),
+    ("obcomm_lamb_set_lr", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_lamb_steps", ctypes.c_long, [c_void_p]),
+    ("obcomm_lamb_rounds", None, [c_void_p, ctypes.POINTER(ctypes.c_long),
+                                  ctypes.POINTER(ctypes.c_long)]),
+    ("obcomm_lamb_set_auto_mask", None, [c_void_p, ctypes.c_float]),
+    ("obcomm_lamb_masked", c_size_t, [c_void_p]),
+    ("obcomm_lamb_destroy", None, [c_void_p]),
+    ("obcomm_lamb_save", c_int, [c_void_p, ctypes.c_char_p]),
+    ("obcomm_lamb_load", c_int, [c_void_p, ctypes.c_char_p]),
+    ("obcomm_lamb_save_ex", c_int, [c_void_p, ctypes.c_char_p, c_uint64]),
+    ("obcomm_lamb_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
+]
+
 def _candidates():
     env = os.environ.get("OBCOMM_LIBRARY")
     if env:

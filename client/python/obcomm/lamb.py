@@ -1,13 +1,31 @@
 """1-bit LAMB (Li et al. 2021, arXiv 2104.06069) over obcomm, as DeepSpeed's
-OnebitLamb runs it (runtime/fp16/onebit/lamb.py), on CPU tensors."""
+OnebitLamb runs it (runtime/fp16/onebit/lamb.py), on CPU tensors: one C
+optimizer of libobcomm (obcomm_lamb_*, client/lamb.c) per param group."""
 
-import math
+import ctypes
+import os
+import shutil
+import struct
+import tempfile
 
 import torch
 
 from ._flat import FlatOptimizer, check_adam_args
+from ._lib import lib, LambConfig
 
 __all__ = ["OneBitLamb"]
+
+# obcomm_lamb_save's file (include/obcomm.h): magic, version, header
+# bytes, count, layers, step, key, 11 f32 of the config, stage,
+# freeze_step, fp32 and 1-bit rounds, snapshot, part bytes, part's node, 0.
+_HEADER = struct.Struct("<8sIIQQqQ11fIqqqQQII")
+_MAGIC, _VERSION = b"OBCMLAMB", 1
+_CONFIG = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_coeff",
+           "min_coeff", "coeff_beta", "factor_max", "factor_min",
+           "factor_threshold")
+# What a param group fixes at construction (lr alone may change).
+_HYPER = ("betas", "eps", "weight_decay", "max_coeff", "min_coeff")
+WARMUP, FROZEN, COMPRESSING = 0, 1, 2   # the C optimizer's stages
 
 
 class OneBitLamb(FlatOptimizer):
@@ -24,21 +42,24 @@ class OneBitLamb(FlatOptimizer):
     and copied into a fresh one.
 
     Compression stage: each rank updates its momentum with its own
-    gradient; each layer's momentum is scaled by the mean over all layers
-    of the momenta's RMS over its own (fixed at the first compressed
-    step), so that one 1-bit scale fits all, averaged by the 1-bit
-    allreduce, and scaled back. The gradient reconstructed from the
-    averaged momentum, (m - beta1 * m_previous) / (1 - beta1), feeds the
-    fresh variance; a layer's trust ratio is its warm-up average times a
-    factor, max(frozen denominator / fresh denominator) blended by the
-    share of weight decay in the update, clipped to [factor_min,
+    gradient; each layer's momentum is scaled by the mean over the layers
+    of its param group of the momenta's RMS over its own (fixed at the
+    first compressed step), so that one 1-bit scale fits all, averaged by
+    the 1-bit allreduce, and scaled back. The gradient reconstructed from
+    the averaged momentum, (m - beta1 * m_previous) / (1 - beta1), feeds
+    the fresh variance; a layer's trust ratio is its warm-up average
+    times a factor, max(frozen denominator / fresh denominator) blended by
+    the share of weight decay in the update, clipped to [factor_min,
     factor_max] and to +-factor_threshold of its previous value.
 
-    The update is DeepSpeed's (no bias correction). Param group g's 1-bit
-    state is the daemons' key `key + g`, one 1-bit allreduce per group per
-    step (DeepSpeed fuses all groups into one buffer; the layer scaling is
-    over all groups alike). OneBitAdam's automatic momentum mask, from the
-    frozen variance, holds coordinates whose variance is tiny after each
+    Each param group is one C optimizer (obcomm_lamb_*, the arithmetic
+    of include/obcomm.h: norms and per-layer ratios in double); group g's
+    1-bit state is the daemons' key `key + g`, one 1-bit allreduce per
+    group per step, and its layer scales are over its own layers
+    (DeepSpeed fuses all groups into one buffer and scales over all
+    layers alike). The update is DeepSpeed's (no bias correction).
+    OneBitAdam's automatic momentum mask, from the frozen variance of the
+    param group, holds coordinates whose variance is tiny after each
     1-bit average (set_auto_mask, masked; DeepSpeed asks the user for an
     exp_avg_mask). Where DeepSpeed divides by zero (a layer whose momentum
     is 0 at the freeze, an update whose norm is 0) this takes the scale
@@ -46,9 +67,11 @@ class OneBitLamb(FlatOptimizer):
 
     Parameters must be float32 CPU tensors; every rank constructs the
     optimizer with the same parameters and arguments (checked) and starts
-    from rank 0's parameters; no DDP. state_dict() and load_state_dict()
-    are collectives with OneBitAdam's semantics: a resumed run continues
-    bit for bit, or every rank raises."""
+    from rank 0's parameters; no DDP. The gradients are only read (the
+    warm-up averages a copy). Only lr may change between steps; a param
+    group added later starts its own warm-up. state_dict() and
+    load_state_dict() are collectives with OneBitAdam's semantics: a
+    resumed run continues bit for bit, or every rank raises."""
 
     NAME = "OneBitLamb"
 
@@ -71,32 +94,73 @@ class OneBitLamb(FlatOptimizer):
         self.factor_max = float(factor_max)
         self.factor_min = float(factor_min)
         self.factor_threshold = float(factor_threshold)
-        self._step = 0
-        self._frozen = False
-        self._scaled = False     # the layer scales are fixed
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, max_coeff=max_coeff,
                         min_coeff=min_coeff)
         super().__init__(params, defaults, comm, key)
 
+    def _config(self, group):
+        k = LambConfig()
+        k.lr = group["lr"]
+        k.beta1, k.beta2 = group["betas"]
+        k.eps = group["eps"]
+        k.weight_decay = group["weight_decay"]
+        k.max_coeff = group["max_coeff"]
+        k.min_coeff = group["min_coeff"]
+        k.coeff_beta = self.coeff_beta
+        k.factor_max = self.factor_max
+        k.factor_min = self.factor_min
+        k.factor_threshold = self.factor_threshold
+        k.freeze_step = self.freeze_step
+        return k
+
     def _init_group(self, g, group):
-        # m in shared memory (the 1-bit allreduce averages it); v, and the
-        # fresh variance of the compression stage; per layer the trust
-        # ratio's average, the last factor and the momentum's scale.
-        g.m = self.comm.empty(g.count)
-        g.v, g.v_fresh = torch.zeros(g.count), torch.zeros(g.count)
-        g.denom = None
-        k = len(g.params)
-        g.coeff_freeze, g.last_factor, g.scale = [0.0] * k, [1.0] * k, [1.0] * k
-        if self._frozen:
-            self._freeze(g, group)
+        # The layers are the parameters with elements; the C optimizer
+        # keeps m, v, v' and the per-layer ratios and scales.
+        g.layer = []
+        offsets = []
+        for o, n in g.spans:
+            g.layer.append(len(offsets) if n else None)
+            if n:
+                offsets.append(o)
+        offsets.append(g.count)
+        g.offsets = offsets
+        arr = (ctypes.c_size_t * len(offsets))(*offsets)
+        cfg = self._config(group)
+        h = ctypes.c_void_p()
+        with self.comm._locked() as ch:
+            self.comm._check(lib.obcomm_lamb_create(
+                ch, g.key, g.count, len(offsets) - 1, arr, ctypes.byref(cfg),
+                ctypes.byref(h)))
+        g.handle = h
+        g.conn = self.comm._c()
+        g.hyper = tuple(group[k] for k in _HYPER)
+        lib.obcomm_lamb_set_auto_mask(h, self._auto_ratio)
 
     def _mask(self, g):
-        self._mask_from(g, g.v if self._frozen else None)
+        lib.obcomm_lamb_set_auto_mask(g.handle, self._auto_ratio)
 
-    def _freeze(self, g, group):
-        g.denom = g.v.sqrt().add_(group["eps"])
-        self._mask(g)
+    def masked(self):
+        """Coordinates the mask holds now."""
+        return sum(lib.obcomm_lamb_masked(g.handle) for g in self._groups)
+
+    @property
+    def steps(self):
+        """Steps taken (the C optimizers' count)."""
+        return lib.obcomm_lamb_steps(self._groups[0].handle) \
+            if self._groups else 0
+
+    @property
+    def rounds(self):
+        """The collectives the steps issued over every param group:
+        {"fp32": n, "1bit": n}."""
+        f, o = ctypes.c_long(), ctypes.c_long()
+        out = {"fp32": 0, "1bit": 0}
+        for g in self._groups:
+            lib.obcomm_lamb_rounds(g.handle, ctypes.byref(f), ctypes.byref(o))
+            out["fp32"] += f.value
+            out["1bit"] += o.value
+        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -104,106 +168,87 @@ class OneBitLamb(FlatOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._step += 1
-        if not self._frozen:
-            for g, group in zip(self._groups, self.param_groups):
-                self._gather_grads(g)
-                self._warmup_step(g, group)
-            if self._step >= self.freeze_step:
-                self._frozen = True
-                for g, group in zip(self._groups, self.param_groups):
-                    self._freeze(g, group)
-            return loss
-        if not self._scaled:
-            self._fix_scales()
+        for g, group in zip(self._groups, self.param_groups):
+            hyper = tuple(group[k] for k in _HYPER)
+            if hyper != g.hyper:
+                raise ValueError(
+                    f"OneBitLamb: only lr may change after construction "
+                    f"({dict(zip(_HYPER, g.hyper))} became "
+                    f"{dict(zip(_HYPER, hyper))})")
         for g, group in zip(self._groups, self.param_groups):
             self._gather_grads(g)
-            self._compressed_step(g, group)
+            lib.obcomm_lamb_set_lr(g.handle, float(group["lr"]))
+            with self.comm._locked():
+                self.comm._check(lib.obcomm_lamb_step(
+                    g.handle, ctypes.c_void_p(g.p.data_ptr()),
+                    ctypes.c_void_p(g.g.data_ptr())))
         return loss
 
-    def _warmup_step(self, g, group):
-        beta1, beta2 = group["betas"]
-        self.comm.allreduce(g.g, "avg")
-        g.m.mul_(beta1).add_(g.g, alpha=1 - beta1)
-        g.v.mul_(beta2).addcmul_(g.g, g.g, value=1 - beta2)
-        if self._step == self.freeze_step:
-            g.v_fresh.copy_(g.v)
-        update = g.m / (g.v.sqrt() + group["eps"])
-        if group["weight_decay"] > 0.0:
-            update.add_(g.p, alpha=group["weight_decay"])
-        for i, (o, n) in enumerate(g.spans):
-            p, u = g.p[o:o + n], update[o:o + n]
-            w, un = p.norm().item(), u.norm().item()
-            coeff = 1.0
-            if w != 0.0 and un != 0.0:
-                coeff = min(max(w / un, group["min_coeff"]),
-                            group["max_coeff"])
-            if coeff != 1.0:
-                g.coeff_freeze[i] = (self.coeff_beta * g.coeff_freeze[i] +
-                                     (1 - self.coeff_beta) * coeff)
-            p.add_(u, alpha=-group["lr"] * coeff)
-
-    def _fix_scales(self):
-        """At the first compressed step: each layer's momentum scale, the
-        mean over all layers of the momenta's RMS over its own."""
-        rms = [[(g.m[o:o + n].norm() / math.sqrt(n)).item()
-                for o, n in g.spans] for g in self._groups]
-        flat = [r for rs in rms for r in rs]
-        united = sum(flat) / len(flat)
-        for g, rs in zip(self._groups, rms):
-            g.scale = [united / r if r > 0.0 else 1.0 for r in rs]
-        self._scaled = True
-
-    def _compressed_step(self, g, group):
-        beta1, beta2 = group["betas"]
-        m_last = g.m.clone()
-        g.m.mul_(beta1).add_(g.g, alpha=1 - beta1)
-        for (o, n), s in zip(g.spans, g.scale):
-            g.m[o:o + n].mul_(s)
-        self.comm.allreduce_1bit(g.key, g.m)
-        for (o, n), s in zip(g.spans, g.scale):
-            g.m[o:o + n].div_(s)
-        if g.drop is not None:
-            g.m.masked_fill_(g.drop, 0.0)
-        rec = (g.m - m_last * beta1) / (1 - beta1)
-        g.v_fresh.mul_(beta2).addcmul_(rec, rec, value=1 - beta2)
-        pre = g.m / g.denom
-        wd = group["weight_decay"]
-        for i, (o, n) in enumerate(g.spans):
-            p, u_pre = g.p[o:o + n], pre[o:o + n]
-            u = u_pre + p * wd if wd > 0.0 else u_pre
-            un = u.norm().item()
-            real = g.v_fresh[o:o + n].sqrt().add_(group["eps"])
-            factor = (g.denom[o:o + n] / real).max().item()
-            if wd > 0.0:
-                ratio = min(1.0, u_pre.norm().item() / un) if un > 0 else 1.0
-                factor = factor * ratio + (1.0 - ratio)
-            factor = min(max(factor, self.factor_min), self.factor_max)
-            last = g.last_factor[i]
-            factor = min(max(factor, last * (1.0 - self.factor_threshold)),
-                         last * (1.0 + self.factor_threshold))
-            g.last_factor[i] = factor
-            p.add_(u, alpha=-group["lr"] * g.coeff_freeze[i] * factor)
-
     # -- checkpoints ------------------------------------------------------
+
+    def _save_group(self, g, d, snapshot):
+        """Group g's C state through obcomm_lamb_save_ex (naming the
+        snapshot taken for the dict): each parameter's state, the step,
+        the stage and the rounds."""
+        path = os.path.join(d, f"group{g.key}.lamb")
+        with self.comm._locked():
+            self.comm._check(lib.obcomm_lamb_save_ex(g.handle, path.encode(),
+                                                     snapshot))
+        with open(path, "rb") as f:
+            raw = f.read()
+        (magic, version, hbytes, count, layers, step, _key, *rest) = \
+            _HEADER.unpack_from(raw)
+        stage, fp32, onebit = rest[11], rest[13], rest[14]
+        hs, nl = _HEADER.size, layers
+        off_end = hs + 8 * (nl + 1)
+        lay_end = off_end + 24 * nl
+        end = lay_end + 12 * count
+        if (magic != _MAGIC or version != _VERSION or hbytes != hs or
+                count != g.count or nl != len(g.offsets) - 1 or
+                len(raw) < end):
+            raise ValueError(f"{path}: not the optimizer's file")
+        per = struct.unpack_from(f"<{3 * nl}d", raw, off_end)
+        flat = torch.frombuffer(bytearray(raw[lay_end:end]),
+                                dtype=torch.float32)
+        m, v, fresh = flat[:count], flat[count:2 * count], flat[2 * count:]
+        states = []
+        for p, (o, n), li in zip(g.params, g.spans, g.layer):
+            cf, last, scale = (0.0, 1.0, 1.0) if li is None else \
+                (per[li], per[nl + li], per[2 * nl + li])
+            states.append({
+                "exp_avg": m[o:o + n].clone().view_as(p),
+                "exp_avg_sq": v[o:o + n].clone().view_as(p),
+                "exp_avg_sq_fresh": fresh[o:o + n].clone().view_as(p),
+                "lamb_coeff_freeze": cf, "last_factor": last,
+                "scaling_coeff": scale})
+        return states, step, stage, [fp32, onebit]
 
     def state_dict(self):
         """torch's state dict with, per parameter, 'exp_avg', 'exp_avg_sq',
         'exp_avg_sq_fresh', 'lamb_coeff_freeze', 'last_factor' and
-        'scaling_coeff' (DeepSpeed's names); "one_bit_lamb", the step and
-        the stage; and "obcomm", the snapshot set of the daemons' error
-        feedback taken with it. A collective."""
-        def per_param(g, i, o, n):
-            p = g.params[i]
-            return {"exp_avg": g.m[o:o + n].clone().view_as(p),
-                    "exp_avg_sq": g.v[o:o + n].clone().view_as(p),
-                    "exp_avg_sq_fresh": g.v_fresh[o:o + n].clone().view_as(p),
-                    "lamb_coeff_freeze": g.coeff_freeze[i],
-                    "last_factor": g.last_factor[i],
-                    "scaling_coeff": g.scale[i]}
-        return self._state_dict_with(per_param, {"one_bit_lamb": {
-            "step": self._step, "frozen": self._frozen,
-            "scaled": self._scaled}})
+        'scaling_coeff' (DeepSpeed's names); "one_bit_lamb", the step, the
+        stage and each group's rounds; and "obcomm", the snapshot set of
+        the daemons' error feedback taken with it. A collective."""
+        info = self._snapshot()
+        d = tempfile.mkdtemp(prefix="obcomm-lamb-")
+        try:
+            saved = [self._save_group(g, d, info["snapshot"])
+                     for g in self._groups]
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        try:
+            for g, (states, *_rest) in zip(self._groups, saved):
+                for p, st in zip(g.params, states):
+                    self.state[p] = st
+            sd = super().state_dict()
+        finally:
+            self.state.clear()
+        _, step, stage, _ = saved[0]
+        sd["one_bit_lamb"] = {"step": step, "frozen": stage != WARMUP,
+                              "scaled": stage == COMPRESSING,
+                              "rounds": [r for *_rest, r in saved]}
+        sd["obcomm"] = info
+        return sd
 
     def load_state_dict(self, state_dict):
         """Restores the moments, the per-layer ratios and scales, the step
@@ -217,18 +262,77 @@ class OneBitLamb(FlatOptimizer):
             if not all(k in s for s in st for k in need):
                 raise ValueError(f"load_state_dict: a parameter lacks one "
                                  f"of {need} (not a OneBitLamb state)")
-        self._step = int(own["step"])
-        self._frozen = bool(own["frozen"])
-        self._scaled = bool(own["scaled"])
-        for g, group, st in zip(self._groups, self.param_groups, states):
-            g.m.copy_(self._cat(st, "exp_avg"))
-            g.v.copy_(self._cat(st, "exp_avg_sq"))
-            g.v_fresh.copy_(self._cat(st, "exp_avg_sq_fresh"))
-            g.coeff_freeze = [float(s["lamb_coeff_freeze"]) for s in st]
-            g.last_factor = [float(s["last_factor"]) for s in st]
-            g.scale = [float(s["scaling_coeff"]) for s in st]
-            g.denom = None
-            if self._frozen:
-                self._freeze(g, group)
-            else:
-                self._mask(g)
+        step = int(own["step"])
+        stage = WARMUP if not own["frozen"] else \
+            COMPRESSING if own["scaled"] else FROZEN
+        rounds = own.get("rounds") or [[0, 0]] * len(self._groups)
+        snapshot = int(state_dict["obcomm"]["snapshot"])
+        d = tempfile.mkdtemp(prefix="obcomm-lamb-")
+        try:
+            for g, group, st, r in zip(self._groups, self.param_groups,
+                                       states, rounds):
+                path = os.path.join(d, f"group{g.key}.lamb")
+                self._write_group(g, group, st, path, step, stage, r,
+                                  snapshot)
+                # The daemons' set is restored already (_load_with).
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_lamb_load_ex(
+                        g.handle, path.encode(), 0))
+                g.hyper = tuple(group[k] for k in _HYPER)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _write_group(self, g, group, st, path, step, stage, rounds,
+                     snapshot):
+        """A file for obcomm_lamb_load_ex from a param group's state."""
+        cfg = self._config(group)
+        nl = len(g.offsets) - 1
+        per = [[], [], []]
+        for s, li in zip(st, g.layer):
+            if li is not None:
+                per[0].append(float(s["lamb_coeff_freeze"]))
+                per[1].append(float(s["last_factor"]))
+                per[2].append(float(s["scaling_coeff"]))
+        h = _HEADER.pack(_MAGIC, _VERSION, _HEADER.size, g.count, nl, step,
+                         g.key, *(getattr(cfg, k) for k in _CONFIG), stage,
+                         cfg.freeze_step, int(rounds[0]), int(rounds[1]),
+                         snapshot, 0, 0, 0)
+        with open(path, "wb") as f:
+            f.write(h)
+            f.write(struct.pack(f"<{nl + 1}Q", *g.offsets))
+            for xs in per:
+                f.write(struct.pack(f"<{nl}d", *xs))
+            for name in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
+                f.write(self._cat(st, name).numpy().tobytes())
+
+    # -- lifetime ---------------------------------------------------------
+
+    def _destroy(self):
+        # The C optimizers borrow the connection's handle and its shared
+        # memory: they go first, unless the connection closed already (at
+        # exit), which unmapped their buffers with it.
+        for g in self._groups:
+            h, g.handle = getattr(g, "handle", None), None
+            if h is not None and g.conn.h is not None:
+                with g.conn.lock:
+                    lib.obcomm_lamb_destroy(h)
+
+    def close(self):
+        """Frees the C optimizers and lets go of the connection.
+        Parameters keep their values: they are copied out of shared
+        memory first. Idempotent."""
+        if self.comm is None:
+            return
+        with torch.no_grad():
+            for g in self._groups:
+                for p in g.params:
+                    p.data = p.data.clone()
+                    p.grad = None
+        self._destroy()
+        super().close()
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:
+            pass
