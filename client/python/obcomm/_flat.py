@@ -4,10 +4,12 @@ views), the same construction checked on every rank, the momentum mask, and
 checkpoints that pin the daemons' error feedback (a snapshot set, its parts
 carried when the daemons keep no state_dir)."""
 
+import ctypes
 import hashlib
 
 import torch
 
+from ._lib import lib
 from .comm import Communicator, ObcommError, E_MISMATCH
 
 # OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h).
@@ -38,14 +40,16 @@ class Group:
         self.count = 0
         self.p = self.g = None
         self.key = 0
-        self.drop = None    # the mask: True where a coordinate is held
 
 
 class FlatOptimizer(torch.optim.Optimizer):
     """The base of ZeroOneAdam and OneBitLamb (not an optimizer alone):
-    subclasses set NAME and define _init_group(g, group)."""
+    subclasses set NAME and C (libobcomm's optimizer: "zoadam", "lamb")
+    and define _init_group(g, group), which creates the group's C
+    optimizer and hands it to _own()."""
 
     NAME = "FlatOptimizer"
+    C = None
 
     def __init__(self, params, defaults, comm, key):
         # The optimizer holds its own share of the connection (as
@@ -135,29 +139,47 @@ class FlatOptimizer(torch.optim.Optimizer):
                 for p, (o, n) in zip(g.params, g.spans):
                     p.grad = g.g[o:o + n].view_as(p)
 
-    # -- the momentum mask ------------------------------------------------
+    # -- what the C optimizers count and mask -----------------------------
+
+    def _c(self, name):
+        """libobcomm's function `name` of the subclass's optimizer
+        (obcomm_<C>_<name>)."""
+        return getattr(lib, f"obcomm_{self.C}_{name}")
+
+    @property
+    def steps(self):
+        """Steps taken."""
+        return self._c("steps")(self._groups[0].handle) if self._groups \
+            else 0
+
+    @property
+    def rounds(self):
+        """The collectives the steps issued over every param group:
+        {"fp32": n, "1bit": n}."""
+        f, o = ctypes.c_long(), ctypes.c_long()
+        out = {"fp32": 0, "1bit": 0}
+        for g in self._groups:
+            self._c("rounds")(g.handle, ctypes.byref(f), ctypes.byref(o))
+            out["fp32"] += f.value
+            out["1bit"] += o.value
+        return out
 
     def set_auto_mask(self, ratio):
-        """The automatic mask's ratio (AUTO_MASK_RATIO by default); 0
-        masks only coordinates whose variance is exactly 0, a negative
-        ratio turns the mask off."""
+        """The automatic mask's ratio (AUTO_MASK_RATIO by default): after
+        each variance update (ZeroOneAdam) or from the frozen variance
+        (OneBitLamb) coordinate i of a param group is held when v_i <=
+        (ratio * sqrt(mean v))^2; 0 masks only coordinates whose variance
+        is exactly 0, a negative ratio turns the mask off."""
         self._auto_ratio = float(ratio)
         for g in self._groups:
             self._mask(g)
 
+    def _mask(self, g):
+        self._c("set_auto_mask")(g.handle, self._auto_ratio)
+
     def masked(self):
         """Coordinates the mask holds now."""
-        return sum(int(g.drop.sum()) for g in self._groups
-                   if g.drop is not None)
-
-    def _mask_from(self, g, v):
-        """OneBitAdam's rule over a param group: coordinate i is held when
-        sqrt(v_i) <= ratio * sqrt(mean v); v None: no mask."""
-        r = self._auto_ratio
-        if r < 0.0 or v is None:
-            g.drop = None
-            return
-        g.drop = v.sqrt() <= r * v.mean().sqrt().item()
+        return sum(self._c("masked")(g.handle) for g in self._groups)
 
     # -- checkpoints ------------------------------------------------------
 
@@ -221,8 +243,45 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _cat(states, name):
         return torch.cat([s[name].reshape(-1).float() for s in states])
 
+    # -- lifetime ---------------------------------------------------------
+
+    def _own(self, g, handle, destroy):
+        """Group g's C optimizer `handle`, freed by `destroy`: by the
+        optimizer's close(), or by the connection before its handle closes
+        (whichever holder closes it last)."""
+        g.handle, g.destroy, g.conn = handle, destroy, self.comm._c()
+        with g.conn.lock:
+            g.conn.adams.append(g)
+
+    def _destroy(self):
+        for g in self._groups:
+            conn, g.conn = getattr(g, "conn", None), None
+            if conn is None:
+                continue
+            with conn.lock:
+                if g.handle is not None and conn.h is not None:
+                    g.destroy(g.handle)
+                g.handle = None
+                if g in conn.adams:
+                    conn.adams.remove(g)
+
     def close(self):
-        """Lets go of the optimizer's share of the connection."""
-        if self.comm is not None:
-            self.comm.close()
-            self.comm = None
+        """Frees the C optimizers and lets go of the optimizer's share of
+        the connection. The parameters keep their values: they are copied
+        out of shared memory first. Idempotent."""
+        if self.comm is None:
+            return
+        with torch.no_grad():
+            for g in self._groups:
+                for p in g.params:
+                    p.data = p.data.clone()
+                    p.grad = None
+        self._destroy()
+        self.comm.close()
+        self.comm = None
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:
+            pass

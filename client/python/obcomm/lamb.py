@@ -73,6 +73,7 @@ class OneBitLamb(FlatOptimizer):
     load_state_dict() are collectives with OneBitAdam's semantics: a
     resumed run continues bit for bit, or every rank raises."""
 
+    C = "lamb"
     NAME = "OneBitLamb"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
@@ -132,35 +133,9 @@ class OneBitLamb(FlatOptimizer):
             self.comm._check(lib.obcomm_lamb_create(
                 ch, g.key, g.count, len(offsets) - 1, arr, ctypes.byref(cfg),
                 ctypes.byref(h)))
-        g.handle = h
-        g.conn = self.comm._c()
+        self._own(g, h, lib.obcomm_lamb_destroy)
         g.hyper = tuple(group[k] for k in _HYPER)
         lib.obcomm_lamb_set_auto_mask(h, self._auto_ratio)
-
-    def _mask(self, g):
-        lib.obcomm_lamb_set_auto_mask(g.handle, self._auto_ratio)
-
-    def masked(self):
-        """Coordinates the mask holds now."""
-        return sum(lib.obcomm_lamb_masked(g.handle) for g in self._groups)
-
-    @property
-    def steps(self):
-        """Steps taken (the C optimizers' count)."""
-        return lib.obcomm_lamb_steps(self._groups[0].handle) \
-            if self._groups else 0
-
-    @property
-    def rounds(self):
-        """The collectives the steps issued over every param group:
-        {"fp32": n, "1bit": n}."""
-        f, o = ctypes.c_long(), ctypes.c_long()
-        out = {"fp32": 0, "1bit": 0}
-        for g in self._groups:
-            lib.obcomm_lamb_rounds(g.handle, ctypes.byref(f), ctypes.byref(o))
-            out["fp32"] += f.value
-            out["1bit"] += o.value
-        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -304,35 +279,3 @@ class OneBitLamb(FlatOptimizer):
                 f.write(struct.pack(f"<{nl}d", *xs))
             for name in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
                 f.write(self._cat(st, name).numpy().tobytes())
-
-    # -- lifetime ---------------------------------------------------------
-
-    def _destroy(self):
-        # The C optimizers borrow the connection's handle and its shared
-        # memory: they go first, unless the connection closed already (at
-        # exit), which unmapped their buffers with it.
-        for g in self._groups:
-            h, g.handle = getattr(g, "handle", None), None
-            if h is not None and g.conn.h is not None:
-                with g.conn.lock:
-                    lib.obcomm_lamb_destroy(h)
-
-    def close(self):
-        """Frees the C optimizers and lets go of the connection.
-        Parameters keep their values: they are copied out of shared
-        memory first. Idempotent."""
-        if self.comm is None:
-            return
-        with torch.no_grad():
-            for g in self._groups:
-                for p in g.params:
-                    p.data = p.data.clone()
-                    p.grad = None
-        self._destroy()
-        super().close()
-
-    def __del__(self):
-        try:
-            self._destroy()
-        except Exception:
-            pass

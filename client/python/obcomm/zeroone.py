@@ -78,6 +78,9 @@ class ZeroOneAdam(FlatOptimizer):
     feedback ("obcomm"), so a resumed run continues bit for bit or every
     rank raises."""
 
+    C = "zoadam"
+    NAME = "ZeroOneAdam"
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, var_freeze_step=100000,
                  var_update_scaler=16, local_step_scaler=32678,
@@ -115,34 +118,13 @@ class ZeroOneAdam(FlatOptimizer):
             comm._check(lib.obcomm_zoadam_create(ch, g.key, g.count,
                                                  ctypes.byref(cfg),
                                                  ctypes.byref(h)))
-        # The connection destroys it before its handle closes, whichever
-        # holder closes last.
-        g.handle, g.destroy, g.conn = h, lib.obcomm_zoadam_destroy, comm._c()
-        with g.conn.lock:
-            g.conn.adams.append(g)
+        self._own(g, h, lib.obcomm_zoadam_destroy)
         if self._groups:  # a group added later joins the schedule
             st, _ = self._state(self._groups[0])
             st.lrs, st.rounds_fp32, st.rounds_1bit = 0.0, 0, 0
             zero = torch.zeros(g.count)
             self._set_state(g, st, zero, zero, zero, g.p)
         self._mask(g)
-
-    def _mask(self, g):
-        lib.obcomm_zoadam_set_auto_mask(g.handle, self._auto_ratio)
-
-    def masked(self):
-        """Coordinates the mask holds now."""
-        return sum(lib.obcomm_zoadam_masked(g.handle) for g in self._groups)
-
-    @property
-    def rounds(self):
-        """The collectives step() issued, {"fp32": n, "1bit": n}."""
-        out = {"fp32": 0, "1bit": 0}
-        for g in self._groups:
-            st, _ = self._state(g)
-            out["fp32"] += st.rounds_fp32
-            out["1bit"] += st.rounds_1bit
-        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -245,33 +227,6 @@ class ZeroOneAdam(FlatOptimizer):
             self._set_state(g, c, self._cat(st, "exp_avg"),
                             self._cat(st, "exp_avg_sq"),
                             self._cat(st, "momentum_accumulator"), x)
-
-    # -- lifetime ---------------------------------------------------------
-
-    def _destroy(self):
-        for g in self._groups:
-            conn = getattr(g, "conn", None)
-            if conn is None:
-                continue
-            with conn.lock:
-                if g.handle is not None and conn.h is not None:
-                    lib.obcomm_zoadam_destroy(g.handle)
-                g.handle = None
-                if g in conn.adams:
-                    conn.adams.remove(g)
-            g.conn = None
-
-    def close(self):
-        """Frees the C optimizers and lets go of the optimizer's share of
-        the connection."""
-        self._destroy()
-        super().close()
-
-    def __del__(self):
-        try:
-            self._destroy()
-        except Exception:
-            pass
 
 
 def _sched(st):
