@@ -182,7 +182,7 @@ def main():
         print(f"cnn_fmnist: {tag}: {world} trainers, {a.steps} steps of "
               f"{a.batch} per trainer, lr {a.lr}, eps {a.eps}, freeze/start "
               f"step {freeze}, {nparams} parameters", file=sys.stderr)
-    losses, log, diverged = [], [], None
+    losses, log, diverged, stopped = [], [], None, False
     pos = 0
     t0 = time.monotonic()
     t_tail = None
@@ -201,7 +201,9 @@ def main():
             opt.step()
         except Exception as e:  # obcomm: NaN/Inf momentum, same on all ranks
             if getattr(e, "code", None) == -1008:
-                diverged = step
+                # The op failed on every rank, and a failed op stops the
+                # job: no collective after it.
+                diverged, stopped = step, True
                 break
             raise
         pending.append(loss.item())
@@ -219,16 +221,19 @@ def main():
     tail_rate = ((a.steps - freeze) / (time.monotonic() - t_tail)
                  if t_tail is not None and diverged is None else None)
 
-    # Test set, split over the ranks.
+    # Test set, split over the ranks (each rank its own model, the whole
+    # set, when the job stopped).
     model.eval()
     hits = torch.zeros(2, dtype=torch.float64)
+    first, stride = (0, 500) if stopped else (rank * 500, world * 500)
     with torch.no_grad():
-        for i in range(rank * 500, len(test_y), world * 500):
+        for i in range(first, len(test_y), stride):
             out = model(test_x[i:i + 500])
             hits[0] += (out.argmax(1) == test_y[i:i + 500]).sum()
             hits[1] += F.cross_entropy(out, test_y[i:i + 500],
                                        reduction="sum").item()
-    red.sum(hits)
+    if not stopped:
+        red.sum(hits)
 
     # Gloo's bytes between the nodes, while its connections are open.
     gloo_bytes = None
@@ -265,14 +270,7 @@ def main():
             done = len(log)
             r["rounds"] = {"fp32": nb * min(freeze, done),
                            "1bit": nb * max(0, done - freeze)}
-        if a.mode == "lamb":
-            r["mask"] = a.mask
-            r["masked"] = opt.masked()
-            # one fp32 allreduce per warm-up step, one 1-bit after
-            done = len(log)
-            r["rounds"] = {"fp32": min(freeze, done),
-                           "1bit": max(0, done - freeze)}
-        if a.mode == "zeroone":
+        if a.mode in ("zeroone", "lamb"):
             r["mask"] = a.mask
             r["masked"] = opt.masked()
             r["rounds"] = dict(opt.rounds)  # counted by the optimizer
