@@ -90,7 +90,8 @@ def parse():
                    help="onebit: warm-up steps / steps; powersgd: steps "
                    "before compression starts (the same share)")
     p.add_argument("--mask", default="auto",
-                   help="onebit: auto | off (the ablation)")
+                   help="onebit, zeroone, lamb: auto | off (the ablation) | "
+                   "a ratio for set_auto_mask")
     p.add_argument("--bias-correction", action="store_true",
                    help="onebit: Adam's bias correction (torch's Adam always "
                    "has it; OneBitAdam's default, as DeepSpeed's, is off)")
@@ -150,6 +151,8 @@ def main():
                                       comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(False)
+        elif a.mask != "auto":
+            opt.set_auto_mask(float(a.mask))
         net = model
     elif a.mode == "zeroone":
         opt = obcomm.torch.ZeroOneAdam(model.parameters(), lr=a.lr,
@@ -157,12 +160,16 @@ def main():
                                        comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(-1.0)
+        elif a.mask != "auto":
+            opt.set_auto_mask(float(a.mask))
         net = model
     elif a.mode == "lamb":
         opt = obcomm.torch.OneBitLamb(model.parameters(), lr=a.lr, eps=a.eps,
                                       freeze_step=freeze, comm=comm)
         if a.mask == "off":
             opt.set_auto_mask(-1.0)
+        elif a.mask != "auto":
+            opt.set_auto_mask(float(a.mask))
         net = model
     else:
         net = nn.parallel.DistributedDataParallel(model)
