@@ -70,7 +70,7 @@ int obcomm_zoadam_create(obcomm_t *c, uint64_t key, size_t count,
     a->count = count;
     a->cfg = *cfg;
     a->var_interval = a->local_interval = 1;
-    a->ratio = OBCOMM_ADAM_AUTO_MASK_RATIO;
+    a->ratio = OBCOMM_ZOADAM_AUTO_MASK_RATIO;
     a->thr = -1.0f;
     size_t bytes = count * sizeof(float);
     int rc = obcomm_alloc(c, bytes, (void **)&a->g);

@@ -92,7 +92,7 @@ static void reference(int size, int me, int steps, float *out, long *fp32,
                     sum += (double)v[i];
                 }
                 double rr =
-                    (double)OBCOMM_ADAM_AUTO_MASK_RATIO * sqrt(sum / COUNT);
+                    (double)OBCOMM_ZOADAM_AUTO_MASK_RATIO * sqrt(sum / COUNT);
                 thr = (float)(rr * rr);
             } else {
                 (*onebit)++;

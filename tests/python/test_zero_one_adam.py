@@ -54,17 +54,19 @@ def test_schedule_covers_every_branch():
 
 
 def test_against_reference(make_cluster):
-    """One node x 3 trainers: every rank's parameters within 1e-5 of the
-    reference after each of 26 steps (variance updates at doubling
-    intervals, 1-bit steps, the freeze, local steps at doubling
+    """One node x 3 trainers: every rank's parameters equal to the
+    reference's bit for bit after each of 26 steps (variance updates at
+    doubling intervals, 1-bit steps, the freeze, local steps at doubling
     intervals, the momentum mask), and the collectives counted as the
-    schedule says."""
+    schedule says. The reference rounds the constants as libobcomm does;
+    with torch's float32(1 - beta2) instead, a coordinate near the mask's
+    threshold flips and the parameters differ by 1.5e-5."""
     cl = make_cluster(1)
     steps = 26
     res = run(cl, "zoref", "against_reference", 3, {"steps": steps})
     for r in res:
         assert len(r["diffs"]) == steps
-        assert max(r["diffs"]) < 1e-5, (r["rank"], r["diffs"])
+        assert max(r["diffs"]) == 0.0, (r["rank"], r["diffs"])
         assert r["rounds"] == expected_rounds(schedule(steps)), r["rounds"]
         assert r["masked"] > 0  # the dead corner: the mask is exercised
 

@@ -30,6 +30,11 @@ def _groups(model):
     return [{"params": ps[:2]}, {"params": ps[2:], "lr": HYPER["lr"] / 2}]
 
 
+def f32(x):
+    """x rounded to float32."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
 class Reference(SimulatedRanks):
     """0/1 Adam written out for `size` ranks of one node, where obcomm's
     1-bit allreduce is the exact average: per rank its own parameters,
@@ -50,7 +55,10 @@ class Reference(SimulatedRanks):
 
     @torch.no_grad()
     def step(self, step):
-        b1, b2 = HYPER["betas"]
+        # The constants as libobcomm rounds them: the betas to float32,
+        # then 1 - beta in float32 (exact), not torch's float32(1 - beta).
+        b1, b2 = (f32(b) for b in HYPER["betas"])
+        c1, c2 = f32(1.0 - b1), f32(1.0 - b2)
         eps, wd = HYPER["eps"], HYPER["weight_decay"]
         self.t += 1
         grads = self.grads(step)
@@ -61,17 +69,17 @@ class Reference(SimulatedRanks):
             if not self.frozen:
                 g = self.avg([gr[i] for gr in grads])
                 if self.t % self.vi == 0:
-                    self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
+                    self.v[i] = b2 * self.v[i] + c2 * g * g
                 else:
                     g[self.drop[i]] = 0.0
                 for r in range(self.size):
-                    m = self.m[r][i] = b1 * self.m[r][i] + (1 - b1) * g
+                    m = self.m[r][i] = b1 * self.m[r][i] + c1 * g
                     p = self.params[r][i]
                     p -= lr * (m / (self.v[i].sqrt() + eps) + wd * p)
                 continue
             d = self.v[i].sqrt() + eps
             for r in range(self.size):
-                m = self.m[r][i] = b1 * self.m[r][i] + (1 - b1) * grads[r][i]
+                m = self.m[r][i] = b1 * self.m[r][i] + c1 * grads[r][i]
                 self.lrsum[r][i] += lr
                 p = self.params[r][i]
                 upd = m / d + wd * p
@@ -87,7 +95,8 @@ class Reference(SimulatedRanks):
                     self.lrsum[r][i] = 0.0
                 self.x[i] = self.params[0][i].clone()
         if full:
-            self.drop = self.group_mask(self.v, ([0, 1], [2, 3, 4, 5]))
+            self.drop = self.group_mask(self.v, ([0, 1], [2, 3, 4, 5]),
+                                        ratio=0.03)
         if not self.frozen:
             if self.t % self.vi == 0:
                 self.vc += 1

@@ -12,8 +12,6 @@ import torch
 from ._lib import lib
 from .comm import Communicator, ObcommError, E_MISMATCH
 
-# OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h).
-AUTO_MASK_RATIO = 0.01
 
 
 def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
@@ -50,13 +48,14 @@ class FlatOptimizer(torch.optim.Optimizer):
 
     NAME = "FlatOptimizer"
     C = None
+    AUTO_MASK_RATIO = None  # the C optimizer's default
 
     def __init__(self, params, defaults, comm, key):
         # The optimizer holds its own share of the connection (as
         # OneBitAdam), so it outlives the caller's Communicator.
         self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
-        self._auto_ratio = AUTO_MASK_RATIO
+        self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
         super().__init__(params, defaults)
 
@@ -165,11 +164,12 @@ class FlatOptimizer(torch.optim.Optimizer):
         return out
 
     def set_auto_mask(self, ratio):
-        """The automatic mask's ratio (AUTO_MASK_RATIO by default): after
-        each variance update (ZeroOneAdam) or from the frozen variance
-        (OneBitLamb) coordinate i of a param group is held when v_i <=
-        (ratio * sqrt(mean v))^2; 0 masks only coordinates whose variance
-        is exactly 0, a negative ratio turns the mask off."""
+        """The automatic mask's ratio (the class's AUTO_MASK_RATIO by
+        default, as the C optimizer's): after each variance update
+        (ZeroOneAdam) or from the frozen variance (OneBitLamb) coordinate
+        i of a param group is held when v_i <= (ratio * sqrt(mean v))^2;
+        0 masks only coordinates whose variance is exactly 0, a negative
+        ratio turns the mask off."""
         self._auto_ratio = float(ratio)
         for g in self._groups:
             self._mask(g)

@@ -75,6 +75,7 @@ class OneBitLamb(FlatOptimizer):
 
     C = "lamb"
     NAME = "OneBitLamb"
+    AUTO_MASK_RATIO = 0.01  # OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, max_coeff=10.0,

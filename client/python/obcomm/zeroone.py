@@ -50,8 +50,9 @@ class ZeroOneAdam(FlatOptimizer):
     lr * scale / eps. After each variance update, coordinate i is masked
     when v_i <= (ratio * sqrt(mean v))^2 over its param group (the
     threshold rounded to float32, the mean summed in double)
-    (set_auto_mask; ratio 0.01 by default, 0 masks only v_i == 0, < 0
-    turns it off); a masked coordinate's 1-bit averaged gradient (stage 1)
+    (set_auto_mask; ratio 0.03 by default, three times OneBitAdam's,
+    since 0.01 let the CNN of docs/convergence.md diverge on 2 seeds of 4;
+    0 masks only v_i == 0, < 0 turns it off); a masked coordinate's 1-bit averaged gradient (stage 1)
     and synchronized update (stage 2) are set to 0, as DeepSpeed's
     exp_avg_mask does with a mask the user builds.
 
@@ -80,6 +81,9 @@ class ZeroOneAdam(FlatOptimizer):
 
     C = "zoadam"
     NAME = "ZeroOneAdam"
+    # OBCOMM_ZOADAM_AUTO_MASK_RATIO of include/obcomm.h: 3x OneBitAdam's
+    # (docs/convergence.md, "0/1 Adam's mask").
+    AUTO_MASK_RATIO = 0.03
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, var_freeze_step=100000,
