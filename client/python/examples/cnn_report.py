@@ -64,7 +64,7 @@ def _lamb(R, base, ob):
         f"{100 * (z['test_accuracy'] - base['test_accuracy']):+.2f} points "
         f"against Adam, {ob['wire_bytes'] / z['wire_bytes']:.2f}x OneBitAdam's "
         f"bytes ({r.get('fp32', 0)} fp32 and {r.get('1bit', 0)} 1-bit "
-        f"rounds, by its schedule); the mask held {z.get('masked')} "
+        f"rounds, counted by the optimizer); the mask held {z.get('masked')} "
         f"coordinates.", ""]
 
 
