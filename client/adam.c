@@ -175,11 +175,7 @@ static void auto_threshold(obcomm_adam_t *a)
 {
     if (a->auto_frozen)
         return;
-    double sum = 0;
-    for (size_t i = 0; i < a->count; i++)
-        sum += (double)a->v[i];
-    double r = (double)a->auto_ratio * sqrt(sum / (double)a->count);
-    a->auto_thr = (float)(r * r);
+    a->auto_thr = obc_mask_threshold(a->v, a->count, a->auto_ratio);
     a->auto_frozen = a->step >= a->cfg.freeze_step;
 }
 
@@ -581,7 +577,6 @@ int obcomm_adam_save(obcomm_adam_t *a, const char *path)
 
 int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
 {
-    char tmp[4096];
     struct adam_file h;
     if (a->started)
         return obc_fail(a->c, OBCOMM_E_INVAL,
@@ -589,17 +584,13 @@ int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
     memset(&h, 0, sizeof(h));
     /* The daemons' error feedback first: no file names a snapshot that
      * some node could not save. A set covers every key of the job, so
-     * optimizers saved together name one set. */
+     * optimizers saved together name one set; with a part, the file holds
+     * the saving rank's node's part. */
     h.snapshot = snapshot;
-    int rc = snapshot ? 0 : obcomm_save_1bit(a->c, &h.snapshot);
+    void *part;
+    size_t part_bytes;
+    int rc = obc_ckpt_snapshot(a->c, &h.snapshot, &part, &part_bytes);
     if (rc)
-        return rc;
-    /* A daemon without a state_dir keeps the set in memory only: the file
-     * carries this node's part, so that a load after a restart works. */
-    void *part = NULL;
-    size_t part_bytes = 0;
-    if (!obcomm_1bit_durable(a->c) &&
-        (rc = obcomm_export_1bit(a->c, h.snapshot, &part, &part_bytes)) != 0)
         return rc;
     h.part_bytes = part_bytes;
     h.part_node = (uint32_t)a->c->node_rank;
@@ -607,33 +598,13 @@ int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
     h.step = a->step;
     h.key = a->key;
     h.cfg = a->cfg;
-
-    /* Ranks may save to the same path (each writes its own temporary
-     * file and renames it into place); with a part, the file holds the
-     * saving rank's node's part. */
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(part);
-        return OBCOMM_E_IO;
-    }
     uint8_t hdr[ADAM_HDR_BYTES];
     encode_header(hdr, &h);
-    rc = obc_write_all(fd, hdr, sizeof(hdr));
-    if (rc == 0)
-        rc = obc_write_all(fd, a->m, a->count * sizeof(float));
-    if (rc == 0)
-        rc = obc_write_all(fd, a->v, a->count * sizeof(float));
-    if (rc == 0 && part_bytes > 0)
-        rc = obc_write_all(fd, part, part_bytes);
+    size_t bytes = a->count * sizeof(float);
+    struct obc_piece pieces[] = {
+        {hdr, sizeof(hdr)}, {a->m, bytes}, {a->v, bytes}, {part, part_bytes}};
+    rc = obc_ckpt_write(path, pieces, 4);
     free(part);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = OBCOMM_E_IO;
-    close(fd);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = OBCOMM_E_IO;
-    if (rc)
-        unlink(tmp);
     return rc;
 }
 

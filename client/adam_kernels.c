@@ -209,3 +209,12 @@ int obc_adam_run(const struct obc_adam_kernels *kern,
         }
     return used;
 }
+
+float obc_mask_threshold(const float *v, size_t n, float ratio)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += (double)v[i];
+    double r = (double)ratio * sqrt(sum / (double)n);
+    return (float)(r * r);
+}

@@ -135,6 +135,12 @@ const struct obc_adam_kernels *obc_adam_kernels_portable(void);
 const struct obc_adam_kernels *obc_adam_kernels_avx2(void);
 const struct obc_adam_kernels *obc_adam_kernels_best(void);
 
+/* The automatic momentum mask's threshold on v (obcomm_adam_set_auto_mask,
+ * and 0/1 Adam's and 1-bit LAMB's): coordinate i is held when v[i] <= it.
+ * (float)((ratio * sqrt(mean v))^2), the mean summed in double in index
+ * order, so every rank computes the same bits. */
+float obc_mask_threshold(const float *v, size_t n, float ratio);
+
 /* The AVX2 table, defined in adam_avx2.c (compiled with -mavx2): calling
  * any of its functions on a CPU without AVX2 faults, so only
  * obc_adam_kernels_avx2() calls this, after checking the CPU. */

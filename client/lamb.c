@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "adam_kernels.h"
 #include "ckpt_io.h"
 #include "client.h"
 
@@ -173,11 +174,7 @@ static void remask(obcomm_lamb_t *a)
     a->masking = a->stage != WARMUP && a->ratio >= 0.0f;
     if (!a->masking)
         return;
-    double sum = 0;
-    for (size_t i = 0; i < a->count; i++)
-        sum += (double)a->v[i];
-    double r = (double)a->ratio * sqrt(sum / (double)a->count);
-    a->thr = (float)(r * r);
+    a->thr = obc_mask_threshold(a->v, a->count, a->ratio);
 }
 
 void obcomm_lamb_set_auto_mask(obcomm_lamb_t *a, float ratio)
@@ -411,47 +408,29 @@ int obcomm_lamb_save_ex(obcomm_lamb_t *a, const char *path, uint64_t snapshot)
 {
     if (a == NULL || path == NULL)
         return OBCOMM_E_INVAL;
-    /* The daemons' error feedback first: no file names a snapshot that
-     * some node could not save. */
-    int rc = snapshot ? 0 : obcomm_save_1bit(a->c, &snapshot);
-    if (rc)
+    uint8_t *off = malloc(8 * (a->layers + 1));
+    if (off == NULL)
+        return OBCOMM_E_NOMEM;
+    void *part;
+    size_t part_bytes;
+    int rc = obc_ckpt_snapshot(a->c, &snapshot, &part, &part_bytes);
+    if (rc) {
+        free(off);
         return rc;
-    void *part = NULL;
-    size_t part_bytes = 0;
-    if (!obcomm_1bit_durable(a->c) &&
-        (rc = obcomm_export_1bit(a->c, snapshot, &part, &part_bytes)) != 0)
-        return rc;
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(part);
-        return OBCOMM_E_IO;
     }
     uint8_t h[LAMB_HDR_BYTES];
     encode(a, h, snapshot, part_bytes);
-    rc = obc_write_all(fd, h, sizeof(h));
-    for (size_t l = 0; rc == 0 && l <= a->layers; l++) {
-        uint8_t b[8];
-        obc_put64(b, a->off[l]);
-        rc = obc_write_all(fd, b, 8);
-    }
-    const double *per_layer[] = {a->coeff, a->factor, a->scale};
-    for (int i = 0; rc == 0 && i < 3; i++)
-        rc = obc_write_all(fd, per_layer[i], a->layers * sizeof(double));
-    const float *arrays[] = {a->m, a->v, a->fresh};
-    for (int i = 0; rc == 0 && i < 3; i++)
-        rc = obc_write_all(fd, arrays[i], a->count * sizeof(float));
-    if (rc == 0 && part_bytes > 0)
-        rc = obc_write_all(fd, part, part_bytes);
+    for (size_t l = 0; l <= a->layers; l++)
+        obc_put64(off + 8 * l, a->off[l]);
+    size_t per = a->layers * sizeof(double), bytes = a->count * sizeof(float);
+    struct obc_piece pieces[] = {{h, sizeof(h)},    {off, 8 * (a->layers + 1)},
+                                 {a->coeff, per},   {a->factor, per},
+                                 {a->scale, per},   {a->m, bytes},
+                                 {a->v, bytes},     {a->fresh, bytes},
+                                 {part, part_bytes}};
+    rc = obc_ckpt_write(path, pieces, 9);
     free(part);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = OBCOMM_E_IO;
-    close(fd);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = OBCOMM_E_IO;
-    if (rc)
-        unlink(tmp);
+    free(off);
     return rc;
 }
 

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "adam_kernels.h"
 #include "ckpt_io.h"
 #include "client.h"
 
@@ -134,11 +135,7 @@ static void remask(obcomm_zoadam_t *a)
     a->thr = -1.0f;
     if (a->ratio < 0.0f || a->step == 0)
         return;
-    double sum = 0;
-    for (size_t i = 0; i < a->count; i++)
-        sum += (double)a->v[i];
-    double r = (double)a->ratio * sqrt(sum / a->count);
-    a->thr = (float)(r * r);
+    a->thr = obc_mask_threshold(a->v, a->count, a->ratio);
 }
 
 /* Whether the mask holds coordinate i. */
@@ -394,41 +391,20 @@ int obcomm_zoadam_save(obcomm_zoadam_t *a, const char *path)
 {
     if (a == NULL || path == NULL)
         return OBCOMM_E_INVAL;
-    /* The daemons' error feedback first: no file names a snapshot that
-     * some node could not save. */
     uint64_t snapshot = 0;
-    int rc = obcomm_save_1bit(a->c, &snapshot);
+    void *part;
+    size_t part_bytes;
+    int rc = obc_ckpt_snapshot(a->c, &snapshot, &part, &part_bytes);
     if (rc)
         return rc;
-    void *part = NULL;
-    size_t part_bytes = 0;
-    if (!obcomm_1bit_durable(a->c) &&
-        (rc = obcomm_export_1bit(a->c, snapshot, &part, &part_bytes)) != 0)
-        return rc;
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(part);
-        return OBCOMM_E_IO;
-    }
     uint8_t h[ZO_HDR_BYTES];
     encode(a, h, snapshot, part_bytes);
     size_t bytes = a->count * sizeof(float);
-    rc = obc_write_all(fd, h, sizeof(h));
-    const float *arrays[] = {a->m, a->v, a->u, a->x};
-    for (int i = 0; rc == 0 && i < 4; i++)
-        rc = obc_write_all(fd, arrays[i], bytes);
-    if (rc == 0 && part_bytes > 0)
-        rc = obc_write_all(fd, part, part_bytes);
+    struct obc_piece pieces[] = {{h, sizeof(h)}, {a->m, bytes},
+                                 {a->v, bytes},  {a->u, bytes},
+                                 {a->x, bytes},  {part, part_bytes}};
+    rc = obc_ckpt_write(path, pieces, 6);
     free(part);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = OBCOMM_E_IO;
-    close(fd);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = OBCOMM_E_IO;
-    if (rc)
-        unlink(tmp);
     return rc;
 }
 
