@@ -472,3 +472,20 @@ int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
         }
     return failed;
 }
+
+int hx_damaged_copy(const char *src, const char *dst, long off)
+{
+    char buf[1 << 16];
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    int rc = in && out ? 0 : -1;
+    size_t n;
+    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    if (out && fseek(out, off, SEEK_SET) == 0 && rc == 0)
+        rc = fwrite("\0\0\0\0\0\0\0\0", 1, 8, out) == 8 ? 0 : -1;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        rc = -1;
+    return rc;
+}

@@ -94,6 +94,10 @@ int hx_wait(pid_t pid, int wait_ms);
 int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
            int wait_s, hx_trainer_fn fn, void *arg);
 
+/* Copies the file src to dst with the 8 bytes at off zeroed (a damaged
+ * checkpoint); 0 or -1. */
+int hx_damaged_copy(const char *src, const char *dst, long off);
+
 /* Prints a trainer-side failure with its rank and returns 1. */
 int hx_fail(obcomm_t *comm, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -347,24 +347,6 @@ struct ckpt {
     int resume;
 };
 
-/* Copies src to dst with the 8 bytes at off zeroed. */
-static int damaged_copy(const char *src, const char *dst, long off)
-{
-    static char buf[1 << 16];
-    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
-    int rc = in && out ? 0 : -1;
-    size_t n;
-    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
-        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
-    if (out && fseek(out, off, SEEK_SET) == 0 && rc == 0)
-        rc = fwrite("\0\0\0\0\0\0\0\0", 1, 8, out) == 8 ? 0 : -1;
-    if (in)
-        fclose(in);
-    if (out && fclose(out) != 0)
-        rc = -1;
-    return rc;
-}
-
 /* Offsets into the file (include/obcomm.h): the third layer's scale, the
  * second layer offset, the step. */
 #define AT_SCALE2  (144 + 8 * (LAYERS + 1) + 8 * (2 * LAYERS + 2))
@@ -399,7 +381,7 @@ static int ckpt_trainer(obcomm_t *c, void *arg)
          * optimizer stays as it was. */
         const long at[] = {AT_SCALE2, AT_OFFSET1, AT_STEP};
         for (int i = 0; i < 3; i++) {
-            if (damaged_copy(opt, bad, at[i]) != 0)
+            if (hx_damaged_copy(opt, bad, at[i]) != 0)
                 return hx_fail(c, "cannot copy %s", opt);
             if ((rc = obcomm_lamb_load(a, bad)) != OBCOMM_E_CORRUPT ||
                 obcomm_lamb_steps(a) != 0)

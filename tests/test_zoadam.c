@@ -264,24 +264,6 @@ struct ckpt {
     int resume;
 };
 
-/* Copies src to dst with the 8 bytes at off zeroed. */
-static int damaged_copy(const char *src, const char *dst, long off)
-{
-    static char buf[1 << 16];
-    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
-    int rc = in && out ? 0 : -1;
-    size_t n;
-    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
-        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
-    if (out && fseek(out, off, SEEK_SET) == 0 && rc == 0)
-        rc = fwrite("\0\0\0\0\0\0\0\0", 1, 8, out) == 8 ? 0 : -1;
-    if (in)
-        fclose(in);
-    if (out && fclose(out) != 0)
-        rc = -1;
-    return rc;
-}
-
 static int ckpt_trainer(obcomm_t *c, void *arg)
 {
     const struct ckpt *ck = arg;
@@ -307,7 +289,7 @@ static int ckpt_trainer(obcomm_t *c, void *arg)
         fclose(f);
         /* A copy whose local-step interval is 0 is refused before any
          * collective, and the optimizer stays as it was. */
-        if ((rc = damaged_copy(opt, bad, 112)) != 0)
+        if ((rc = hx_damaged_copy(opt, bad, 112)) != 0)
             return hx_fail(c, "cannot copy %s", opt);
         if ((rc = obcomm_zoadam_load(a, bad)) != OBCOMM_E_CORRUPT ||
             obcomm_zoadam_steps(a) != 0)
