@@ -123,3 +123,15 @@ def test_checkpoint_resumes_bit_for_bit(make_cluster, tmp_path):
             assert "load_error" not in b, b
             assert b["first"] == at
             assert b["digests"] == a["digests"][at:], (at, b["rank"])
+
+
+def test_settings_other_than_lr_are_fixed(make_cluster):
+    """The C optimizer keeps the betas, eps and weight decay it was made
+    with: changing them in a param group, or loading a dict saved with
+    others, raises ValueError instead of being silently ignored."""
+    cl = make_cluster(1)
+    r = run(cl, "zofixed", "settings_change", 1, {})[0]
+    assert "only lr may change" in r.get("step", ""), r
+    assert "(0.8, 0.999)" in r["step"], r
+    assert "only lr may change" in r.get("load", ""), r
+    assert r["steps"] == 1, r

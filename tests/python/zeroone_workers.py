@@ -10,7 +10,8 @@ import torch
 import obcomm
 import obcomm.torch
 import cluster
-from workers import Net, SimulatedRanks, resume_and_train, serve
+from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
+                     serve)
 
 torch.set_num_threads(1)
 
@@ -125,6 +126,36 @@ def against_reference(args):
     diffs = ref.follow(model, opt, comm.rank, args["steps"])
     out = {"rank": comm.rank, "diffs": diffs, "rounds": dict(opt.rounds),
            "masked": opt.masked()}
+    opt.close()
+    comm.close()
+    return out
+
+
+def settings_change(args):
+    """Changes a param group's betas after a step: the next step and a
+    load of a dict saved with other betas must raise, since the C
+    optimizer keeps the betas it was made with. Returns the messages."""
+    torch.manual_seed(0)
+    model = Net()
+    comm = obcomm.Communicator(timeout_ms=20000)
+    opt = obcomm.torch.ZeroOneAdam(_groups(model), **HYPER, **SCHEDULE,
+                                   comm=comm)
+    grads_of(model, comm.rank, 0).backward()
+    opt.step()
+    sd = opt.state_dict()
+    out = {}
+    opt.param_groups[1]["betas"] = (0.8, 0.999)
+    try:
+        opt.step()
+    except ValueError as e:
+        out["step"] = str(e)
+    opt.param_groups[1]["betas"] = HYPER["betas"]
+    sd["param_groups"][0]["betas"] = (0.8, 0.999)
+    try:
+        opt.load_state_dict(sd)
+    except ValueError as e:
+        out["load"] = str(e)
+    out["steps"] = opt.steps
     opt.close()
     comm.close()
     return out

@@ -49,6 +49,9 @@ class FlatOptimizer(torch.optim.Optimizer):
     NAME = "FlatOptimizer"
     C = None
     AUTO_MASK_RATIO = None  # the C optimizer's default
+    # A param group's settings that the C optimizer takes at construction:
+    # lr alone may change between steps.
+    HYPER = ("betas", "eps", "weight_decay")
 
     def __init__(self, params, defaults, comm, key):
         # The optimizer holds its own share of the connection (as
@@ -88,6 +91,7 @@ class FlatOptimizer(torch.optim.Optimizer):
                 g.g[o:o + n].copy_(p.grad.reshape(-1))
             p.data = g.p[o:o + n].view_as(p)
             p.grad = g.g[o:o + n].view_as(p)
+        g.hyper = self._hyper(group)
         self._init_group(g, group)
         self._groups.append(g)
 
@@ -137,6 +141,40 @@ class FlatOptimizer(torch.optim.Optimizer):
                 g.g.zero_()
                 for p, (o, n) in zip(g.params, g.spans):
                     p.grad = g.g[o:o + n].view_as(p)
+
+    # -- the step -----------------------------------------------------------
+
+    def _hyper(self, group):
+        return tuple(tuple(group[k]) if k == "betas" else group[k]
+                     for k in self.HYPER)
+
+    def _check_hyper(self, groups):
+        """ValueError unless `groups` (param groups, or a state dict's)
+        hold the settings the C optimizers were made with."""
+        for g, group in zip(self._groups, groups):
+            now = self._hyper(group)
+            if now != g.hyper:
+                raise ValueError(
+                    f"{self.NAME}: only lr may change after construction "
+                    f"({dict(zip(self.HYPER, g.hyper))} became "
+                    f"{dict(zip(self.HYPER, now))})")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_hyper(self.param_groups)
+        comm = self.comm
+        for g, group in zip(self._groups, self.param_groups):
+            self._gather_grads(g)
+            self._c("set_lr")(g.handle, float(group["lr"]))
+            with comm._locked():
+                comm._check(self._c("step")(
+                    g.handle, ctypes.c_void_p(g.p.data_ptr()),
+                    ctypes.c_void_p(g.g.data_ptr())))
+        return loss
 
     # -- what the C optimizers count and mask -----------------------------
 

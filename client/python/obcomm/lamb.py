@@ -23,8 +23,6 @@ _MAGIC, _VERSION = b"OBCMLAMB", 1
 _CONFIG = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_coeff",
            "min_coeff", "coeff_beta", "factor_max", "factor_min",
            "factor_threshold")
-# What a param group fixes at construction (lr alone may change).
-_HYPER = ("betas", "eps", "weight_decay", "max_coeff", "min_coeff")
 WARMUP, FROZEN, COMPRESSING = 0, 1, 2   # the C optimizer's stages
 
 
@@ -76,6 +74,7 @@ class OneBitLamb(FlatOptimizer):
     C = "lamb"
     NAME = "OneBitLamb"
     AUTO_MASK_RATIO = 0.01  # OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO)
+    HYPER = ("betas", "eps", "weight_decay", "max_coeff", "min_coeff")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, max_coeff=10.0,
@@ -135,30 +134,7 @@ class OneBitLamb(FlatOptimizer):
                 ch, g.key, g.count, len(offsets) - 1, arr, ctypes.byref(cfg),
                 ctypes.byref(h)))
         self._own(g, h, lib.obcomm_lamb_destroy)
-        g.hyper = tuple(group[k] for k in _HYPER)
         lib.obcomm_lamb_set_auto_mask(h, self._auto_ratio)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for g, group in zip(self._groups, self.param_groups):
-            hyper = tuple(group[k] for k in _HYPER)
-            if hyper != g.hyper:
-                raise ValueError(
-                    f"OneBitLamb: only lr may change after construction "
-                    f"({dict(zip(_HYPER, g.hyper))} became "
-                    f"{dict(zip(_HYPER, hyper))})")
-        for g, group in zip(self._groups, self.param_groups):
-            self._gather_grads(g)
-            lib.obcomm_lamb_set_lr(g.handle, float(group["lr"]))
-            with self.comm._locked():
-                self.comm._check(lib.obcomm_lamb_step(
-                    g.handle, ctypes.c_void_p(g.p.data_ptr()),
-                    ctypes.c_void_p(g.g.data_ptr())))
-        return loss
 
     # -- checkpoints ------------------------------------------------------
 
@@ -254,7 +230,7 @@ class OneBitLamb(FlatOptimizer):
                 with self.comm._locked():
                     self.comm._check(lib.obcomm_lamb_load_ex(
                         g.handle, path.encode(), 0))
-                g.hyper = tuple(group[k] for k in _HYPER)
+                g.hyper = self._hyper(group)
         finally:
             shutil.rmtree(d, ignore_errors=True)
 

@@ -130,21 +130,6 @@ class ZeroOneAdam(FlatOptimizer):
             self._set_state(g, st, zero, zero, zero, g.p)
         self._mask(g)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        comm = self.comm
-        for g, group in zip(self._groups, self.param_groups):
-            self._gather_grads(g)
-            lib.obcomm_zoadam_set_lr(g.handle, float(group["lr"]))
-            with comm._locked():
-                comm._check(lib.obcomm_zoadam_step(
-                    g.handle, g.p.data_ptr(), g.g.data_ptr()))
-        return loss
-
     # -- the C optimizer's state ------------------------------------------
 
     def _state(self, g):
@@ -210,6 +195,8 @@ class ZeroOneAdam(FlatOptimizer):
                              f"{_COUNTERS + ('lrs',)} or has "
                              f"{len(sched.get('lrs', []))} groups' lrs, "
                              f"not {len(self._groups)}")
+        # The C optimizers keep the settings they were made with.
+        self._check_hyper(state_dict.get("param_groups", []))
         states, sched = self._load_with(state_dict, "zero_one")
         frozen = bool(sched["frozen"])
         need = ["exp_avg", "exp_avg_sq", "momentum_accumulator"] + (
