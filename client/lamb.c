@@ -456,32 +456,92 @@ static int check_header(const obcomm_lamb_t *a, const uint8_t *h,
     cfg->freeze_step = (long)(int64_t)obc_get64(h + 96);
     if (!config_valid(cfg))
         return OBCOMM_E_CORRUPT;
-    /* A step past the warm-up is frozen; one within it is not. */
-    int64_t step = (int64_t)obc_get64(h + 32);
-    uint32_t stage = obc_get32(h + 92);
-    if ((stage == WARMUP) != (step < cfg->freeze_step || step == 0))
-        return OBCOMM_E_CORRUPT;
-    /* The scales are fixed by the first step after the warm-up. */
-    if (stage == FROZEN &&
-        step != (cfg->freeze_step > 0 ? cfg->freeze_step : 1))
-        return OBCOMM_E_CORRUPT;
     return 0;
 }
 
-/* The body's layers and per-layer values; 0 or OBCOMM_E_CORRUPT. */
-static int check_body(const obcomm_lamb_t *a, const uint8_t *off,
-                      const double *per_layer)
+/* Whether a state is one a run with freeze_step reaches: a step past the
+ * warm-up is frozen, one within it is not; the scales are fixed by the
+ * first step after the warm-up; the per-layer values are finite (c_avg
+ * >= 0, the factor and s > 0). */
+static int state_valid(const obcomm_lamb_t *a, long freeze_step,
+                       const obcomm_lamb_state_t *s, const double *coeff,
+                       const double *factor, const double *scale)
 {
-    for (size_t l = 0; l <= a->layers; l++)
-        if (obc_get64(off + 8 * l) != a->off[l])
-            return OBCOMM_E_CORRUPT;
-    const double *coeff = per_layer, *factor = coeff + a->layers;
-    const double *scale = factor + a->layers;
+    if (s->step < 0 || s->stage < WARMUP || s->stage > COMPRESSING ||
+        s->rounds_fp32 < 0 || s->rounds_1bit < 0 ||
+        (s->stage == WARMUP) != (s->step < freeze_step || s->step == 0) ||
+        (s->stage == FROZEN && s->step != (freeze_step > 0 ? freeze_step : 1)))
+        return 0;
     for (size_t l = 0; l < a->layers; l++)
         if (!(coeff[l] >= 0 && isfinite(coeff[l]) && factor[l] > 0 &&
               isfinite(factor[l]) && scale[l] > 0 && isfinite(scale[l])))
-            return OBCOMM_E_CORRUPT;
+            return 0;
+    return 1;
+}
+
+void obcomm_lamb_get_state(const obcomm_lamb_t *a, obcomm_lamb_state_t *s,
+                           const float **m, const float **v,
+                           const float **fresh, const double **coeff,
+                           const double **factor, const double **scale)
+{
+    if (s) {
+        s->step = a->step;
+        s->stage = (int)a->stage;
+        s->rounds_fp32 = a->rounds_fp32;
+        s->rounds_1bit = a->rounds_1bit;
+    }
+    if (m)
+        *m = a->m;
+    if (v)
+        *v = a->v;
+    if (fresh)
+        *fresh = a->fresh;
+    if (coeff)
+        *coeff = a->coeff;
+    if (factor)
+        *factor = a->factor;
+    if (scale)
+        *scale = a->scale;
+}
+
+int obcomm_lamb_set_state(obcomm_lamb_t *a, const obcomm_lamb_state_t *s,
+                          const float *m, const float *v, const float *fresh,
+                          const double *coeff, const double *factor,
+                          const double *scale)
+{
+    if (a == NULL || s == NULL || !m || !v || !fresh || !coeff || !factor ||
+        !scale || !state_valid(a, a->cfg.freeze_step, s, coeff, factor, scale))
+        return OBCOMM_E_INVAL;
+    size_t n = a->count, nl = a->layers;
+    memmove(a->m, m, n * sizeof(float));
+    memmove(a->v, v, n * sizeof(float));
+    memmove(a->fresh, fresh, n * sizeof(float));
+    memmove(a->coeff, coeff, nl * sizeof(double));
+    memmove(a->factor, factor, nl * sizeof(double));
+    memmove(a->scale, scale, nl * sizeof(double));
+    a->step = s->step;
+    a->stage = (enum stage)s->stage;
+    a->rounds_fp32 = s->rounds_fp32;
+    a->rounds_1bit = s->rounds_1bit;
+    /* The denominators and the mask follow from v. */
+    if (a->stage != WARMUP)
+        for (size_t i = 0; i < n; i++)
+            a->denom[i] = sqrtf(a->v[i]) + a->cfg.eps;
+    remask(a);
     return 0;
+}
+
+/* The state a file holds: its header's step, stage and rounds. */
+static obcomm_lamb_state_t file_state(const uint8_t *h)
+{
+    uint32_t stage = obc_get32(h + 92);
+    obcomm_lamb_state_t s = {
+        .step = (long)(int64_t)obc_get64(h + 32),
+        .stage = stage > COMPRESSING ? -1 : (int)stage,
+        .rounds_fp32 = (long)(int64_t)obc_get64(h + 104),
+        .rounds_1bit = (long)(int64_t)obc_get64(h + 112),
+    };
+    return s;
 }
 
 int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path, int restore)
@@ -500,10 +560,10 @@ int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path, int restore)
     uint64_t body = body_bytes(a);
     /* Read into new memory: a short or damaged file leaves the optimizer
      * as it was. The part is bounded by the file's length first. */
-    struct stat st;
-    if (rc == 0 && (fstat(fd, &st) != 0 || st.st_size < 0 ||
-                    part_bytes > (uint64_t)st.st_size ||
-                    (uint64_t)st.st_size != LAMB_HDR_BYTES + body + part_bytes))
+    struct stat fs;
+    if (rc == 0 && (fstat(fd, &fs) != 0 || fs.st_size < 0 ||
+                    part_bytes > (uint64_t)fs.st_size ||
+                    (uint64_t)fs.st_size != LAMB_HDR_BYTES + body + part_bytes))
         rc = OBCOMM_E_CORRUPT;
     uint8_t *raw = rc == 0 ? malloc(body) : NULL;
     void *part = NULL;
@@ -521,9 +581,16 @@ int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path, int restore)
     double *per_layer = rc == 0 ? malloc(3 * nl * sizeof(double)) : NULL;
     if (rc == 0 && per_layer == NULL)
         rc = OBCOMM_E_NOMEM;
+    obcomm_lamb_state_t st = {0};
     if (rc == 0) {
+        st = file_state(h);
         memcpy(per_layer, raw + 8 * (nl + 1), 3 * nl * sizeof(double));
-        rc = check_body(a, raw, per_layer);
+        for (size_t l = 0; l <= nl; l++)
+            if (obc_get64(raw + 8 * l) != a->off[l])
+                rc = OBCOMM_E_CORRUPT;
+        if (!state_valid(a, cfg.freeze_step, &st, per_layer, per_layer + nl,
+                         per_layer + 2 * nl))
+            rc = OBCOMM_E_CORRUPT;
     }
     int mine = part != NULL && obc_get32(h + 136) == (uint32_t)a->c->node_rank;
     if (rc == 0 && restore)
@@ -532,25 +599,14 @@ int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path, int restore)
                                      mine ? part : NULL, mine ? part_bytes : 0);
     free(part);
     if (rc == 0) {
-        const uint8_t *arrays = raw + 8 * (nl + 1) + 3 * nl * sizeof(double);
-        memcpy(a->coeff, per_layer, nl * sizeof(double));
-        memcpy(a->factor, per_layer + nl, nl * sizeof(double));
-        memcpy(a->scale, per_layer + 2 * nl, nl * sizeof(double));
-        memcpy(a->m, arrays, n * sizeof(float));
-        memcpy(a->v, arrays + n * sizeof(float), n * sizeof(float));
-        memcpy(a->fresh, arrays + 2 * n * sizeof(float), n * sizeof(float));
-        a->step = (long)(int64_t)obc_get64(h + 32);
-        a->stage = (enum stage)obc_get32(h + 92);
-        a->rounds_fp32 = (long)(int64_t)obc_get64(h + 104);
-        a->rounds_1bit = (long)(int64_t)obc_get64(h + 112);
         /* The config comes from the file, the learning rate from the
          * caller's schedule. */
         a->cfg = cfg;
-        /* The denominators and the mask follow from v. */
-        if (a->stage != WARMUP)
-            for (size_t i = 0; i < n; i++)
-                a->denom[i] = sqrtf(a->v[i]) + a->cfg.eps;
-        remask(a);
+        const float *arrays =
+            (const float *)(raw + 8 * (nl + 1) + 3 * nl * sizeof(double));
+        rc = obcomm_lamb_set_state(a, &st, arrays, arrays + n, arrays + 2 * n,
+                                   per_layer, per_layer + nl,
+                                   per_layer + 2 * nl);
     }
     free(per_layer);
     free(raw);

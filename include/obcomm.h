@@ -605,6 +605,34 @@ OBCOMM_API int obcomm_lamb_save_ex(obcomm_lamb_t *a, const char *path,
 OBCOMM_API int obcomm_lamb_load_ex(obcomm_lamb_t *a, const char *path,
                                    int restore);
 
+/* The optimizer's state for a caller's own checkpoint format (the Python
+ * package's state dict), as obcomm_zoadam_get_state: the step, the stage
+ * (0 warm-up, 1 frozen, 2 scales fixed) and the rounds; m, v and v' (count
+ * floats each) and per layer c_avg, the last factor and s (n_layers
+ * doubles each), borrowed until the next step, set_state, load or
+ * destroy. The daemons' error feedback is the caller's to save and
+ * restore with it. */
+typedef struct {
+    long step;
+    int stage;
+    long rounds_fp32, rounds_1bit;
+} obcomm_lamb_state_t;
+
+OBCOMM_API void obcomm_lamb_get_state(const obcomm_lamb_t *a,
+                                      obcomm_lamb_state_t *s, const float **m,
+                                      const float **v, const float **fresh,
+                                      const double **coeff,
+                                      const double **factor,
+                                      const double **scale);
+/* Copies a state in; OBCOMM_E_INVAL, and nothing changed, when the stage
+ * does not fit the step and freeze_step or a per-layer value is not
+ * finite (c_avg >= 0, the factor and s > 0), as obcomm_lamb_load checks. */
+OBCOMM_API int obcomm_lamb_set_state(obcomm_lamb_t *a,
+                                     const obcomm_lamb_state_t *s,
+                                     const float *m, const float *v,
+                                     const float *fresh, const double *coeff,
+                                     const double *factor, const double *scale);
+
 #ifdef __cplusplus
 }
 #endif

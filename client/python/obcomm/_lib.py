@@ -167,6 +167,12 @@ class LambConfig(ctypes.Structure):
         "factor_threshold")] + [("freeze_step", ctypes.c_long)]
 
 
+class LambState(ctypes.Structure):
+    """obcomm_lamb_state_t."""
+    _fields_ = [("step", ctypes.c_long), ("stage", c_int),
+                ("rounds_fp32", ctypes.c_long), ("rounds_1bit", ctypes.c_long)]
+
+
 _FUNCTIONS += [
     ("obcomm_lamb_defaults", LambConfig, []),
     ("obcomm_lamb_create", c_int, [c_void_p, c_uint64, c_size_t, c_size_t,
@@ -185,6 +191,10 @@ _FUNCTIONS += [
     ("obcomm_lamb_load", c_int, [c_void_p, ctypes.c_char_p]),
     ("obcomm_lamb_save_ex", c_int, [c_void_p, ctypes.c_char_p, c_uint64]),
     ("obcomm_lamb_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
+    ("obcomm_lamb_get_state", None, [c_void_p, ctypes.POINTER(LambState)] +
+     [ctypes.POINTER(c_void_p)] * 6),
+    ("obcomm_lamb_set_state", c_int, [c_void_p, ctypes.POINTER(LambState)] +
+     [c_void_p] * 6),
 ]
 
 def _candidates():

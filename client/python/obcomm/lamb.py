@@ -3,26 +3,14 @@ OnebitLamb runs it (runtime/fp16/onebit/lamb.py), on CPU tensors: one C
 optimizer of libobcomm (obcomm_lamb_*, client/lamb.c) per param group."""
 
 import ctypes
-import os
-import shutil
-import struct
-import tempfile
 
 import torch
 
 from ._flat import FlatOptimizer, check_adam_args
-from ._lib import lib, LambConfig
+from ._lib import lib, LambConfig, LambState
 
 __all__ = ["OneBitLamb"]
 
-# obcomm_lamb_save's file (include/obcomm.h): magic, version, header
-# bytes, count, layers, step, key, 11 f32 of the config, stage,
-# freeze_step, fp32 and 1-bit rounds, snapshot, part bytes, part's node, 0.
-_HEADER = struct.Struct("<8sIIQQqQ11fIqqqQQII")
-_MAGIC, _VERSION = b"OBCMLAMB", 1
-_CONFIG = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_coeff",
-           "min_coeff", "coeff_beta", "factor_max", "factor_min",
-           "factor_threshold")
 WARMUP, FROZEN, COMPRESSING = 0, 1, 2   # the C optimizer's stages
 
 
@@ -138,42 +126,20 @@ class OneBitLamb(FlatOptimizer):
 
     # -- checkpoints ------------------------------------------------------
 
-    def _save_group(self, g, d, snapshot):
-        """Group g's C state through obcomm_lamb_save_ex (naming the
-        snapshot taken for the dict): each parameter's state, the step,
-        the stage and the rounds."""
-        path = os.path.join(d, f"group{g.key}.lamb")
-        with self.comm._locked():
-            self.comm._check(lib.obcomm_lamb_save_ex(g.handle, path.encode(),
-                                                     snapshot))
-        with open(path, "rb") as f:
-            raw = f.read()
-        (magic, version, hbytes, count, layers, step, _key, *rest) = \
-            _HEADER.unpack_from(raw)
-        stage, fp32, onebit = rest[11], rest[13], rest[14]
-        hs, nl = _HEADER.size, layers
-        off_end = hs + 8 * (nl + 1)
-        lay_end = off_end + 24 * nl
-        end = lay_end + 12 * count
-        if (magic != _MAGIC or version != _VERSION or hbytes != hs or
-                count != g.count or nl != len(g.offsets) - 1 or
-                len(raw) < end):
-            raise ValueError(f"{path}: not the optimizer's file")
-        per = struct.unpack_from(f"<{3 * nl}d", raw, off_end)
-        flat = torch.frombuffer(bytearray(raw[lay_end:end]),
-                                dtype=torch.float32)
-        m, v, fresh = flat[:count], flat[count:2 * count], flat[2 * count:]
-        states = []
-        for p, (o, n), li in zip(g.params, g.spans, g.layer):
-            cf, last, scale = (0.0, 1.0, 1.0) if li is None else \
-                (per[li], per[nl + li], per[2 * nl + li])
-            states.append({
-                "exp_avg": m[o:o + n].clone().view_as(p),
-                "exp_avg_sq": v[o:o + n].clone().view_as(p),
-                "exp_avg_sq_fresh": fresh[o:o + n].clone().view_as(p),
-                "lamb_coeff_freeze": cf, "last_factor": last,
-                "scaling_coeff": scale})
-        return states, step, stage, [fp32, onebit]
+    def _state(self, g):
+        """Group g's C state: its LambState, m, v, v' (float32 views of
+        its memory) and per layer c_avg, the last factor and s (lists)."""
+        st = LambState()
+        ptrs = [ctypes.c_void_p() for _ in range(6)]
+        lib.obcomm_lamb_get_state(g.handle, ctypes.byref(st),
+                                  *(ctypes.byref(q) for q in ptrs))
+        arrays = [torch.frombuffer(
+            (ctypes.c_float * g.count).from_address(q.value),
+            dtype=torch.float32) for q in ptrs[:3]]
+        nl = len(g.offsets) - 1
+        per = [list((ctypes.c_double * nl).from_address(q.value))
+               for q in ptrs[3:]]
+        return st, arrays, per
 
     def state_dict(self):
         """torch's state dict with, per parameter, 'exp_avg', 'exp_avg_sq',
@@ -181,32 +147,31 @@ class OneBitLamb(FlatOptimizer):
         'scaling_coeff' (DeepSpeed's names); "one_bit_lamb", the step, the
         stage and each group's rounds; and "obcomm", the snapshot set of
         the daemons' error feedback taken with it. A collective."""
-        info = self._snapshot()
-        d = tempfile.mkdtemp(prefix="obcomm-lamb-")
-        try:
-            saved = [self._save_group(g, d, info["snapshot"])
-                     for g in self._groups]
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-        try:
-            for g, (states, *_rest) in zip(self._groups, saved):
-                for p, st in zip(g.params, states):
-                    self.state[p] = st
-            sd = super().state_dict()
-        finally:
-            self.state.clear()
-        _, step, stage, _ = saved[0]
-        sd["one_bit_lamb"] = {"step": step, "frozen": stage != WARMUP,
-                              "scaled": stage == COMPRESSING,
-                              "rounds": [r for *_rest, r in saved]}
-        sd["obcomm"] = info
-        return sd
+        states = {id(g): self._state(g) for g in self._groups}
+
+        def per_param(g, i, o, n):
+            p, li = g.params[i], g.layer[i]
+            _, (m, v, fresh), (cf, last, scale) = states[id(g)]
+            return {"exp_avg": m[o:o + n].clone().view_as(p),
+                    "exp_avg_sq": v[o:o + n].clone().view_as(p),
+                    "exp_avg_sq_fresh": fresh[o:o + n].clone().view_as(p),
+                    "lamb_coeff_freeze": 0.0 if li is None else cf[li],
+                    "last_factor": 1.0 if li is None else last[li],
+                    "scaling_coeff": 1.0 if li is None else scale[li]}
+        st = states[id(self._groups[0])][0]
+        return self._state_dict_with(per_param, {"one_bit_lamb": {
+            "step": st.step, "frozen": st.stage != WARMUP,
+            "scaled": st.stage == COMPRESSING,
+            "rounds": [[s.rounds_fp32, s.rounds_1bit]
+                       for s, _, _ in states.values()]}})
 
     def load_state_dict(self, state_dict):
         """Restores the moments, the per-layer ratios and scales, the step
         and the daemons' error feedback of the snapshot the dict names.
         Every rank calls it; it raises ObcommError on every rank when a
         node lacks the snapshot or holds it damaged."""
+        # The C optimizers keep the settings they were made with.
+        self._check_hyper(state_dict.get("param_groups", []))
         states, own = self._load_with(state_dict, "one_bit_lamb")
         need = ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh",
                 "lamb_coeff_freeze", "last_factor", "scaling_coeff")
@@ -214,45 +179,24 @@ class OneBitLamb(FlatOptimizer):
             if not all(k in s for s in st for k in need):
                 raise ValueError(f"load_state_dict: a parameter lacks one "
                                  f"of {need} (not a OneBitLamb state)")
-        step = int(own["step"])
         stage = WARMUP if not own["frozen"] else \
             COMPRESSING if own["scaled"] else FROZEN
         rounds = own.get("rounds") or [[0, 0]] * len(self._groups)
-        snapshot = int(state_dict["obcomm"]["snapshot"])
-        d = tempfile.mkdtemp(prefix="obcomm-lamb-")
-        try:
-            for g, group, st, r in zip(self._groups, self.param_groups,
-                                       states, rounds):
-                path = os.path.join(d, f"group{g.key}.lamb")
-                self._write_group(g, group, st, path, step, stage, r,
-                                  snapshot)
-                # The daemons' set is restored already (_load_with).
-                with self.comm._locked():
-                    self.comm._check(lib.obcomm_lamb_load_ex(
-                        g.handle, path.encode(), 0))
-                g.hyper = self._hyper(group)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-
-    def _write_group(self, g, group, st, path, step, stage, rounds,
-                     snapshot):
-        """A file for obcomm_lamb_load_ex from a param group's state."""
-        cfg = self._config(group)
-        nl = len(g.offsets) - 1
-        per = [[], [], []]
-        for s, li in zip(st, g.layer):
-            if li is not None:
-                per[0].append(float(s["lamb_coeff_freeze"]))
-                per[1].append(float(s["last_factor"]))
-                per[2].append(float(s["scaling_coeff"]))
-        h = _HEADER.pack(_MAGIC, _VERSION, _HEADER.size, g.count, nl, step,
-                         g.key, *(getattr(cfg, k) for k in _CONFIG), stage,
-                         cfg.freeze_step, int(rounds[0]), int(rounds[1]),
-                         snapshot, 0, 0, 0)
-        with open(path, "wb") as f:
-            f.write(h)
-            f.write(struct.pack(f"<{nl + 1}Q", *g.offsets))
-            for xs in per:
-                f.write(struct.pack(f"<{nl}d", *xs))
-            for name in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
-                f.write(self._cat(st, name).numpy().tobytes())
+        for g, st, r in zip(self._groups, states, rounds):
+            c = LambState(step=int(own["step"]), stage=stage,
+                          rounds_fp32=int(r[0]), rounds_1bit=int(r[1]))
+            arrays = [self._cat(st, k).contiguous() for k in need[:3]]
+            if any(t.numel() != g.count for t in arrays):
+                raise ValueError(f"load_state_dict: param group of {g.count} "
+                                 f"elements, state of "
+                                 f"{[t.numel() for t in arrays]}")
+            per = [(ctypes.c_double * (len(g.offsets) - 1))(*(
+                float(s[k]) for s, li in zip(st, g.layer) if li is not None))
+                for k in need[3:]]
+            rc = lib.obcomm_lamb_set_state(
+                g.handle, ctypes.byref(c), *(t.data_ptr() for t in arrays),
+                *(ctypes.addressof(x) for x in per))
+            if rc != 0:
+                raise ValueError(f"load_state_dict: step {c.step} at stage "
+                                 f"{stage} with these per-layer values is "
+                                 f"not a state a run reaches")
