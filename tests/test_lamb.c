@@ -391,6 +391,20 @@ static int ckpt_trainer(obcomm_t *c, void *arg)
             return hx_fail(c, "load: %s", obcomm_last_error(c));
         if (obcomm_lamb_steps(a) != SAVE_AT)
             return hx_fail(c, "loaded at step %ld", obcomm_lamb_steps(a));
+        /* The state goes out and back in unchanged (the Python package's
+         * state dict does this); a stage that does not fit the step is
+         * refused. */
+        obcomm_lamb_state_t st;
+        const float *m, *v, *fresh;
+        const double *cf, *fac, *sc;
+        obcomm_lamb_get_state(a, &st, &m, &v, &fresh, &cf, &fac, &sc);
+        obcomm_lamb_state_t warm = st;
+        warm.stage = 0;
+        if (obcomm_lamb_set_state(a, &warm, m, v, fresh, cf, fac, sc) !=
+            OBCOMM_E_INVAL)
+            return hx_fail(c, "set_state took a warm-up at step %ld", st.step);
+        if ((rc = obcomm_lamb_set_state(a, &st, m, v, fresh, cf, fac, sc)))
+            return hx_fail(c, "set_state: %d", rc);
         first = SAVE_AT + 1;
     }
     for (int t = first; t <= STEPS; t++) {
