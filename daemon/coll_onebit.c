@@ -18,8 +18,10 @@
  *             place into the server state, its signs and block sums); with
  *             every segment done the server scale is known and the server
  *             state commits; the servers' chunks travel around the ring
- *             (allgather) and every segment is decoded into the trainers'
- *             buffers as it arrives;
+ *             (allgather), each segment's signs as soon as they are packed
+ *             and the chunk's server scale after them, and every segment
+ *             is decoded into the trainers' buffers once it and its
+ *             chunk's scale are in;
  *   COMMIT    everything sent, received and decoded here; the node
  *             reports so to every node and answers success only once every
  *             node has. A node that meets a bad scale or a NaN fails the op
@@ -56,9 +58,11 @@
  * Frames: step 0 carries the parameter-server phase: segments 0..nseg-1
  * our packed bits of the chunk, in order, each sent as soon as the worker
  * pass has produced it (the signs do not need the scale), then segment
- * nseg our 4-byte worker scale. Step 1 + s is step s of the allgather:
- * segment 0 the chunk's 4-byte server scale, segments 1..nseg its packed
- * bits, in order.
+ * nseg our 4-byte worker scale. Step 1 + s is step s of the allgather, in
+ * the same shape: segments 0..nseg-1 the chunk's packed bits, in order,
+ * then segment nseg its 4-byte server scale (protocol 7; the scale came
+ * first until protocol 6, so the allgather waited for the whole server
+ * pass).
  */
 #include "coll.h"
 #include "err.h"
@@ -137,7 +141,7 @@ struct onebit {
     uint8_t *have_sscale;
     uint8_t *res; /* enum res_seg, n * nseg */
     int ag_send_step, ag_recv_step;
-    size_t ag_send_x, ag_recv_x; /* 0 = scale frame, 1..nseg bits */
+    size_t ag_send_x, ag_recv_x; /* 0..nseg-1 bits, nseg the scale */
     int tasks;                   /* tasks in flight */
     uint64_t span[SP_COUNT][2];
 };
@@ -414,7 +418,9 @@ static int serve(struct obd_op *op)
 }
 
 /* Allgather around the ring: at step s we send chunk r - s and receive
- * chunk r - s - 1; what we receive at step s we forward at step s + 1. */
+ * chunk r - s - 1; what we receive at step s we forward at step s + 1.
+ * Our own chunk's segments leave as the server pass packs them (the signs
+ * do not need the server scale), the scale once the pass is over. */
 static int allgather(struct obd_op *op)
 {
     struct onebit *ob = op->coll;
@@ -425,21 +431,21 @@ static int allgather(struct obd_op *op)
         size_t x = ob->ag_send_x;
         int ready;
         if (s == 0)
-            ready =
-                x == 0 ? ob->have_sscale[ob->r] : ob->srv[x - 1] == SV_PACKED;
+            ready = x == ob->nseg ? ob->have_sscale[ob->r]
+                                  : ob->srv[x] == SV_PACKED;
         else
             ready = ob->ag_recv_step > s - 1 ||
                     (ob->ag_recv_step == s - 1 && ob->ag_recv_x > x);
         if (!ready)
             break;
-        if (x == 0) {
-            if (send_frame(op, right, (uint32_t)(1 + s), 0, &ob->sscales[chunk],
+        if (x == ob->nseg) {
+            if (send_frame(op, right, (uint32_t)(1 + s), x, &ob->sscales[chunk],
                            sizeof(float)))
                 return -1;
         } else {
-            size_t off = (size_t)chunk * ob->C + (x - 1) * ob->seg;
+            size_t off = (size_t)chunk * ob->C + x * ob->seg;
             if (send_frame(op, right, (uint32_t)(1 + s), x,
-                           ob->ctx.out + off / 8, seg_elems(ob, x - 1) / 8))
+                           ob->ctx.out + off / 8, seg_elems(ob, x) / 8))
                 return -1;
         }
         if (++ob->ag_send_x > ob->nseg) {
@@ -450,7 +456,8 @@ static int allgather(struct obd_op *op)
     return 0;
 }
 
-/* Decodes every result segment that is in; returns how many are done. */
+/* Decodes every result segment that is in once its chunk's server scale
+ * is (the scale follows the chunk's bits); returns how many are done. */
 static int decode(struct obd_op *op, size_t *done)
 {
     struct onebit *ob = op->coll;
@@ -458,7 +465,7 @@ static int decode(struct obd_op *op, size_t *done)
     for (int c = 0; c < ob->n; c++)
         for (size_t j = 0; j < ob->nseg; j++) {
             uint8_t *st = &ob->res[(size_t)c * ob->nseg + j];
-            if (*st == RS_IN) {
+            if (*st == RS_IN && ob->have_sscale[c]) {
                 size_t begin = (size_t)c * ob->C + j * ob->seg;
                 if (queue(op, OBD_ONEBIT_DECODE, c, j, begin,
                           begin + seg_elems(ob, j), ob->sscales[c]))
@@ -574,19 +581,18 @@ static void *onebit_recv_dest(struct obd_op *op, int from,
         return NULL;
     }
     int chunk = obd_ring_mod(ob->r - s - 1, ob->n);
-    if (ob->ag_recv_x == 0) {
+    if (ob->ag_recv_x == ob->nseg) {
         if (f->len != sizeof(float)) {
             *why = "scale frame of the wrong length";
             return NULL;
         }
         return &ob->sscales[chunk];
     }
-    if (f->len != seg_elems(ob, ob->ag_recv_x - 1) / 8) {
+    if (f->len != seg_elems(ob, ob->ag_recv_x) / 8) {
         *why = "payload length differs from the segment's";
         return NULL;
     }
-    return ob->ctx.out +
-           ((size_t)chunk * ob->C + (ob->ag_recv_x - 1) * ob->seg) / 8;
+    return ob->ctx.out + ((size_t)chunk * ob->C + ob->ag_recv_x * ob->seg) / 8;
 }
 
 static void onebit_recv_done(struct obd_op *op, int from,
@@ -602,11 +608,11 @@ static void onebit_recv_done(struct obd_op *op, int from,
     int s = (int)f->step - 1;
     int chunk = obd_ring_mod(ob->r - s - 1, ob->n);
     mark(ob, SP_ALLGATHER, uv_hrtime());
-    int scale = ob->ag_recv_x == 0;
+    int scale = ob->ag_recv_x == ob->nseg;
     if (scale)
         ob->have_sscale[chunk] = 1;
     else
-        ob->res[(size_t)chunk * ob->nseg + ob->ag_recv_x - 1] = RS_IN;
+        ob->res[(size_t)chunk * ob->nseg + ob->ag_recv_x] = RS_IN;
     if (++ob->ag_recv_x > ob->nseg) {
         ob->ag_recv_x = 0;
         ob->ag_recv_step++;

@@ -4,6 +4,7 @@
 # are shaped with tbf, and one obcommd per namespace.
 #
 #   deploy/netns-cluster.sh up K [RATE] [-- obcommd flags...]
+#                                           ("{i}" in a flag: the node index)
 #   deploy/netns-cluster.sh down
 #   deploy/netns-cluster.sh exec I CMD...   run CMD in node I's namespace,
 #                                           with OBCOMM_SOCKET set to its daemon
@@ -122,11 +123,12 @@ up() {
     # (protected mode): one fresh key per cluster, readable by root only.
     # A --auth_key_file among the flags overrides it.
     (umask 077 && head -c 32 /dev/urandom >"$dir/cluster.key")
+    # "{i}" in a flag becomes the node's index (--trace_file /tmp/t{i}.json).
     for ((i = 0; i < k; i++)); do
         ip netns exec "$prefix$i" "$build/daemon/obcommd" --rank "$i" \
             --peers "$peers" --listen "$(addr $i):$port" \
             --auth_key_file "$dir/cluster.key" \
-            --socket "$dir/n$i.sock" "$@" >"$dir/n$i.log" 2>&1 &
+            --socket "$dir/n$i.sock" "${@//\{i\}/$i}" >"$dir/n$i.log" 2>&1 &
     done
     echo "$k" >"$dir/nodes"
     echo "$rate" >"$dir/rate"

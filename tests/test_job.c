@@ -129,11 +129,10 @@ static int send_data(struct obd_daemon *d, int to, struct obd_frame *f,
     m->len = f->len;
     m->buf = malloc(m->len ? m->len : 1);
     memcpy(m->buf, payload, m->len);
-    /* Worker scales go in step 0, server scales open each allgather step
-     * (segment 0); bits are never 4 bytes (a codec block is 64 Ki). */
+    /* Worker scales go in step 0, server scales close each allgather step;
+     * bits are never 4 bytes (a codec block is 64 Ki). */
     if (m->from == tamper_from && f->len == sizeof(float) &&
-        (tamper_kind == T_WORKER ? f->step == 0
-                                 : f->step >= 1 && f->segment == 0))
+        (tamper_kind == T_WORKER ? f->step == 0 : f->step >= 1))
         memcpy(m->buf, &tamper_value, sizeof(float));
     m->done = done;
     m->arg = arg;
