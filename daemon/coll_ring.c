@@ -126,7 +126,7 @@ struct obd_coll {
 
 /* ---- pieces of arithmetic, inline or on the worker pool ---- */
 
-enum piece_kind { PC_LOAD, PC_ACC, PC_STORE, PC_DIV, PC_COPY };
+enum piece_kind { PC_LOAD, PC_ACC, PC_STORE, PC_COPY };
 
 /* A piece takes what it touches from the op when it is made, so that on
  * a pool thread it reads nothing the loop thread owns: pointers into acc,
@@ -138,7 +138,7 @@ struct piece {
     enum piece_kind kind;
     obcomm_dtype_t dtype;
     obcomm_op_t redop;
-    int divisor;
+    int divisor;          /* STORE: AVG's; ACC: > 0 to divide after */
     size_t begin, count;  /* elements of acc (bytes for COPY) */
     uint8_t *acc;         /* acc + begin (COPY: the source + begin) */
     const uint8_t *in;    /* ACC: the received segment */
@@ -179,13 +179,14 @@ static void piece_run(struct piece *p)
         } else {
             obd_reduce_acc(p->dtype, p->redop, p->acc, p->in, p->count);
         }
+        /* The last reduction of our chunk in a zero-copy AVG: the
+         * segment is still in cache. */
+        if (p->divisor > 0)
+            obd_reduce_div_in_place(p->dtype, p->acc, p->count, p->divisor);
         break;
     case PC_STORE:
         obd_reduce_store_many(p->dtype, p->redop, p->ptr, p->nptr, p->acc,
                               p->count, p->divisor);
-        break;
-    case PC_DIV:
-        obd_reduce_div_in_place(p->dtype, p->acc, p->count, p->divisor);
         break;
     case PC_COPY: /* an allgather's part may be in place: memmove */
         for (int i = 0; i < p->nptr; i++)
@@ -305,7 +306,7 @@ static void store_progress(struct obd_op *op)
     obd_op_finish(op);
 }
 
-/* Runs `kind` (STORE, DIV or COPY) over the whole of acc: on the pool in
+/* Runs `kind` (STORE or COPY) over the whole of acc: on the pool in
  * pieces of one segment when it is large, else inline in one piece. On
  * failure fails the op and returns non-zero; pieces already queued run to
  * their end. */
@@ -611,6 +612,12 @@ static int reduce_received(struct obd_op *op)
             p->local = c->local != NULL ? c->local + off * c->esz : NULL;
             p->idx = idx;
             c->held[idx] = NULL; /* the piece has it; it stays in bufs */
+            /* A zero-copy AVG divides where the sum is made, at the last
+             * reduction of our chunk, so the allgather carries averages
+             * and no pass over the trainer's whole tensor follows. */
+            if (c->zero_copy && op->desc.redop == OBCOMM_AVG &&
+                c->red_step == c->n - 2)
+                p->divisor = c->n * op->job->local_size;
         }
         c->red_seg++;
         settle(c, &c->red_step, &c->red_seg, 0);
@@ -711,9 +718,12 @@ static void ring_progress(struct obd_op *op)
             c->recv_step < c->nsteps || !obd_op_idle(op))
             return;
         c->phase = PH_STORE;
-        if (op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER ? store_blocks(op)
-            : c->zero_copy ? op->desc.redop == OBCOMM_AVG && spread(op, PC_DIV)
-                           : spread(op, PC_STORE))
+        int rc = 0;
+        if (op->desc.kind == OBCOMM_KIND_REDUCE_SCATTER)
+            rc = store_blocks(op);
+        else if (!c->zero_copy) /* zero-copy: the result is in place */
+            rc = spread(op, PC_STORE);
+        if (rc)
             return;
     }
     store_progress(op);
