@@ -247,9 +247,10 @@ static ALWAYS_INLINE __m256 lazy_a8(const float *const *src, int nsrc,
 }
 
 /* Software prefetch, PREFETCH_AHEAD floats (4 KiB) ahead of the element
- * being read. This machine's hardware prefetcher leaves a streaming pass
- * waiting on memory: prefetching each input line 4 KiB early made the
- * worker pass 25-30 % faster (2-8 KiB all did about as well), and a
+ * being read. Some machines' hardware prefetchers leave a streaming pass
+ * waiting on memory: on the 2-vCPU Xeon VM of
+ * tests/bench/results-issue22, prefetching each input line 4 KiB early
+ * made the worker pass 25-30 % faster (2-8 KiB all did about as well). A
  * prefetch changes no result. One line (16 floats) per call; nothing is
  * prefetched at or past `end`, the end of what `p` points into. */
 #define PREFETCH_AHEAD 1024
