@@ -73,6 +73,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codec.h"
 #include "efstate.h"
@@ -177,6 +178,8 @@ struct task {
     int chunk; /* DECODE */
     size_t seg;
     uint64_t begin_ns, end_ns; /* on the worker thread, for the timeline */
+    int timed;                 /* set on the loop: a trace file is open */
+    uint64_t cpu_ns;           /* the worker thread's CPU time in the pass */
 };
 
 static size_t seg_elems(const struct onebit *ob, size_t j)
@@ -187,12 +190,25 @@ static size_t seg_elems(const struct onebit *ob, size_t j)
 
 /* ---- tasks ---- */
 
+/* CPU time of the calling thread: with the wall time of a pass, the
+ * timeline shows how long a pass waited for a core. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void run_task(uv_work_t *req)
 {
     struct task *t = container_of(req, struct task, req);
+    uint64_t cpu0 = t->timed ? thread_cpu_ns() : 0;
     t->begin_ns = uv_hrtime();
     obd_onebit_task_run(&t->ob->ctx, &t->t);
     t->end_ns = uv_hrtime();
+    t->cpu_ns = t->timed ? thread_cpu_ns() - cpu0 : 0;
 }
 
 /* Records what the task did; step() acts on it on the op's next turn. */
@@ -208,9 +224,11 @@ static void task_done(uv_work_t *req, int status)
     if (ob->d->trace.f != NULL) {
         static const char *const pass_names[] = {"worker pass", "server pass",
                                                  "decode", "average"};
-        char args[96];
-        snprintf(args, sizeof(args), "\"seq\":%llu,\"begin\":%zu,\"end\":%zu",
-                 (unsigned long long)op->seq, t->t.begin, t->t.end);
+        char args[128];
+        snprintf(args, sizeof(args),
+                 "\"seq\":%llu,\"begin\":%zu,\"end\":%zu,\"cpu_us\":%.1f",
+                 (unsigned long long)op->seq, t->t.begin, t->t.end,
+                 (double)t->cpu_ns / 1e3);
         obd_trace_span(ob->d, pass_names[t->t.pass], "codec", OBD_TRACE_POOL,
                        t->begin_ns, t->end_ns, args);
     }
@@ -259,6 +277,7 @@ static int queue(struct obd_op *op, enum obd_onebit_pass pass, int chunk,
             .pass = pass, .begin = begin, .end = end, .scale = scale};
         t->chunk = chunk;
         t->seg = seg;
+        t->timed = ob->d->trace.f != NULL;
         rc = uv_queue_work(&ob->d->loop, &t->req, run_task, task_done)
                  ? OBD_E_NOMEM
                  : 0;

@@ -52,6 +52,30 @@ static int64_t field(json_object *e, const char *key)
     return json_object_get_int64(v);
 }
 
+/* Every codec pass carries its thread's CPU time (args.cpu_us), which
+ * cannot exceed the pass's wall time by more than the clock reads around
+ * it; returns the passes' total CPU microseconds. */
+static double codec_cpu_us(json_object *arr)
+{
+    double total = 0.0;
+
+    for (size_t i = 0; i < json_object_array_length(arr); i++) {
+        json_object *e = json_object_array_get_idx(arr, i), *cat, *args, *cpu;
+        if (!json_object_object_get_ex(e, "cat", &cat) ||
+            strcmp(json_object_get_string(cat), "codec") != 0)
+            continue;
+        ck_assert(json_object_object_get_ex(e, "args", &args));
+        ck_assert_msg(json_object_object_get_ex(args, "cpu_us", &cpu),
+                      "a codec pass without cpu_us");
+        double us = json_object_get_double(cpu);
+        double dur = json_object_get_double(json_object_object_get(e, "dur"));
+        ck_assert_msg(us >= 0.0 && us <= dur + 100.0,
+                      "cpu_us %.1f against dur %.1f", us, dur);
+        total += us;
+    }
+    return total;
+}
+
 START_TEST(every_phase_is_on_the_timeline)
 {
     char dir[] = "/tmp/obcomm-trace-XXXXXX";
@@ -112,8 +136,11 @@ START_TEST(every_phase_is_on_the_timeline)
             ck_assert_int_ge(field(s, "ts"), b);
             ck_assert_int_le(field(s, "ts") + field(s, "dur"), e);
         }
-        printf("node %d: %zu trace events, every phase present\n", node,
-               json_object_array_length(arr));
+        double cpu = codec_cpu_us(arr);
+        ck_assert_msg(cpu > 0.0, "node %d: codec passes took no CPU", node);
+        printf("node %d: %zu trace events, every phase present, codec "
+               "passes %.0f us of CPU\n",
+               node, json_object_array_length(arr), cpu);
         json_object_put(arr);
         unlink(files[node]);
     }

@@ -17,13 +17,17 @@
 # average at the start of the run, to FILE (default stdout), then per build
 # the medians over runs and nodes, and whether every build's results were
 # bit-identical (the trainers hash every op's output; --special puts NaNs,
-# Infs, -0.0 and subnormals among the inputs, onebit_cpu -x).
+# Infs, -0.0 and subnormals among the inputs, onebit_cpu -x). For 1-bit
+# ops on 2 nodes it also runs tests/bench/traffic_floor once per run: the
+# op's bytes moved by plain loops on both nodes at once, the floor under
+# the daemon's CPU on a machine whose emulated nodes share one memory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 runs=5 count=$((16 << 20)) repeats=20 warmup=5 trainers=1 out=/dev/stdout
 nodes=2 kind=1bit special=
 probe=$root/build/tests/bench/onebit_cpu
+floor=$root/build/tests/bench/traffic_floor
 while [ $# -gt 0 ]; do
     case $1 in
     --runs) runs=$2; shift 2 ;;
@@ -71,9 +75,16 @@ for run in $(seq 1 "$runs"); do
         done
         rm -f "$dir"/p*.json
     done
+    # The floor under the 1-bit figures, once per run: the op's bytes moved
+    # by plain loops on every node at once (traffic_floor.c).
+    if [ "$kind" = 1bit ] && [ "$nodes" -gt 1 ] && [ -x "$floor" ]; then
+        "$floor" -n "$count" -k "$nodes" |
+            sed "s/^{/{\"run\":$run,\"build\":\"floor\",/" >>"$dir/floor.jsonl"
+    fi
 done
 cat "$results" >"$out"
-python3 - "$results" <<'PY'
+[ -f "$dir/floor.jsonl" ] && cat "$dir/floor.jsonl" >>"$out"
+python3 - "$results" "$dir/floor.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 builds = list(dict.fromkeys(r["build"] for r in rows))
@@ -85,6 +96,18 @@ for b in builds:
     med = lambda k: statistics.median(r[k] for r in rs)
     print("%-10s %9.1f  %9.2f  %10.2f  %10.1f" % (b, med("daemon_cpu_ms_per_op"),
           med("memcpy_ms"), med("ratio"), med("wall_ms_per_op")))
+try:
+    floors = [json.loads(l) for l in open(sys.argv[2])]
+except OSError:
+    floors = []
+if floors:
+    fl = statistics.median(f["floor_cpu_ms_per_op"] for f in floors)
+    fm = statistics.median(f["memcpy_ms"] for f in floors)
+    print("floor: the op's bytes moved by plain loops on all %d nodes at once (traffic_floor), "
+          "%.1f ms/op = %.2fx its memcpy (median of %d runs)" % (rows[0]["nodes"], fl, fl / fm, len(floors)))
+    for b in builds:
+        rs = [r for r in rows if r["build"] == b]
+        print("%-10s daemon CPU / floor: %.2f" % (b, statistics.median(r["daemon_cpu_ms_per_op"] for r in rs) / fl))
 hashes = {r["hash"] for r in rows}
 print("results bit-identical across builds and runs:", "yes" if len(hashes) == 1 else "NO (%d hashes)" % len(hashes))
 PY
