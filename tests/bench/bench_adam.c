@@ -57,14 +57,6 @@
 
 #define MAX_THREADS 64
 
-static double now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static float *xalloc(size_t n)
 {
     float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
@@ -476,9 +468,9 @@ int main(int argc, char **argv)
         run_row(&b, &rows[i]);
     for (int rep = 0; rep < repeats; rep++) {
         for (int i = 0; i < nrows; i++) {
-            double t0 = now_ms();
+            double t0 = bench_now_ms();
             run_row(&b, &rows[i]);
-            rows[i].ms[rep] = now_ms() - t0;
+            rows[i].ms[rep] = bench_now_ms() - t0;
         }
         for (int i = 0; i < nrows; i++)
             rows[i].ratio[rep] = rows[i].ms[rep] / rows[0].ms[rep];

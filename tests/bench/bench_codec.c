@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "bench_util.h"
 #include "codec_ref.h"
 
 #define MAX_THREADS 256
@@ -126,14 +127,6 @@ struct job {
     int op;
     float scale;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Every buffer 64-byte aligned, as the daemon's are: the trainers'
  * shared memory is page-aligned and codec.h asks for aligned state. */
@@ -284,33 +277,8 @@ static int run_op(const struct obd_codec_impl *im, struct bench *b,
     return 0;
 }
 
-/* The baselines: memcpy, and the read-two-write-one floor in place and to
- * a third buffer. Written with 16-byte vectors so that the compiler emits
- * packed loads and stores without -mavx2; one core saturates its memory
- * path with these. */
-typedef float v4f __attribute__((vector_size(16)));
-
-static void floor_pass(const float *x, const float *y, float *z, size_t n)
-{
-    size_t i = 0;
-
-    for (; i + 4 <= n; i += 4) {
-        v4f a, c;
-        memcpy(&a, x + i, sizeof(a));
-        memcpy(&c, y + i, sizeof(c));
-        c += a;
-        memcpy(z + i, &c, sizeof(c));
-    }
-    for (; i < n; i++)
-        z[i] = x[i] + y[i];
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
-}
+/* The baselines: memcpy, and the read-two-write-one floor
+ * (bench_floor_pass) in place and to a third buffer. */
 
 static double median(double *v, int n)
 {
@@ -490,10 +458,10 @@ struct row {
 
 static double time_once(void (*fn)(struct bench *), struct bench *b)
 {
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
 
     fn(b);
-    return now_ms() - t0;
+    return bench_now_ms() - t0;
 }
 
 static void do_memcpy(struct bench *b)
@@ -503,12 +471,12 @@ static void do_memcpy(struct bench *b)
 
 static void do_floor(struct bench *b)
 {
-    floor_pass(b->x, b->dst, b->dst, b->elems);
+    bench_floor_pass(b->x, b->dst, b->dst, b->elems);
 }
 
 static void do_floor2(struct bench *b)
 {
-    floor_pass(b->x, b->dst, b->fz, b->elems);
+    bench_floor_pass(b->x, b->dst, b->fz, b->elems);
 }
 
 static void lazy_alloc(struct lazy_state *st, size_t elems, int inplace)
@@ -632,13 +600,13 @@ int main(int argc, char **argv)
                 base[1][nbase] = tf[r];
                 base[2][nbase++] = tf2[r];
                 for (int op = 0; op < NOPS; op++) {
-                    double t0 = now_ms();
+                    double t0 = bench_now_ms();
                     if (run_op(impls[k], &b, tcounts[tc], op, &sc) != 0) {
                         fprintf(stderr, "bench_codec: %s failed\n",
                                 ops[op].name);
                         return 1;
                     }
-                    top[op][r] = now_ms() - t0;
+                    top[op][r] = bench_now_ms() - t0;
                 }
             }
             for (int op = 0; op < NOPS; op++) {

@@ -5,12 +5,50 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+
+/* Milliseconds of the monotonic clock, and of the calling thread's CPU. */
+static inline double bench_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static inline double bench_thread_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 /* qsort comparator for medians. */
 static inline int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* z[i] = x[i] + y[i] (z may be y): the read-two-write-one floor of a
+ * codec pass. Written with 16-byte vectors so that the compiler emits
+ * packed loads and stores without -mavx2; one core saturates its memory
+ * path with these. */
+typedef float bench_v4f __attribute__((vector_size(16)));
+
+static inline void bench_floor_pass(const float *x, const float *y, float *z,
+                                    size_t n)
+{
+    size_t i = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        bench_v4f a, c;
+        memcpy(&a, x + i, sizeof(a));
+        memcpy(&c, y + i, sizeof(c));
+        c += a;
+        memcpy(z + i, &c, sizeof(c));
+    }
+    for (; i < n; i++)
+        z[i] = x[i] + y[i];
 }
 
 /* Bytes sent by network device `dev` so far (/proc/net/dev), or -1. */

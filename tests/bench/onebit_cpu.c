@@ -30,12 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "bench_util.h"
 
 /* utime + stime of pid in ms; -1 when unreadable. */
 static double cpu_ms(long pid)
@@ -56,13 +51,6 @@ static double cpu_ms(long pid)
                             &ut, &st) != 2)
         return -1;
     return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double thread_cpu_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static const uint32_t specials[] = {0x7f800001u, 0xff812345u, 0x7fc00123u,
@@ -168,7 +156,7 @@ int main(int argc, char **argv)
         }
         if (s == warmup)
             cpu0 = cpu_ms(pid);
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         if (avg ? obcomm_allreduce(c, x, count, OBCOMM_FLOAT32, OBCOMM_AVG)
                 : obcomm_allreduce_1bit(c, 1, x, count)) {
             fprintf(stderr, "onebit_cpu: %s: %s\n", avg ? "allreduce" : "1-bit",
@@ -176,7 +164,7 @@ int main(int argc, char **argv)
             return 1;
         }
         if (s >= warmup)
-            wall += now_ms() - t0;
+            wall += bench_now_ms() - t0;
         const uint64_t *w = (const uint64_t *)x;
         for (size_t i = 0; i < count / 2; i++)
             hash = (hash ^ w[i]) * 0x100000001b3ull;
@@ -191,9 +179,9 @@ int main(int argc, char **argv)
     double cpu = cpu_ms(pid) - cpu0;
     double mc[7];
     for (int k = 0; k < 7; k++) {
-        double t = thread_cpu_ms();
+        double t = bench_thread_cpu_ms();
         memcpy(copy, x, count * sizeof(float));
-        mc[k] = thread_cpu_ms() - t;
+        mc[k] = bench_thread_cpu_ms() - t;
         x[k] += copy[count - 1 - (size_t)k]; /* keep the copy live */
     }
     qsort(mc, 7, sizeof(double), cmp_d);

@@ -43,20 +43,6 @@ struct shared {
     double pass_ms[MAX_NODES][3]; /* median per pass */
 };
 
-static double cpu_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static double wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void *xalloc(size_t bytes)
 {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -68,34 +54,17 @@ static void *xalloc(size_t bytes)
     return p;
 }
 
-/* Written with 16-byte vectors, as bench_codec's floor passes, so that
- * the compiler emits packed loads and stores without -mavx2. */
-typedef float v4f __attribute__((vector_size(16)));
-
-/* y[i] += x[i] */
-static void add_pass(float *y, const float *x, size_t n)
-{
-    size_t i = 0;
-
-    for (; i + 4 <= n; i += 4) {
-        v4f a, b;
-        memcpy(&a, x + i, sizeof(a));
-        memcpy(&b, y + i, sizeof(b));
-        b += a;
-        memcpy(y + i, &b, sizeof(b));
-    }
-    for (; i < n; i++)
-        y[i] += x[i];
-}
+/* Written with 16-byte vectors, as bench_floor_pass, so that the compiler
+ * emits packed loads and stores without -mavx2. */
 
 /* y[i] += c */
 static void add_const_pass(float *y, float c, size_t n)
 {
-    v4f cv = {c, c, c, c};
+    bench_v4f cv = {c, c, c, c};
     size_t i = 0;
 
     for (; i + 4 <= n; i += 4) {
-        v4f b;
+        bench_v4f b;
         memcpy(&b, y + i, sizeof(b));
         b += cv;
         memcpy(y + i, &b, sizeof(b));
@@ -131,17 +100,17 @@ static void node(struct shared *sh, int k, size_t count, int nodes, int warmup,
         double c[3], c0;
 
         pthread_barrier_wait(&sh->bar);
-        c0 = cpu_ms();
-        add_pass(v, x, count);
-        c[0] = cpu_ms() - c0;
+        c0 = bench_thread_cpu_ms();
+        bench_floor_pass(x, v, v, count);
+        c[0] = bench_thread_cpu_ms() - c0;
         pthread_barrier_wait(&sh->bar);
-        c0 = cpu_ms();
+        c0 = bench_thread_cpu_ms();
         add_const_pass(s, 0.5f, chunk);
-        c[1] = cpu_ms() - c0;
+        c[1] = bench_thread_cpu_ms() - c0;
         pthread_barrier_wait(&sh->bar);
-        c0 = cpu_ms();
+        c0 = bench_thread_cpu_ms();
         stream_fill(x, count, (float)r);
-        c[2] = cpu_ms() - c0;
+        c[2] = bench_thread_cpu_ms() - c0;
         if (r >= warmup) {
             t[r - warmup] = c[0] + c[1] + c[2];
             for (int j = 0; j < 3; j++)
@@ -235,9 +204,9 @@ int main(int argc, char **argv)
           *b = xalloc(count * sizeof(float));
     double m[7], f[MAX_NODES];
     for (int k = 0; k < 7; k++) {
-        double t0 = wall_ms();
+        double t0 = bench_now_ms();
         memcpy(b, a, count * sizeof(float));
-        m[k] = wall_ms() - t0;
+        m[k] = bench_now_ms() - t0;
         a[k] = b[count - 1 - (size_t)k];
     }
     qsort(m, 7, sizeof(double), cmp_double);
