@@ -15,9 +15,9 @@
  * and the norms are left out, so this is a floor, not a model.
  *
  * Output: one JSON line with the upper median over processes of each
- * one's median CPU ms per op (CLOCK_THREAD_CPUTIME_ID), and a memcpy of COUNT
- * floats timed by this process alone afterwards (median of 7), the
- * baseline of cpu_per_op.sh. */
+ * one's median CPU ms per op and per pass (CLOCK_THREAD_CPUTIME_ID), and a
+ * memcpy of COUNT floats timed by this process alone afterwards (median
+ * of 7), the baseline of cpu_per_op.sh. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -54,10 +54,8 @@ static void *xalloc(size_t bytes)
     return p;
 }
 
-/* Written with 16-byte vectors, as bench_floor_pass, so that the compiler
- * emits packed loads and stores without -mavx2. */
-
-/* y[i] += c */
+/* y[i] += c, with 16-byte vectors as bench_floor_pass, so that the
+ * compiler emits packed loads and stores without -mavx2. */
 static void add_const_pass(float *y, float c, size_t n)
 {
     bench_v4f cv = {c, c, c, c};
