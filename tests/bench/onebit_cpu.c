@@ -74,12 +74,6 @@ static float input(int rank, int step, size_t i, int special)
     return (float)((double)(h >> 40) / 16777216.0 * 2.0 - 1.0);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv)
 {
     const char *sock = NULL;
@@ -184,7 +178,7 @@ int main(int argc, char **argv)
         mc[k] = bench_thread_cpu_ms() - t;
         x[k] += copy[count - 1 - (size_t)k]; /* keep the copy live */
     }
-    qsort(mc, 7, sizeof(double), cmp_d);
+    qsort(mc, 7, sizeof(double), cmp_double);
     printf("{\"rank\":%d,\"count\":%zu,\"repeats\":%d,\"daemon_cpu_ms_per_op\":"
            "%.3f,\"memcpy_ms\":%.3f,\"ratio\":%.3f,\"wall_ms_per_op\":%.3f,"
            "\"hash\":\"%016" PRIx64 "\"}\n",

@@ -16,7 +16,7 @@
  *
  * Output: one JSON line with the upper median over processes of each
  * one's median CPU ms per op and per pass (CLOCK_THREAD_CPUTIME_ID), and a
- * memcpy of COUNT floats timed by this process alone afterwards (median
+ * memcpy of COUNT floats timed (CPU) by this process alone afterwards (median
  * of 7), the baseline of cpu_per_op.sh. */
 #include <errno.h>
 #include <pthread.h>
@@ -197,14 +197,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    /* The baseline, as onebit_cpu times it: alone, median of 7. */
+    /* The baseline, as onebit_cpu times it: CPU time of a memcpy alone,
+     * median of 7. */
     float *a = xalloc(count * sizeof(float)),
           *b = xalloc(count * sizeof(float));
     double m[7], f[MAX_NODES];
     for (int k = 0; k < 7; k++) {
-        double t0 = bench_now_ms();
+        double t0 = bench_thread_cpu_ms();
         memcpy(b, a, count * sizeof(float));
-        m[k] = bench_now_ms() - t0;
+        m[k] = bench_thread_cpu_ms() - t0;
         a[k] = b[count - 1 - (size_t)k];
     }
     qsort(m, 7, sizeof(double), cmp_double);
