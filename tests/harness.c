@@ -166,6 +166,17 @@ int hx_log_contains(const struct hx_cluster *c, int i, const char *s)
     return found;
 }
 
+int hx_log_wait(const struct hx_cluster *c, int i, const char *s, int ms)
+{
+    for (int waited = 0;; waited += 10) {
+        if (hx_log_contains(c, i, s))
+            return 1;
+        if (waited >= ms)
+            return 0;
+        sleep_ms(10);
+    }
+}
+
 static void dump_log(const struct hx_cluster *c, int i)
 {
     char path[160], line[2048];

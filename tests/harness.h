@@ -43,6 +43,9 @@ int hx_start_each(struct hx_cluster *c, int nodes,
 
 /* 1 if daemon i's stderr (kept in the cluster's directory) contains s. */
 int hx_log_contains(const struct hx_cluster *c, int i, const char *s);
+/* As hx_log_contains, polling for up to ms: for a line the daemon writes
+ * after its socket already answers. */
+int hx_log_wait(const struct hx_cluster *c, int i, const char *s, int ms);
 
 /* SIGTERM to every daemon, then waits; returns the number of daemons that
  * did not exit with status 0 (a sanitizer report makes it non-zero).

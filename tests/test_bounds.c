@@ -167,7 +167,7 @@ START_TEST(memfd_flood_of_another_uid_does_not_fail_roots_ops)
     struct hx_cluster cl;
     ck_assert_int_eq(hx_start(&cl, 2, flags), 0);
     ck_assert_int_eq(chmod(cl.dir, 0711), 0);
-    ck_assert(hx_log_contains(&cl, 0, "(max_buffers; vm.max_map_count is "));
+    ck_assert(hx_log_wait(&cl, 0, "(max_buffers; vm.max_map_count is ", 5000));
     struct shared *sh = shared_new();
 
     int hold[2];
@@ -259,7 +259,7 @@ START_TEST(bytes_per_uid_and_daemon_wide_bounds)
 
     const char *all[] = {"--max_buffers", "10", NULL};
     ck_assert_int_eq(hx_start(&cl, 1, all), 0);
-    ck_assert(hx_log_contains(&cl, 0, "at most 10 of all users together"));
+    ck_assert(hx_log_wait(&cl, 0, "at most 10 of all users together", 5000));
     struct bound a = {10, ": buffer refused: all users have 10 buffers "
                           "registered, max_buffers is 10"};
     ck_assert_int_eq(hx_run(&cl, 1, "all", TIMEOUT_MS, 60, trainer_bound, &a),
