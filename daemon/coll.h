@@ -70,6 +70,11 @@ struct obd_opsvc {
      * scratch_put(op, p, cap). */
     void *(*scratch_get)(struct obd_op *op, size_t bytes, size_t *cap);
     void (*scratch_put)(struct obd_op *op, void *p, size_t cap);
+    /* A buffer of exactly `bytes`, one of those the daemon keeps between
+     * ops (segbuf_put) when they have that size; NULL without memory.
+     * Give it back with segbuf_put(op, p, bytes), which keeps a few. */
+    void *(*segbuf_get)(struct obd_op *op, size_t bytes);
+    void (*segbuf_put)(struct obd_op *op, void *p, size_t bytes);
     /* 1 when none of the op's writes, receives and pool tasks is still to
      * complete (its memory is the algorithm's alone). */
     int (*idle)(const struct obd_op *op);
@@ -131,6 +136,16 @@ static inline void *obd_op_scratch_get(struct obd_op *op, size_t bytes,
 static inline void obd_op_scratch_put(struct obd_op *op, void *p, size_t cap)
 {
     op->svc->scratch_put(op, p, cap);
+}
+
+static inline void *obd_op_segbuf_get(struct obd_op *op, size_t bytes)
+{
+    return op->svc->segbuf_get(op, bytes);
+}
+
+static inline void obd_op_segbuf_put(struct obd_op *op, void *p, size_t bytes)
+{
+    op->svc->segbuf_put(op, p, bytes);
 }
 
 static inline int obd_op_idle(const struct obd_op *op)

@@ -386,15 +386,15 @@ static struct obd_coll *coll_new(struct obd_op *op, size_t count, size_t esz)
 }
 
 /* Runs when the op is freed, so no piece and no receive uses anything
- * here any more: every segment buffer goes, whether it is free, held or
- * was handed to a receive that never completed. */
+ * here any more: every segment buffer goes back to the daemon, whether it
+ * is free, held or was handed to a receive that never completed. */
 static void coll_free(struct obd_op *op)
 {
     struct obd_coll *c = op->coll;
     if (!c->zero_copy)
         obd_op_scratch_put(op, c->acc, c->acc_bytes);
     for (size_t i = 0; i < c->nbufs; i++)
-        free(c->bufs[i]);
+        obd_op_segbuf_put(op, c->bufs[i], c->seg * c->esz);
     free(c->bufs);
     free(c->spare);
     free(c->held);
@@ -404,10 +404,11 @@ static void coll_free(struct obd_op *op)
     op->coll = NULL;
 }
 
-/* A free segment buffer, allocating one when none is; NULL without
- * memory. */
-static uint8_t *buf_get(struct obd_coll *c)
+/* A free segment buffer, taking one from the daemon's when none is;
+ * NULL without memory. */
+static uint8_t *buf_get(struct obd_op *op)
 {
+    struct obd_coll *c = op->coll;
     if (c->nspare > 0)
         return c->spare[--c->nspare];
     if (c->nbufs == c->capbufs) {
@@ -422,7 +423,7 @@ static uint8_t *buf_get(struct obd_coll *c)
         c->spare = s;
         c->capbufs = cap;
     }
-    uint8_t *p = malloc(c->seg * c->esz);
+    uint8_t *p = obd_op_segbuf_get(op, c->seg * c->esz);
     if (p != NULL)
         c->bufs[c->nbufs++] = p;
     return p;
@@ -823,7 +824,7 @@ static void *ring_recv_dest(struct obd_op *op, int from,
     if (c->recv_step >= c->n - 1)
         return c->acc + off * c->esz; /* allgather: straight into acc */
     /* A receive that did not complete left its buffer in rx: reuse it. */
-    if (c->rx == NULL && (c->rx = buf_get(c)) == NULL) {
+    if (c->rx == NULL && (c->rx = buf_get(op)) == NULL) {
         *why = "no memory for a segment buffer";
         return NULL;
     }

@@ -308,6 +308,8 @@ void obd_daemon_fini(struct obd_daemon *d)
     d->peers = NULL;
     free(d->scratch);
     d->scratch = NULL;
+    while (d->nsegbufs > 0)
+        free(d->segbufs[--d->nsegbufs]);
     obd_efstore_fini(d);
     explicit_bzero(d->auth_key, sizeof(d->auth_key));
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "harness.h"
 #include "ring_ref.h"
@@ -378,6 +379,111 @@ START_TEST(allreduce_on_the_pool_exact)
 }
 END_TEST
 
+/* Segment buffers outlive the op (job.c keeps them for the next): a
+ * fresh buffer costs a page fault per 4 KiB of every reduce-scatter
+ * segment received into it, which on a virtual machine took as much CPU
+ * as the receive copies themselves (tests/bench/results-issue22). With
+ * 40 MiB segments (a whole chunk of 2 nodes x 10 Mi floats) a fresh
+ * buffer is always a new mapping (malloc maps anything over 32 MiB), so
+ * each op would cost each daemon 10240 minor faults; after two warm-up
+ * ops, four more must cost both daemons together fewer faults per op
+ * than one segment buffer has pages. Every result is exact. */
+enum {
+    REUSE_COUNT = 20 << 20,
+    REUSE_OPS = 4,
+    REUSE_SEG_BYTES = REUSE_COUNT / 2 * 4,
+    REUSE_SEG_PAGES = REUSE_SEG_BYTES / 4096
+};
+
+/* Minor faults of process pid so far (/proc/PID/stat field 10); -1 when
+ * unreadable. */
+static long long minflt(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    /* Fields after the command name, which ends at the last ')'. */
+    char *p = strrchr(buf, ')');
+    long long v = -1;
+    if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %lld", &v) != 1)
+        v = -1;
+    return v;
+}
+
+struct reuse {
+    const struct hx_cluster *cl;
+    long long faults; /* rank 0's measurement, through shared memory */
+};
+
+static int trainer_reuse(obcomm_t *c, void *arg)
+{
+    struct reuse *ru = arg;
+    int rank = obcomm_rank(c), size = obcomm_size(c);
+    float *x;
+    if (obcomm_alloc(c, REUSE_COUNT * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc: %s", obcomm_last_error(c));
+    long long f0 = 0;
+    for (int op = 0; op < 2 + REUSE_OPS; op++) {
+        if (op == 2) {
+            if (obcomm_barrier(c))
+                return hx_fail(c, "barrier: %s", obcomm_last_error(c));
+            for (int i = 0; i < ru->cl->nodes; i++)
+                f0 += minflt(ru->cl->daemon[i]);
+        }
+        /* Small integers: every sum is exact in fp32. */
+        for (size_t i = 0; i < REUSE_COUNT; i++)
+            x[i] = (float)((i + (size_t)rank + (size_t)op) % 1024);
+        if (obcomm_allreduce(c, x, REUSE_COUNT, OBCOMM_FLOAT32, OBCOMM_SUM))
+            return hx_fail(c, "allreduce %d: %s", op, obcomm_last_error(c));
+        for (size_t i = 0; i < REUSE_COUNT; i++) {
+            float want = 0;
+            for (int r = 0; r < size; r++)
+                want += (float)((i + (size_t)r + (size_t)op) % 1024);
+            if (x[i] != want)
+                return hx_fail(c, "op %d element %zu: %g, want %g", op, i,
+                               (double)x[i], (double)want);
+        }
+    }
+    if (obcomm_barrier(c))
+        return hx_fail(c, "barrier: %s", obcomm_last_error(c));
+    if (rank == 0) {
+        long long f1 = 0;
+        for (int i = 0; i < ru->cl->nodes; i++)
+            f1 += minflt(ru->cl->daemon[i]);
+        ru->faults = f0 < 0 || f1 < 0 ? -1 : f1 - f0;
+    }
+    return 0;
+}
+
+START_TEST(segment_buffers_are_reused_across_ops)
+{
+    char seg[24];
+    snprintf(seg, sizeof(seg), "%d", REUSE_SEG_BYTES);
+    const char *flags[] = {"--segment_bytes", seg, NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, flags), 0);
+    struct reuse *ru = mmap(NULL, sizeof(*ru), PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert(ru != MAP_FAILED);
+    ru->cl = &cl;
+    ru->faults = -2;
+    int failed = hx_run(&cl, 1, "reuse", 60000, 300, trainer_reuse, ru);
+    long long faults = ru->faults;
+    munmap(ru, sizeof(*ru));
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_msg(faults >= 0, "no fault counts (%lld)", faults);
+    ck_assert_msg(faults < (long long)REUSE_OPS * REUSE_SEG_PAGES,
+                  "%lld minor faults in the daemons over %d ops: segment "
+                  "buffers are allocated afresh",
+                  faults, REUSE_OPS);
+}
+END_TEST
+
 /* A world of one rank (one node, one trainer): every reduction over one
  * operand is the operand, so the allreduce of every dtype and op leaves
  * the buffer as it is, bit for bit: random bits (NaNs of every payload,
@@ -535,6 +641,10 @@ Suite *coll_suite(void)
     tcase_set_timeout(pool, 600);
     tcase_add_loop_test(pool, allreduce_on_the_pool_exact, 0, 12);
     suite_add_tcase(s, pool);
+    TCase *reuse = tcase_create("reuse");
+    tcase_set_timeout(reuse, 300);
+    tcase_add_test(reuse, segment_buffers_are_reused_across_ops);
+    suite_add_tcase(s, reuse);
     return s;
 }
 
