@@ -12,8 +12,9 @@
 # tests/bench/onebit_cpu), W untimed and R timed 1-bit ops (--kind avg:
 # fp32 allreduces with OBCOMM_AVG) of
 # N floats (default 16 Mi); each trainer reads its daemon's utime + stime
-# (/proc/PID/stat) around the R ops and times a memcpy of the tensor in
-# the same run. Prints one JSON line per (run, build, node), with the load
+# (/proc/PID/stat), and its loop thread's (/proc/PID/task/PID/stat: the
+# sockets, frames and pool hand-offs, without the codec passes), around
+# the R ops and times a memcpy of the tensor in the same run. Prints one JSON line per (run, build, node), with the load
 # average at the start of the run, to FILE (default stdout), then per build
 # the medians over runs and nodes, and whether every build's results were
 # bit-identical (the trainers hash every op's output; --special puts NaNs,
@@ -88,14 +89,14 @@ python3 - "$results" "$dir/floor.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 builds = list(dict.fromkeys(r["build"] for r in rows))
-print("build      cpu ms/op  memcpy ms  cpu/memcpy  wall ms/op  (%s, medians of %d runs x %d nodes x %d trainers; load %s)"
+print("build      cpu ms/op  (loop thread)  memcpy ms  cpu/memcpy  wall ms/op  (%s, medians of %d runs x %d nodes x %d trainers; load %s)"
       % (rows[0]["kind"], max(r["run"] for r in rows), rows[0]["nodes"], rows[0]["trainers"],
          ", ".join(sorted({str(r["load"]) for r in rows}))))
 for b in builds:
     rs = [r for r in rows if r["build"] == b]
     med = lambda k: statistics.median(r[k] for r in rs)
-    print("%-10s %9.1f  %9.2f  %10.2f  %10.1f" % (b, med("daemon_cpu_ms_per_op"),
-          med("memcpy_ms"), med("ratio"), med("wall_ms_per_op")))
+    print("%-10s %9.1f  %13.1f  %9.2f  %10.2f  %10.1f" % (b, med("daemon_cpu_ms_per_op"),
+          med("loop_cpu_ms_per_op"), med("memcpy_ms"), med("ratio"), med("wall_ms_per_op")))
 try:
     floors = [json.loads(l) for l in open(sys.argv[2])]
 except OSError:
