@@ -86,7 +86,8 @@ static void svc_segbuf_put(struct obd_op *op, void *p, size_t bytes)
     if (p == NULL)
         return;
     if (d->segbuf_bytes != bytes) {
-        /* segment_bytes changed (a reload): the newest size wins. */
+        /* Another dtype's segments (segment_bytes is not a multiple of
+         * every element size): the newest size wins. */
         while (d->nsegbufs > 0)
             free(d->segbufs[--d->nsegbufs]);
         d->segbuf_bytes = bytes;
