@@ -385,9 +385,9 @@ END_TEST
  * as the receive copies themselves (tests/bench/results-issue22). With
  * 40 MiB segments (a whole chunk of 2 nodes x 10 Mi floats) a fresh
  * buffer is always a new mapping (malloc maps anything over 32 MiB), so
- * each op would cost each daemon 10240 minor faults (4 KiB pages; where
- * transparent huge pages are always on, fewer, and this test could not
- * tell the difference); after two warm-up
+ * each op would cost each daemon 10240 minor faults (in 4 KiB pages;
+ * with transparent huge pages always on, too few for this test to see
+ * fresh buffers); after two warm-up
  * ops, four more must cost both daemons together fewer faults per op
  * than one segment buffer has pages. Every result is exact. */
 enum {
