@@ -101,7 +101,8 @@ static const struct row rows[] = {
             "its trainers' uid up in its user database: for clusters "
             "whose uids differ between nodes). Trainers of different "
             "owners on different nodes fail the job's ops on every rank "
-            "with OBCOMM_E_DENIED. Must be equal on every node."),
+            "with OBCOMM_E_DENIED. Must be equal on every node (a link "
+            "between nodes that differ is refused)."),
     INT_ROW(sock_buf_bytes, U_NONE, 65536, 256 << 20, "4194304",
             "SO_SNDBUF and SO_RCVBUF of peer connections."),
     INT_ROW(connect_backoff_max_ms, U_MS, 10, 60000, "1000",
