@@ -204,7 +204,7 @@ static const struct {
     ERR(NOTCONN, "the daemon is not reachable"),
     ERR(VERSION, "protocol versions differ"),
     ERR(NONFINITE, "NaN or Inf in a 1-bit allreduce"),
-    ERR(BUSY, "local rank already taken, or job full"),
+    ERR(BUSY, "local rank already taken, or a bound on jobs reached"),
     ERR(NOTREG, "data is not inside a buffer from obcomm_alloc"),
     ERR(STATE, "per-key state disagrees"),
     ERR(IO, "a file could not be read or written"),

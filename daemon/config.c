@@ -90,6 +90,19 @@ static const struct row rows[] = {
     INT_ROW(max_clients, U_NONE, 1, 4096, "256",
             "Most Unix-socket connections at once."),
     INT_ROW(max_jobs, U_NONE, 1, 1024, "16", "Most jobs at once."),
+    INT_ROW(max_jobs_per_uid, U_NONE, 0, 1024, "0",
+            "Most jobs one user may own at once on this node (a job is "
+            "owned by the user of its first trainer here). root is not "
+            "bounded by it, only by max_jobs. 0: a quarter of max_jobs, "
+            "at least 1."),
+    STR_ROW(owner_identity, "uid",
+            "How the nodes compare the owners of a job's trainers: uid "
+            "(equal uids) or name (equal user names, each node looking "
+            "its trainers' uid up in its user database: for clusters "
+            "whose uids differ between nodes). Trainers of different "
+            "owners on different nodes fail the job's ops on every rank "
+            "with OBCOMM_E_DENIED. Must be equal on every node (a link "
+            "between nodes that differ is refused)."),
     INT_ROW(sock_buf_bytes, U_NONE, 65536, 256 << 20, "4194304",
             "SO_SNDBUF and SO_RCVBUF of peer connections."),
     INT_ROW(connect_backoff_max_ms, U_MS, 10, 60000, "1000",
@@ -621,8 +634,8 @@ static int derive_listen(struct obd_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
-/* allow_insecure and wire_protection (the key file itself is read at
- * start, daemon.c). */
+/* allow_insecure, wire_protection and owner_identity (the key file itself
+ * is read at start, daemon.c). */
 static int finish_security(struct obd_config *cfg, char *err, size_t errlen)
 {
     if (strcmp(cfg->allow_insecure, "true") == 0) {
@@ -641,6 +654,13 @@ static int finish_security(struct obd_config *cfg, char *err, size_t errlen)
              cfg->wire_protection);
         return OBD_E_INVAL;
     }
+    if (strcmp(cfg->owner_identity, "uid") != 0 &&
+        strcmp(cfg->owner_identity, "name") != 0) {
+        fail(err, errlen, "owner_identity: '%s' is not one of uid, name",
+             cfg->owner_identity);
+        return OBD_E_INVAL;
+    }
+    cfg->owner_by_name = strcmp(cfg->owner_identity, "name") == 0;
     if (cfg->wire != OBD_WIRE_NONE && cfg->auth_key_file[0] == '\0') {
         fail(err, errlen,
              "wire_protection: %s needs auth_key_file (the session keys "

@@ -39,6 +39,8 @@ struct obd_config {
     int64_t max_buffer_bytes;
     int64_t max_clients;
     int64_t max_jobs;
+    int64_t max_jobs_per_uid;
+    char owner_identity[8];
     int64_t sock_buf_bytes;
     int64_t connect_backoff_max_ms;
     int64_t keepalive_s;
@@ -75,6 +77,7 @@ struct obd_config {
     int log_level_num;           /* OBD_LOG_* */
     int insecure;                /* allow_insecure is true */
     int wire;                    /* wire_protection as enum obd_wire */
+    int owner_by_name;           /* owner_identity is name */
     int resolved;                /* obd_config_resolve() ran */
     int64_t rank_given;          /* rank and threads before it ran */
     int64_t threads_given;

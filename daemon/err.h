@@ -31,7 +31,7 @@
     XX(TOOBIG, OBCOMM_E_NOMEM, "over a bound")                                 \
     XX(VERSION, OBCOMM_E_VERSION, "protocol versions differ")                  \
     XX(NONFINITE, OBCOMM_E_NONFINITE, "NaN or Inf in a 1-bit allreduce")       \
-    XX(BUSY, OBCOMM_E_BUSY, "local rank taken, or job full")                   \
+    XX(BUSY, OBCOMM_E_BUSY, "local rank taken, or a job bound")                \
     XX(EXISTS, OBCOMM_E_BUSY, "name already in use")                           \
     XX(NOTREG, OBCOMM_E_NOTREG, "data not inside a registered buffer")         \
     XX(STATE, OBCOMM_E_STATE, "1-bit state disagrees")                         \

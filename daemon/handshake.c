@@ -18,6 +18,7 @@
 static const char *const agreed_options[] = {
     "segment_bytes",
     "wire_protection",
+    "owner_identity",
 };
 #define NAGREED (sizeof(agreed_options) / sizeof(agreed_options[0]))
 

@@ -158,7 +158,7 @@ static void job_detach(struct obd_job *job)
 
 /* A new job named `name` in *out; 0, or with why: OBD_E_INVAL (a name of
  * no bytes or too many), OBD_E_EXISTS (another job's name hashes to the
- * same wire id), OBD_E_BUSY (max_jobs reached), OBD_E_NOMEM. */
+ * same wire id), OBD_E_BUSY (the daemon holds max_jobs jobs), OBD_E_NOMEM. */
 static int job_create(struct obd_daemon *d, const char *name,
                       struct obd_job **out, char *why, size_t whylen)
 {
@@ -175,8 +175,10 @@ static int job_create(struct obd_daemon *d, const char *name,
         return OBD_E_EXISTS;
     }
     if (d->njobs >= d->cfg.max_jobs) {
-        snprintf(why, whylen, "max_jobs (%lld) reached",
-                 (long long)d->cfg.max_jobs);
+        snprintf(why, whylen,
+                 "node %lld holds %d jobs, max_jobs is %lld: wait for one to "
+                 "end or raise max_jobs",
+                 (long long)d->cfg.rank, d->njobs, (long long)d->cfg.max_jobs);
         return OBD_E_BUSY;
     }
     struct obd_job *job = calloc(1, sizeof(*job));
@@ -200,6 +202,35 @@ static int job_create(struct obd_daemon *d, const char *name,
     return 0;
 }
 
+/* max_jobs_per_uid, 0 meaning a quarter of max_jobs (at least 1). */
+static int64_t jobs_per_uid(const struct obd_daemon *d)
+{
+    if (d->cfg.max_jobs_per_uid > 0)
+        return d->cfg.max_jobs_per_uid;
+    return d->cfg.max_jobs / 4 > 0 ? d->cfg.max_jobs / 4 : 1;
+}
+
+/* Whether user `uid` may own one more job here: root always may (bounded
+ * by max_jobs only), others while they own fewer than max_jobs_per_uid.
+ * 0, or OBD_E_BUSY with why. */
+static int uid_may_own(struct obd_daemon *d, uid_t uid, char *why,
+                       size_t whylen)
+{
+    if (uid == 0)
+        return 0;
+    int64_t n = 0, max = jobs_per_uid(d);
+    for (const struct obd_job *j = d->jobs; j; j = j->next)
+        n += j->owned && j->owner == uid;
+    if (n < max)
+        return 0;
+    snprintf(why, whylen,
+             "uid %u already holds %lld jobs on node %lld, max_jobs_per_uid "
+             "is %lld: end one of them or raise max_jobs_per_uid",
+             (unsigned)uid, (long long)n, (long long)d->cfg.rank,
+             (long long)max);
+    return OBD_E_BUSY;
+}
+
 int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why, size_t whylen)
@@ -211,6 +242,11 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  local_rank, local_size, OBD_MAX_LOCAL);
         return OBD_E_INVAL;
     }
+    struct obd_owner who;
+    int rc = obd_owner_of_uid((uint32_t)uid, d->cfg.owner_by_name, &who, why,
+                              whylen);
+    if (rc != 0)
+        return rc;
     struct obd_job *job = obd_job_find(d, name);
     if (job != NULL && job->joined == 0 &&
         (job->next_seq > 0 || job->stopped[0] != '\0')) {
@@ -221,7 +257,11 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
         obd_runq_post(&d->runq, &job->ready);
         job = NULL;
     }
-    int rc;
+    /* A job without an owner here (new, or made by another node's
+     * announce) would become one more of this user's. */
+    if ((job == NULL || !job->owned) &&
+        (rc = uid_may_own(d, uid, why, whylen)) != 0)
+        return rc;
     if (job == NULL && (rc = job_create(d, name, &job, why, whylen)) != 0)
         return rc;
     if (job->owned && job->owner != uid) {
@@ -250,6 +290,7 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     job->local_size = local_size;
     job->owner = uid;
     job->owned = 1;
+    job->owner_id = who;
     job->trainer[local_rank] = c;
     job->pid[local_rank] = pid;
     if (job->joined++ == 0 && job->run_local == 0) {
@@ -545,6 +586,9 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.message = (char *)a->message;
     an.agreed = a->agreed != 0;
     an.run = a->run;
+    an.owner_uid = a->owner.uid;
+    an.owner_by_name = a->owner.by_name != 0;
+    an.owner_name = (char *)a->owner.name;
     Obcomm__EfVersion ef = OBCOMM__EF_VERSION__INIT;
     if (a->desc.kind == OBCOMM_KIND_ALLREDUCE_1BIT && a->status == 0) {
         ef.origin = a->ef.origin;
@@ -1013,6 +1057,7 @@ static void op_announce(struct obd_op *op)
     mine->local_size = (uint32_t)job->local_size;
     mine->desc = op->desc;
     mine->run = job->run_local;
+    mine->owner = job->owner_id;
     if (onebit)
         mine->ef = obd_efstore_version(d, job->name, job->run, op->desc.key);
     op->nann++;
@@ -1102,6 +1147,27 @@ static int check_ef(struct obd_op *op)
     return 1;
 }
 
+/* A job has one owner across the mesh: trainers of different users on
+ * different nodes fail the op on every rank, naming every node's owner.
+ * Returns 1 if it did. */
+static int check_owner(struct obd_op *op)
+{
+    struct obd_job *job = op->job;
+    int nodes = job->d->cfg.nodes;
+    const struct obd_owner *owners[OBD_MAX_NODES] = {0};
+    for (int n = 0; n < nodes; n++)
+        owners[n] = &op->ann[n].owner;
+    char who[320];
+    if (obd_owner_agree(owners, nodes, who, sizeof(who)))
+        return 0;
+    op_fail(op, OBD_E_DENIED, 0,
+            "op %llu of job %s: the job's trainers belong to different "
+            "users: %s; a job has one owner on every node (pick another "
+            "job name)",
+            (unsigned long long)op->seq, job->name, who);
+    return 1;
+}
+
 /* Every node's announce is in: all nodes compare the same set, so all reach
  * the same verdict without another round. */
 static void op_check_ready(struct obd_op *op)
@@ -1110,6 +1176,8 @@ static void op_check_ready(struct obd_op *op)
     struct obd_daemon *d = job->d;
     int nodes = d->cfg.nodes;
     if (op->state != OBD_OP_LOCAL || op->nann < nodes)
+        return;
+    if (check_owner(op))
         return;
 
     for (int n = 0; n < nodes; n++)
@@ -1255,6 +1323,11 @@ static void on_announce(struct obd_daemon *d, int from,
         return;
     }
     a.run = m->run;
+    a.owner.uid = m->owner_uid;
+    a.owner.by_name = m->owner_by_name;
+    /* A name too long to hold stays empty: it equals nobody's. */
+    if (strlen(m->owner_name) < sizeof(a.owner.name))
+        strcpy(a.owner.name, m->owner_name);
     if (m->ef != NULL)
         a.ef = (struct obd_efversion){m->ef->origin, m->ef->applied,
                                       m->ef->last_seq};

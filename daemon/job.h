@@ -48,6 +48,7 @@
 #include "daemon.h"
 #include "efstore.h"
 #include "frame.h"
+#include "owner.h"
 #include "shm.h"
 
 #define OBD_MAX_LOCAL 64
@@ -72,6 +73,7 @@ struct obd_announce {
     char message[256];
     uint64_t run;            /* the node's run of the job */
     struct obd_efversion ef; /* 1-bit allreduce: the key's version */
+    struct obd_owner owner;  /* the job's owner on the node */
     /* The node finished the op's local phase (obd_op_report), with that
      * status and message. */
     int reported;
@@ -156,9 +158,11 @@ struct obd_job {
     uint32_t id;
     int local_size; /* 0 until the first trainer joins */
     /* The uid of the job's first trainer here: trainers of other users
-     * are refused (OBD_E_DENIED) while the job lives. */
+     * are refused (OBD_E_DENIED) while the job lives. owner_id is the
+     * same owner as announced to the other nodes (owner.h). */
     uid_t owner;
     int owned;
+    struct obd_owner owner_id;
     int timeout_ms;
     struct obd_client *trainer[OBD_MAX_LOCAL]; /* opaque: for hooks.answer */
     int pid[OBD_MAX_LOCAL];
@@ -190,8 +194,10 @@ struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id);
 
 /* A trainer of user `uid` joins: checks the owner, local rank and size
  * against the job; the first trainer's uid becomes the owner. On failure
- * returns a negative code with a reason in why (OBD_E_DENIED: the job
- * belongs to another user). */
+ * returns a negative code with a reason in why: OBD_E_DENIED (the job
+ * belongs to another user here, or owner_identity is name and the uid has
+ * no usable name), OBD_E_BUSY (the local rank is taken, the user owns
+ * max_jobs_per_uid jobs here already, or the daemon holds max_jobs jobs). */
 int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
                  const char *name, int local_rank, int local_size,
                  int timeout_ms, struct obd_job **out, char *why,

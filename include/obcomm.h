@@ -36,7 +36,7 @@ extern "C" {
 #define OBCOMM_E_NOTCONN   (-1006) /* the daemon is not reachable */
 #define OBCOMM_E_VERSION   (-1007) /* protocol versions differ */
 #define OBCOMM_E_NONFINITE (-1008) /* NaN or Inf in a 1-bit allreduce */
-#define OBCOMM_E_BUSY      (-1009) /* local rank taken, or job full */
+#define OBCOMM_E_BUSY      (-1009) /* rank taken, or a job bound reached */
 #define OBCOMM_E_NOTREG    (-1010) /* data not inside an obcomm_alloc buffer */
 #define OBCOMM_E_STATE     (-1011) /* per-key state disagrees (count) */
 #define OBCOMM_E_IO        (-1012) /* a file could not be read or written */

@@ -14,9 +14,11 @@
 #define OBCOMM_WIRE_PREFIX 4
 #define OBCOMM_WIRE_MAX    (256 * 1024)
 
-/* Protocol version of the control messages and data frames. 7: the 1-bit
- * allgather sends a chunk's bits before its server scale. */
-#define OBCOMM_PROTO_VERSION 7
+/* Protocol version of the control messages and data frames. 8: every
+ * announce carries the job's owner on its sender (owner_uid, owner_by_name,
+ * owner_name), which every node compares; a node without them would let
+ * another user's trainers into a job. */
+#define OBCOMM_PROTO_VERSION 8
 
 /* Packs `msg` behind its length prefix into a malloc'd buffer; the caller
  * frees it with free(). Returns NULL when out of memory or when the message

@@ -24,7 +24,7 @@ import sys
 # Modules that are one unit of the layering, in two files.
 FRIENDS = [("handshake", "peers")]
 # Files that never touch the event loop.
-PURE = ["auth.c", "snapset.c", "onebit_task.c", "codec.h", "reduce.h",
+PURE = ["auth.c", "owner.c", "owner.h", "snapset.c", "onebit_task.c", "codec.h", "reduce.h",
         "frame.h", "ring.h", "snapset.h", "onebit_task.h"]
 
 

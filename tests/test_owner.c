@@ -17,6 +17,15 @@
  *    or that belongs to another user, is refused at start; so is a
  *    state_dir that belongs to another user or that others may write (item
  *    6), and FIFOs named like snapshots do not block the start.
+ * d. A job has one owner across the mesh: uid 65534 joins job "rootjob"
+ *    on node 1 first, root joins it on nodes 0 and 2; the op fails on
+ *    every rank with OBCOMM_E_DENIED naming every node's owner, nobody
+ *    sees another's data, and the run stays stopped. The same with
+ *    owner_identity = name; nodes that compare owners differently refuse
+ *    each other's links, and root on every node runs as usual.
+ * e. max_jobs_per_uid: uid 65534 holding its bound of idle jobs (a
+ *    quarter of max_jobs) cannot start one more, root still can, and a
+ *    full daemon says max_jobs, not the user's bound.
  */
 #include <check.h>
 #include <errno.h>
@@ -391,6 +400,249 @@ START_TEST(unsafe_state_dirs_are_refused)
 }
 END_TEST
 
+/* ---- d. ---- */
+
+#define OWNER_N 1000
+
+/* What a rank of the mixed job must read: DENIED on the first op, with
+ * every needle in the message, and DENIED again on the next op (the run
+ * is stopped). */
+struct denied_case {
+    const char *needle[3];
+};
+
+/* Runs two allreduces of OWNER_N floats of `mine` and checks both against
+ * c; 0 if they fail as c says, else a step number (and a message on
+ * stderr). */
+static int expect_denied(obcomm_t *comm, const struct denied_case *dc,
+                         float mine)
+{
+    float *x;
+    if (obcomm_alloc(comm, OWNER_N * sizeof(float), (void **)&x))
+        return hx_fail(comm, "alloc: %s", obcomm_last_error(comm));
+    for (int op = 0; op < 2; op++) {
+        for (int i = 0; i < OWNER_N; i++)
+            x[i] = mine;
+        int rc = obcomm_allreduce(comm, x, OWNER_N, OBCOMM_FLOAT32, OBCOMM_SUM);
+        const char *msg = obcomm_last_error(comm);
+        fprintf(stderr, "rank %d (uid %u), op %d: %d (%s): %s\n",
+                obcomm_rank(comm), (unsigned)getuid(), op, rc,
+                obcomm_strerror(rc), msg);
+        if (rc != OBCOMM_E_DENIED) {
+            hx_fail(comm, "op %d: rc %d, not OBCOMM_E_DENIED; x[0] = %g", op,
+                    rc, (double)x[0]);
+            return 10 + op;
+        }
+        for (int k = 0; k < 3 && dc->needle[k]; k++)
+            if (!strstr(msg, dc->needle[k])) {
+                hx_fail(comm, "op %d: '%s' not in the message", op,
+                        dc->needle[k]);
+                return 20 + op;
+            }
+        /* The buffer is the rank's own data, untouched by the others. */
+        for (int i = 0; i < OWNER_N; i++)
+            if (x[i] != mine) {
+                hx_fail(comm, "op %d: x[%d] = %g, not its own %g", op, i,
+                        (double)x[i], (double)mine);
+                return 30 + op;
+            }
+    }
+    return 0;
+}
+
+static int root_rank_denied(obcomm_t *comm, void *arg)
+{
+    return expect_denied(comm, arg, 1.0f);
+}
+
+/* Uid 65534 joins `job` on node 1 alone (local size 1) before root's
+ * ranks on nodes 0 and 2 join; every rank must read dc. */
+static void mixed_owners(struct hx_cluster *cl, const char *job,
+                         const struct denied_case *dc)
+{
+    ck_assert_int_eq(chmod(cl->dir, 0711), 0);
+    int up[2];
+    ck_assert_int_eq(pipe(up), 0);
+    fflush(NULL);
+    pid_t other = fork();
+    if (other == 0) {
+        if (drop_privileges() != 0)
+            _exit(1);
+        obcomm_options_t t = {.socket_path = cl->sock[1],
+                              .job = job,
+                              .local_rank = 0,
+                              .local_size = 1,
+                              .timeout_ms = 30000};
+        obcomm_t *c;
+        if (obcomm_connect(&t, &c) != 0) {
+            fprintf(stderr, "uid 65534 could not join: %s\n",
+                    obcomm_last_error(NULL));
+            _exit(2);
+        }
+        send_byte(up[1]);
+        int rc = expect_denied(c, dc, 1000.0f);
+        obcomm_close(c);
+        _exit(rc);
+    }
+    close(up[1]); /* a child that fails early ends the wait */
+    ck_assert_int_eq(wait_byte(up[0]), 0); /* it joined first */
+    pid_t root0 =
+        hx_spawn(cl, 0, 0, 1, job, 30000, root_rank_denied, (void *)dc);
+    pid_t root2 =
+        hx_spawn(cl, 2, 0, 1, job, 30000, root_rank_denied, (void *)dc);
+    int st[3] = {hx_wait(root0, 60000), 0, hx_wait(root2, 60000)};
+    ck_assert_int_eq(waitpid(other, &st[1], 0), other);
+    for (int n = 0; n < 3; n++)
+        ck_assert_msg(
+            st[n] != -1 && WIFEXITED(st[n]) && WEXITSTATUS(st[n]) == 0,
+            "the rank on node %d failed at step %d", n,
+            st[n] != -1 && WIFEXITED(st[n]) ? WEXITSTATUS(st[n]) : -1);
+    close(up[0]);
+}
+
+START_TEST(another_uid_on_another_node_is_denied_everywhere)
+{
+    const char *flags[] = {"--socket_group", "65534", NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, flags), 0);
+    struct denied_case dc = {{"op 0 of job rootjob: the job's trainers "
+                              "belong to different users: uid 0 on nodes 0, "
+                              "2; uid 65534 on node 1",
+                              NULL}};
+    /* The second op reads the run's first failure. */
+    mixed_owners(&cl, "rootjob", &dc);
+    for (int n = 0; n < 3; n++)
+        ck_assert_int_ge(hx_metric(&cl, n, "runs_stopped"), 1);
+    /* Root's own job on every node runs as usual. */
+    ck_assert_int_eq(hx_run(&cl, 1, "rootjob2", 20000, 120, trainer_sum, NULL),
+                     0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+START_TEST(owners_compared_by_name)
+{
+    const char *flags[] = {"--socket_group", "65534", "--owner_identity",
+                           "name", NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 3, flags), 0);
+    struct denied_case dc = {{"the job's trainers belong to different "
+                              "users: user root (uid 0) on nodes 0, 2; user "
+                              "nobody (uid 65534) on node 1",
+                              NULL}};
+    mixed_owners(&cl, "rootjob", &dc);
+    ck_assert_int_eq(hx_run(&cl, 1, "rootjob2", 20000, 120, trainer_sum, NULL),
+                     0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+START_TEST(nodes_comparing_owners_differently_refuse_jobs)
+{
+    /* The link is refused at the handshake, naming the option on both
+     * sides (announces say the rule too: test_owner_rules.c). */
+    const char *name[] = {"--owner_identity", "name", NULL};
+    const char *const *each[2] = {NULL, name};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+    ck_assert(hx_log_wait(&cl, 0,
+                          "option owner_identity is uid here (rank 0) and "
+                          "name at rank 1; it must be equal on every node",
+                          10000));
+    ck_assert(hx_log_wait(&cl, 1,
+                          "option owner_identity is name here (rank 1) and "
+                          "uid at rank 0; it must be equal on every node",
+                          10000));
+    ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+/* ---- e. ---- */
+
+/* Joins `job` as local rank 0 of 2, so that it stays an idle job of the
+ * caller's; 0 or the code, with the message in msg. */
+static int join_idle(const char *sock, const char *job, obcomm_t **out,
+                     char *msg, size_t len)
+{
+    obcomm_options_t t = {
+        .socket_path = sock, .job = job, .local_rank = 0, .local_size = 2};
+    int rc = obcomm_connect(&t, out);
+    snprintf(msg, len, "%s", rc ? obcomm_last_error(NULL) : "");
+    return rc;
+}
+
+START_TEST(one_user_cannot_take_every_job)
+{
+    /* max_jobs_per_uid is left at its default: 8 / 4 = 2. */
+    const char *flags[] = {"--socket_group", "65534", "--max_jobs", "8", NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 1, flags), 0);
+    ck_assert_int_eq(chmod(cl.dir, 0711), 0);
+    int up[2], down[2];
+    ck_assert_int_eq(pipe(up), 0);
+    ck_assert_int_eq(pipe(down), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (drop_privileges() != 0)
+            _exit(1);
+        obcomm_t *c[3];
+        char msg[512];
+        if (join_idle(cl.sock[0], "a", &c[0], msg, sizeof(msg)) != 0 ||
+            join_idle(cl.sock[0], "b", &c[1], msg, sizeof(msg)) != 0)
+            _exit(2);
+        int rc = join_idle(cl.sock[0], "c", &c[2], msg, sizeof(msg));
+        fprintf(stderr, "uid 65534's third job: %d (%s): %s\n", rc,
+                obcomm_strerror(rc), msg);
+        if (rc != OBCOMM_E_BUSY)
+            _exit(3);
+        if (!strstr(msg, "uid 65534 already holds 2 jobs on node 0, "
+                         "max_jobs_per_uid is 2"))
+            _exit(4);
+        send_byte(up[1]);
+        wait_byte(down[0]); /* its jobs stay while root joins */
+        _exit(0);
+    }
+    close(up[1]); /* a child that fails early ends the wait */
+    int status;
+    if (wait_byte(up[0]) != 0) {
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_abort_msg("the other user's checks failed at step %d",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+
+    /* Root starts a job and runs it meanwhile; once its trainers are gone
+     * (the other user's two connections and obcommctl's remain), root
+     * starts jobs up to max_jobs, and the next is refused for the
+     * daemon's bound. */
+    ck_assert_int_eq(hx_run(&cl, 1, "work", 20000, 60, trainer_sum, NULL), 0);
+    ck_assert_int_eq(wait_clients(&cl, 3), 3);
+    obcomm_t *mine[6];
+    char msg[512], name[16];
+    for (int i = 0; i < 6; i++) {
+        snprintf(name, sizeof(name), "root%d", i);
+        ck_assert_msg(join_idle(cl.sock[0], name, &mine[i], msg, sizeof(msg)) ==
+                          0,
+                      "root's job %d: %s", i, msg);
+    }
+    obcomm_t *extra;
+    int rc = join_idle(cl.sock[0], "root6", &extra, msg, sizeof(msg));
+    ck_assert_int_eq(rc, OBCOMM_E_BUSY);
+    ck_assert_msg(strstr(msg, "node 0 holds 8 jobs, max_jobs is 8"), "%s", msg);
+    ck_assert_ptr_null(strstr(msg, "max_jobs_per_uid"));
+
+    send_byte(down[1]);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the other user's checks failed at step %d",
+                  WEXITSTATUS(status));
+    for (int i = 0; i < 6; i++)
+        obcomm_close(mine[i]);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
 int main(void)
 {
     if (geteuid() != 0) {
@@ -406,6 +658,10 @@ int main(void)
     tcase_add_test(tc, connections_that_never_join_are_closed);
     tcase_add_test(tc, unsafe_socket_directories_are_refused);
     tcase_add_test(tc, unsafe_state_dirs_are_refused);
+    tcase_add_test(tc, another_uid_on_another_node_is_denied_everywhere);
+    tcase_add_test(tc, owners_compared_by_name);
+    tcase_add_test(tc, nodes_comparing_owners_differently_refuse_jobs);
+    tcase_add_test(tc, one_user_cannot_take_every_job);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

@@ -495,7 +495,11 @@ START_TEST(trainers_die_daemons_live)
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert_ptr_ne(sh, MAP_FAILED);
     struct hx_cluster cl;
-    static const char *const flags[] = {"--max_jobs", "256", NULL};
+    /* Every round's job may linger while its ops fail out; the bound per
+     * user must not be the one that refuses a round (tests may run as
+     * any user). */
+    static const char *const flags[] = {"--max_jobs", "256",
+                                        "--max_jobs_per_uid", "256", NULL};
     ck_assert_int_eq(hx_start(&cl, nodes, flags), 0);
 
     int kills = 0, by_kind[K_KINDS] = {0};

@@ -100,6 +100,9 @@ static void announce_msg(Obcomm__PeerMsg *msg, Obcomm__OpAnnounce *a, char *job,
     a->key = 0;
     a->status = status;
     a->message = message;
+    a->owner_uid = 1000;
+    a->owner_by_name = 1;
+    a->owner_name = "alice";
     msg->body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg->announce = a;
 }
@@ -178,6 +181,13 @@ static void gen_peer(void)
     b.len = 0;
     add_msg(&b, &msg.base);
     put("peer_msg", "announce-long-job", b.buf, b.len);
+
+    /* An owner name longer than any the daemon holds (owner.h). */
+    announce_msg(&msg, &a, "train", 0, "");
+    a.owner_name = long_text;
+    b.len = 0;
+    add_msg(&b, &msg.base);
+    put("peer_msg", "announce-long-owner-name", b.buf, b.len);
 
     put("peer_msg", "empty", "", 0);
     /* Field 1 (Hello) as a length-delimited field longer than the input. */
