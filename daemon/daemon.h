@@ -122,6 +122,10 @@ struct obd_hooks {
  * 10 Gbit with the default 1 MiB segments). */
 #define OBD_SEGBUFS_KEPT       16
 #define OBD_SEGBUFS_KEPT_BYTES (64u << 20)
+
+/* Other nodes' ended runs the daemon remembers (job.c): a detached job
+ * adds one per node, the oldest go first. */
+#define OBD_RUNS_ENDED 512
 struct obd_stall;
 
 struct obd_daemon {
@@ -168,6 +172,14 @@ struct obd_daemon {
     /* Jobs and their ops (job.c). */
     struct obd_job *jobs;
     int njobs;
+    /* Other nodes' runs of jobs that ended here, newest last (job.c): a
+     * late message of one is dropped, not taken for a new run. */
+    struct obd_run_ended {
+        uint32_t job;
+        int node;
+        uint64_t run;
+    } runs_ended[OBD_RUNS_ENDED];
+    unsigned runs_ended_next;
 
     /* The mesh (peers.c): one entry per node, ours included. */
     struct obd_peer *peers;

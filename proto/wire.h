@@ -14,9 +14,9 @@
 #define OBCOMM_WIRE_PREFIX 4
 #define OBCOMM_WIRE_MAX    (256 * 1024)
 
-/* Protocol version of the control messages and data frames. 7: the 1-bit
- * allgather sends a chunk's bits before its server scale. */
-#define OBCOMM_PROTO_VERSION 7
+/* Protocol version of the control messages and data frames. 8: every
+ * announce, report and JobLeft carries its sender's run of the job. */
+#define OBCOMM_PROTO_VERSION 8
 
 /* Packs `msg` behind its length prefix into a malloc'd buffer; the caller
  * frees it with free(). Returns NULL when out of memory or when the message
