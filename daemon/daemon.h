@@ -85,6 +85,10 @@ struct obd_hooks {
      * (as obd_peers_lost). May be NULL: no node is ever lost. */
     int (*node_lost)(const struct obd_daemon *d, int node, char *why,
                      size_t len);
+    /* job -> the mesh: 1 while node's link is not up, lost or never up
+     * yet, with why (as obd_peers_down). May be NULL: every link is up. */
+    int (*node_down)(const struct obd_daemon *d, int node, char *why,
+                     size_t len);
     /* job -> the mesh: a data frame, as obd_peers_send_data. */
     int (*send_data)(struct obd_daemon *d, int to, struct obd_frame *f,
                      const void *payload, void (*done)(void *arg, int status),

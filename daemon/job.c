@@ -821,7 +821,7 @@ static int missing_reachable(const struct obd_op *op)
     const struct obd_daemon *d = op->job->d;
     for (int n = 0; n < d->cfg.nodes; n++)
         if (n != d->cfg.rank && !op->ann[n].have &&
-            (d->hooks.node_lost == NULL || !d->hooks.node_lost(d, n, NULL, 0)))
+            (d->hooks.node_down == NULL || !d->hooks.node_down(d, n, NULL, 0)))
             return 1;
     return 0;
 }
