@@ -13,8 +13,9 @@ SIGKILL after DIES_AFTER steps; every other worker's next op then fails
 its daemon outlives the worker, held by a child process in its own
 session (as a DataLoader worker or a slow exit would hold it) until the
 worker's restarted successor has joined, and LINGER_S more: that node's
-run is still leaving while the restarted workers begin the next one. Without torchrun's variables (a fresh reference job)
-attempt is "fresh" and nobody dies."""
+run is still leaving while the restarted workers begin the next one.
+Without torchrun's variables (a fresh reference job) attempt is "fresh"
+and nobody dies."""
 
 import os
 import signal
@@ -44,9 +45,9 @@ def main(out_dir):
         attempt = "fresh"
         if under_torchrun:
             attempt = "0"
+            first = os.path.join(out_dir, f"started.{comm.rank}.0")
             try:
-                os.close(os.open(os.path.join(out_dir, f"started.{comm.rank}.0"),
-                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                os.close(os.open(first, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 attempt = "1"
                 open(os.path.join(out_dir, f"started.{comm.rank}.1"),

@@ -2,11 +2,12 @@
 torchrun agents, one per node and daemon, with a c10d rendezvous and
 --max-restarts 1. On the first attempt one worker kills itself (SIGKILL)
 between two 1-bit steps; the other worker's next op fails, and torchrun
-restarts every worker, while that worker's connection is still held for
-two seconds by a process it forked (restart_worker.py). The restarted run must complete (its first op
-waits for no deadline, whichever node's workers come back first) and
-equal a fresh job of the same script bit for bit: a new run starts from
-zero, nothing of the killed run's error feedback is left."""
+restarts every worker, while the other worker's connection is still held
+by a process it forked until its successor has joined
+(restart_worker.py). The restarted run must complete (its first op waits
+for no deadline, whichever node's workers come back first) and equal a
+fresh job of the same script bit for bit: a new run starts from zero,
+nothing of the killed run's error feedback is left."""
 
 import os
 import subprocess
