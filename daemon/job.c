@@ -321,9 +321,11 @@ static void job_end_run(struct obd_job *job, int from)
 static struct obd_job *job_route(struct obd_daemon *d, int from,
                                  const char *name, uint64_t run, int create)
 {
+    struct obd_job *job = obd_job_find(d, name);
+    if (job != NULL && (run == 0 || job->seen_run[from] == run))
+        return job; /* the run here, as most messages are */
     if (run != 0 && run_ended(d, obd_frame_job_id(name), from, run))
         return NULL;
-    struct obd_job *job = obd_job_find(d, name);
     if (job != NULL && run != 0 && job->seen_run[from] != 0 &&
         job->seen_run[from] != run) {
         job_end_run(job, from);
