@@ -112,11 +112,12 @@ static const struct row rows[] = {
             "TCP keepalive idle time of peers, in seconds."),
     INT_ROW(peer_timeout_ms, U_MS, 100, 3600000, "3000",
             "A link to another node that carries nothing for this many "
-            "milliseconds (heartbeats go every quarter of it, at least "
-            "once a second), or whose sent data stays unacknowledged as "
-            "long (TCP_USER_TIMEOUT), is declared down: the ops that need "
-            "the node fail with OBCOMM_E_PEER_LOST. A value above "
-            "timeout_ms counts as timeout_ms."),
+            "milliseconds (heartbeats go every eighth of it, at least "
+            "once a second, and the link is checked as often), or whose "
+            "sent data stays unacknowledged as long (TCP_USER_TIMEOUT), "
+            "is declared down within that time: the ops that need the "
+            "node fail with OBCOMM_E_PEER_LOST. A value above timeout_ms "
+            "counts as timeout_ms."),
     INT_ROW(threads, U_NONE, 0, 256, "0",
             "Size of the worker pool (UV_THREADPOOL_SIZE) for codec and "
             "reduction work; 0: one per usable core."),

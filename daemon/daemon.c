@@ -76,6 +76,7 @@ static const struct obd_hooks default_hooks = {
     .send_ctrl = obd_peers_send_ctrl,
     .send_data = obd_peers_send_data,
     .node_lost = obd_peers_lost,
+    .node_down = obd_peers_down,
     .peer_up = obd_job_on_peer_up,
     .peer_lost = obd_job_on_peer_lost,
     .peer_msg = obd_job_on_peer_msg,

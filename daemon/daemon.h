@@ -85,6 +85,10 @@ struct obd_hooks {
      * (as obd_peers_lost). May be NULL: no node is ever lost. */
     int (*node_lost)(const struct obd_daemon *d, int node, char *why,
                      size_t len);
+    /* job -> the mesh: 1 while node's link is not up, lost or never up
+     * yet, with why (as obd_peers_down). May be NULL: every link is up. */
+    int (*node_down)(const struct obd_daemon *d, int node, char *why,
+                     size_t len);
     /* job -> the mesh: a data frame, as obd_peers_send_data. */
     int (*send_data)(struct obd_daemon *d, int to, struct obd_frame *f,
                      const void *payload, void (*done)(void *arg, int status),
@@ -122,6 +126,10 @@ struct obd_hooks {
  * 10 Gbit with the default 1 MiB segments). */
 #define OBD_SEGBUFS_KEPT       16
 #define OBD_SEGBUFS_KEPT_BYTES (64u << 20)
+
+/* Other nodes' ended runs the daemon remembers (job.c): a detached job
+ * adds one per node, the oldest go first. */
+#define OBD_RUNS_ENDED 512
 struct obd_stall;
 
 struct obd_daemon {
@@ -168,6 +176,14 @@ struct obd_daemon {
     /* Jobs and their ops (job.c). */
     struct obd_job *jobs;
     int njobs;
+    /* Other nodes' runs of jobs that ended here, newest last (job.c): a
+     * late message of one is dropped, not taken for a new run. */
+    struct obd_run_ended {
+        uint32_t job;
+        int node;
+        uint64_t run;
+    } runs_ended[OBD_RUNS_ENDED];
+    unsigned runs_ended_next;
 
     /* The mesh (peers.c): one entry per node, ours included. */
     struct obd_peer *peers;

@@ -135,11 +135,29 @@ static void refuse_auth(struct obd_link *l, const char *why)
                     l->where, l->peer, why);
     Obcomm__Refuse r = OBCOMM__REFUSE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
-    r.reason = "authentication failed";
+    r.reason = OBD_REFUSE_AUTH;
     msg.body_case = OBCOMM__PEER_MSG__BODY_REFUSE;
     msg.refuse = &r;
     (void)obd_peers_link_send_msg(l, &msg.base);
     obd_peers_link_close(l, "authentication failed");
+}
+
+int obd_handshake_refused(struct obd_link *l, const char *reason)
+{
+    struct obd_daemon *d = l->d;
+    if (!d->keyed || l->dialed || l->state != L_AUTH ||
+        strcmp(reason, OBD_REFUSE_AUTH) != 0)
+        return 0;
+    obd_metric_add(&d->metrics, OBD_M_AUTH_FAILURES, 1);
+    obd_metric_add(&d->metrics, OBD_M_LINK_ERRORS, 1);
+    obd_log_limited(&d->log, OBD_LOG_ERROR, LOG_EVERY_MS,
+                    "peer connection from %s (claims rank %d) failed "
+                    "authentication: it refused our proof (a wrong "
+                    "cluster key on one side)",
+                    l->where, l->peer);
+    obd_peers_link_close(l, "authentication failed: the peer refused our "
+                            "proof");
+    return 1;
 }
 
 /* What every node must agree on, compared once the peer is

@@ -29,6 +29,7 @@ static void op_finish(struct obd_op *op);
 static void op_task_begin(struct obd_op *op);
 static void op_task_end(struct obd_op *op);
 static void op_report(struct obd_op *op, int status, const char *message);
+static struct obd_op *op_find(struct obd_job *job, uint64_t seq);
 
 /* ---- what an algorithm gets (coll.h, op->svc) ---- */
 
@@ -140,9 +141,22 @@ struct obd_job *obd_job_find_id(struct obd_daemon *d, uint32_t id)
     return NULL;
 }
 
+/* 1 if node `node`'s run `run` of job `id` ended here. */
+static int run_ended(const struct obd_daemon *d, uint32_t id, int node,
+                     uint64_t run)
+{
+    for (int i = 0; i < OBD_RUNS_ENDED; i++) {
+        const struct obd_run_ended *e = &d->runs_ended[i];
+        if (e->run == run && e->job == id && e->node == node)
+            return 1;
+    }
+    return 0;
+}
+
 /* Takes the job out of the daemon's list: no trainer, announce or frame
- * finds it any more. It is freed by its own turn (job_run) once it has no
- * ops. */
+ * finds it any more, and the other nodes' runs it saw are remembered as
+ * ended. It is freed by its own turn (job_run) once it has no trainers
+ * and no ops. */
 static void job_detach(struct obd_job *job)
 {
     struct obd_daemon *d = job->d;
@@ -154,6 +168,13 @@ static void job_detach(struct obd_job *job)
     job->next = NULL;
     job->detached = 1;
     d->njobs--;
+    for (int n = 0; n < d->cfg.nodes; n++)
+        if (job->seen_run[n] != 0 &&
+            !run_ended(d, job->id, n, job->seen_run[n])) {
+            struct obd_run_ended *e =
+                &d->runs_ended[d->runs_ended_next++ % OBD_RUNS_ENDED];
+            *e = (struct obd_run_ended){job->id, n, job->seen_run[n]};
+        }
 }
 
 /* A new job named `name` in *out; 0, or with why: OBD_E_INVAL (a name of
@@ -183,13 +204,16 @@ static int job_create(struct obd_daemon *d, const char *name,
     }
     struct obd_job *job = calloc(1, sizeof(*job));
     uint64_t *node_run = calloc((size_t)d->cfg.nodes, sizeof(*node_run));
-    if (job == NULL || node_run == NULL) {
+    uint64_t *seen_run = calloc((size_t)d->cfg.nodes, sizeof(*seen_run));
+    if (job == NULL || node_run == NULL || seen_run == NULL) {
         free(job);
         free(node_run);
+        free(seen_run);
         snprintf(why, whylen, "out of memory");
         return OBD_E_NOMEM;
     }
     job->node_run = node_run;
+    job->seen_run = seen_run;
     job->d = d;
     strcpy(job->name, name);
     job->id = id;
@@ -248,11 +272,13 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     if (rc != 0)
         return rc;
     struct obd_job *job = obd_job_find(d, name);
-    if (job != NULL && job->joined == 0 &&
-        (job->next_seq > 0 || job->stopped[0] != '\0')) {
+    if (job != NULL && (!job->owned || job->owner == uid) &&
+        (job->stopped[0] != '\0' || (job->joined == 0 && job->next_seq > 0))) {
         /* What is left of an earlier run of this job (ops still failing
-         * out, a rank gone): the trainer starts a new run, which must not
-         * meet the old one's ops. The old job goes when its ops do. */
+         * out, a rank gone, trainers of a stopped run still leaving): the
+         * trainer starts a new run, which must not meet the old one's ops
+         * or wait for its trainers. The old job goes when they do. Only
+         * its owner ends it: another user is denied below. */
         job_detach(job);
         obd_runq_post(&d->runq, &job->ready);
         job = NULL;
@@ -302,6 +328,65 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
     }
     *out = job;
     return 0;
+}
+
+/* Node `from`'s trainers of `job` started a new run: this node's run of
+ * the job is over (docs/design.md, "A new run never waits"). The job
+ * leaves the list first, so that its ops fail here alone (a detached job
+ * sends nothing), then stops: its open ops and every later op of its
+ * trainers still joined fail at once. A run stopped before keeps its
+ * first reason. */
+static void job_end_run(struct obd_job *job, int from)
+{
+    struct obd_daemon *d = job->d;
+    char what[240];
+    snprintf(what, sizeof(what),
+             "node %d started a new run of job %s (its trainers restarted); "
+             "this run is over: restart every trainer of the job",
+             from, job->name);
+    obd_log_info(&d->log,
+                 "job %s: node %d started a new run; the run here "
+                 "ends (%d trainers still joined)",
+                 job->name, from, job->joined);
+    job_detach(job);
+    job_stop(job, job->next_seq, OBD_E_PEER_LOST, what, job->joined > 0);
+    obd_runq_post(&d->runq, &job->ready);
+}
+
+/* The job a message of node `from` about job `name` in the sender's run
+ * `run` belongs to, or NULL when none does (create == 0, or the job could
+ * not be made: logged) or the message is of a run that ended here
+ * (dropped). A run this node's job has not seen from that node before
+ * ends the job's run here (job_end_run) and goes to a new job. run 0
+ * comes from a node where no trainer joined the job: its message belongs
+ * to whatever run is here. */
+static struct obd_job *job_route(struct obd_daemon *d, int from,
+                                 const char *name, uint64_t run, int create)
+{
+    struct obd_job *job = obd_job_find(d, name);
+    if (job != NULL && (run == 0 || job->seen_run[from] == run))
+        return job; /* the run here, as most messages are */
+    if (run != 0 && run_ended(d, obd_frame_job_id(name), from, run))
+        return NULL;
+    if (job != NULL && run != 0 && job->seen_run[from] != 0 &&
+        job->seen_run[from] != run) {
+        job_end_run(job, from);
+        job = NULL;
+    }
+    if (job == NULL) {
+        char why[160];
+        if (!create)
+            return NULL;
+        if (job_create(d, name, &job, why, sizeof(why)) != 0) {
+            obd_log_warn(&d->log, "a message from node %d for job %s: %s", from,
+                         name, why);
+            return NULL;
+        }
+        obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
+    }
+    if (job->seen_run[from] == 0)
+        job->seen_run[from] = run;
+    return job;
 }
 
 /* ---- ops: states, references and the ready queue ---- */
@@ -563,6 +648,7 @@ static void job_run(struct obd_ready *r)
         job_detach(job);
     obd_runq_cancel(&job->d->runq, &job->ready);
     free(job->node_run);
+    free(job->seen_run);
     free(job);
 }
 
@@ -570,6 +656,8 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
                         int only)
 {
     struct obd_daemon *d = op->job->d;
+    if (op->job->detached)
+        return;
     Obcomm__OpAnnounce an = OBCOMM__OP_ANNOUNCE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
     an.job = op->job->name;
@@ -585,7 +673,7 @@ static void announce_to(struct obd_op *op, const struct obd_announce *a,
     an.status = obd_err_public(a->status);
     an.message = (char *)a->message;
     an.agreed = a->agreed != 0;
-    an.run = a->run;
+    an.run = op->job->run_local;
     an.owner_uid = a->owner.uid;
     an.owner_by_name = a->owner.by_name != 0;
     an.owner_name = (char *)a->owner.name;
@@ -618,6 +706,10 @@ static void op_report(struct obd_op *op, int status, const char *message)
     mine->report_status = status;
     snprintf(mine->report_message, sizeof(mine->report_message), "%s",
              message ? message : "");
+    if (op->job->detached) {
+        obd_op_schedule(op);
+        return;
+    }
     Obcomm__OpAnnounce an = OBCOMM__OP_ANNOUNCE__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
     an.job = op->job->name;
@@ -626,6 +718,7 @@ static void op_report(struct obd_op *op, int status, const char *message)
     an.status = obd_err_public(status);
     an.message = mine->report_message;
     an.phase = 1;
+    an.run = op->job->run_local;
     msg.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
     msg.announce = &an;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -646,8 +739,8 @@ static int op_all_reported(const struct obd_op *op)
 static void on_report(struct obd_daemon *d, int from,
                       const Obcomm__OpAnnounce *m)
 {
-    struct obd_job *job = obd_job_find(d, m->job);
-    struct obd_op *op = job ? obd_job_op(d, job->id, m->seq) : NULL;
+    struct obd_job *job = job_route(d, from, m->job, m->run, 0);
+    struct obd_op *op = job ? op_find(job, m->seq) : NULL;
     if (op == NULL || !obd_op_open(op) || op->ann[from].reported)
         return;
     op->ann[from].reported = 1;
@@ -768,6 +861,18 @@ static void describe_missing(const struct obd_op *op, char *buf, size_t len)
         describe_waiting(op, buf, len);
 }
 
+/* 1 if a node whose announce the open op misses has its link up: that
+ * node may still say why (a trainer of it missing). */
+static int missing_reachable(const struct obd_op *op)
+{
+    const struct obd_daemon *d = op->job->d;
+    for (int n = 0; n < d->cfg.nodes; n++)
+        if (n != d->cfg.rank && !op->ann[n].have &&
+            (d->hooks.node_down == NULL || !d->hooks.node_down(d, n, NULL, 0)))
+            return 1;
+    return 0;
+}
+
 static void on_deadline(uv_timer_t *t)
 {
     struct obd_op *op = container_of(t, struct obd_op, deadline);
@@ -788,10 +893,12 @@ static void on_deadline(uv_timer_t *t)
                 (int)job->d->cfg.rank, who);
         return;
     }
-    if (op->state >= OBD_OP_LOCAL && !op->grace) {
+    if (op->state >= OBD_OP_LOCAL && !op->grace && missing_reachable(op)) {
         /* Every local trainer is here: the missing ranks are on other
          * nodes, and the node that misses a trainer can name it. Give its
-         * report a moment to arrive before failing with a coarser one. */
+         * report a moment to arrive before failing with a coarser one. A
+         * node whose link is down cannot report: the op fails at its
+         * deadline. */
         uint64_t grace = (uint64_t)job->timeout_ms / 4;
         grace = grace < 50 ? 50 : grace > 2000 ? 2000 : grace;
         op->grace = 1;
@@ -1091,7 +1198,7 @@ static int check_run(struct obd_op *op)
         if (op->ann[n].run != job->node_run[n])
             off += (size_t)snprintf(who + off, sizeof(who) - off, "%snode %d",
                                     off ? ", " : "", n);
-    op_fail(op, OBD_E_MISMATCH, 0,
+    op_fail(op, OBD_E_MISMATCH, 1,
             "op %llu of job %s: %s started a new run of the job (its "
             "trainers restarted) while the other nodes go on with run "
             "%016llx; restart every trainer of the job",
@@ -1138,7 +1245,7 @@ static int check_ef(struct obd_op *op)
     }
     obd_metric_add(&d->metrics, OBD_M_EF_DISAGREED, 1);
     obd_efstore_reset_run(d, job->name, job->run, msg);
-    op_fail(op, OBD_E_STATE, 0,
+    op_fail(op, OBD_E_STATE, 1,
             "op %llu of job %s: the nodes hold different versions of the "
             "error feedback of key %llu: %s; every node resets the job's "
             "error feedback",
@@ -1188,7 +1295,7 @@ static void op_check_ready(struct obd_op *op)
                 off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                                         "%snode %d has %u", m ? ", " : "", m,
                                         op->ann[m].local_size);
-            op_fail(op, OBD_E_MISMATCH, 0,
+            op_fail(op, OBD_E_MISMATCH, 1,
                     "job %s: nodes run different numbers of trainers: %s",
                     job->name, msg);
             return;
@@ -1207,8 +1314,10 @@ static void op_check_ready(struct obd_op *op)
             snprintf(names[n], sizeof(names[n]), "rank %d (node %d)", n, n);
         labels[n] = names[n];
     }
-    /* Every node sees the same announces and fails by itself. */
-    if (fail_if_differ(op, descs, labels, nodes, 0) || check_run(op) ||
+    /* Every node sees the same announces and fails by itself; the failure
+     * is announced all the same, so that a node that was sent another
+     * view (a damaged or forged announce) fails at once too. */
+    if (fail_if_differ(op, descs, labels, nodes, 1) || check_run(op) ||
         check_ef(op))
         return;
     op->fingerprint = obd_coll_fingerprint(&op->desc);
@@ -1306,7 +1415,6 @@ int obd_job_submit(struct obd_job *job, int local_rank, uint64_t seq,
 static void on_announce(struct obd_daemon *d, int from,
                         const Obcomm__OpAnnounce *m)
 {
-    char why[160];
     struct obd_announce a = {
         .have = 1,
         .status = obd_err_from_public(m->status),
@@ -1335,25 +1443,21 @@ static void on_announce(struct obd_daemon *d, int from,
     if (a.status != 0 && a.message[0] == '\0')
         snprintf(a.message, sizeof(a.message), "node %d failed the op", from);
 
-    struct obd_job *job = obd_job_find(d, m->job);
-    if (job != NULL && job->joined == 0 && a.status == 0 &&
-        m->seq < job->next_seq) {
+    /* A failure of an op nobody here waits for makes no job. */
+    struct obd_job *job = job_route(d, from, m->job, a.run, a.status == 0);
+    if (job == NULL)
+        return;
+    if (job->joined == 0 && a.status == 0 && m->seq < job->next_seq) {
         /* An op this job is past, from a node with no reason to send it
          * again: that node runs a new run of the job while this node still
          * winds up an earlier one, which must not swallow the new run's
-         * announces. */
+         * announces. That node's run is the new one. */
+        job->seen_run[from] = 0;
         job_detach(job);
         obd_runq_post(&d->runq, &job->ready);
-        job = NULL;
-    }
-    if (job == NULL) {
-        if (a.status != 0)
-            return; /* a failure of an op nobody here waits for */
-        if (job_create(d, m->job, &job, why, sizeof(why)) != 0) {
-            obd_log_warn(&d->log, "announce from node %d for job %s: %s", from,
-                         m->job, why);
+        job = job_route(d, from, m->job, a.run, 1);
+        if (job == NULL)
             return;
-        }
     }
     struct obd_op *op = op_get(job, m->seq);
     obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
@@ -1415,7 +1519,7 @@ static void job_stop(struct obd_job *job, uint64_t from, int status,
 static void on_job_left(struct obd_daemon *d, int from,
                         const Obcomm__JobLeft *m)
 {
-    struct obd_job *job = obd_job_find(d, m->job);
+    struct obd_job *job = job_route(d, from, m->job, m->run, 0);
     if (job == NULL)
         return;
     obd_log_info(&d->log, "job %s: node %d reports: %s", job->name, from,
@@ -1450,9 +1554,12 @@ static void tell_left(struct obd_job *job, uint64_t from_seq,
     struct obd_daemon *d = job->d;
     Obcomm__JobLeft jl = OBCOMM__JOB_LEFT__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;
+    if (job->detached)
+        return;
     jl.job = job->name;
     jl.from_seq = from_seq;
     jl.message = (char *)message;
+    jl.run = job->run_local;
     msg.body_case = OBCOMM__PEER_MSG__BODY_JOB_LEFT;
     msg.job_left = &jl;
     for (int i = 0; i < d->cfg.nodes; i++)
@@ -1485,7 +1592,7 @@ void obd_job_leave(struct obd_job *job, int local_rank, const char *reason)
         if (obd_op_open(op))
             op_fail(op, OBD_E_PEER_LOST, 1,
                     "op %llu of job %s: rank %d (node %d local %d) "
-                    "vanished: %s",
+                    "left the job: %s",
                     (unsigned long long)op->seq, job->name, rank,
                     (int)d->cfg.rank, local_rank, reason);
     if (job->joined > 0)
@@ -1572,8 +1679,20 @@ enum obd_data_dest obd_job_data_begin(struct obd_daemon *d, int from,
          * here soon (or fails on its deadline). Until then the link stops
          * reading, which pushes back on the sender through TCP. */
         return OBD_DATA_PARK;
-    if (op->state != OBD_OP_RUN || op->fingerprint != f->fingerprint)
+    if (op->state != OBD_OP_RUN)
         return OBD_DATA_DISCARD;
+    if (op->fingerprint != f->fingerprint) {
+        /* The sender runs another op under this (job, seq): the op can
+         * never complete, and every node hears so now. */
+        obd_metric_add(&d->metrics, OBD_M_FRAMES_REJECTED, 1);
+        op_fail(op, OBD_E_PROTO, 1,
+                "op %llu of job %s: node %d sent a frame with fingerprint "
+                "%016llx; the op agreed here has %016llx",
+                (unsigned long long)op->seq, op->job->name, from,
+                (unsigned long long)f->fingerprint,
+                (unsigned long long)op->fingerprint);
+        return OBD_DATA_DISCARD;
+    }
     const char *why = "unexpected frame";
     void *p = obd_coll_algo(op->desc.kind)->recv_dest(op, from, f, &why);
     if (p == NULL) {

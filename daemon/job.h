@@ -170,7 +170,10 @@ struct obd_job {
     uint64_t next_seq;  /* ops below it have completed */
     struct obd_op *ops; /* linked ops, ascending seq */
     int live;           /* ops that exist, linked or not */
-    int detached;       /* out of d->jobs: an earlier run being wound up */
+    /* Out of d->jobs: an earlier run being wound up. Its ops end here
+     * alone: it sends nothing to the other nodes, which have gone on to
+     * another run. */
+    int detached;
     struct obd_ready ready;
     /* The run: random when the first trainer joins here (run_local), and
      * the hash of every node's run_local as first agreed on (run; 0 until
@@ -178,6 +181,12 @@ struct obd_job {
     uint64_t run_local;
     uint64_t run;
     uint64_t *node_run; /* nodes entries */
+    /* Each node's run as its first message of the job here said (0: none
+     * yet). A message of that node in another run means that its
+     * trainers started a new run: this job's run ends here and the
+     * message goes to a new job (docs/design.md, "A new run never
+     * waits"). */
+    uint64_t *seen_run;
     /* Once an op of the run failed anywhere, or a rank left, the run is
      * stopped: ops from stopped_seq on fail at once with `stopped`, on
      * every node, until the trainers start a new run (docs/design.md,

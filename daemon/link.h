@@ -95,5 +95,15 @@ void obd_handshake_hello(struct obd_link *l, const Obcomm__Hello *h,
                          const uint8_t *raw, size_t rawlen);
 /* The peer's proof; brings the link up through obd_peers_link_up. */
 void obd_handshake_auth(struct obd_link *l, const Obcomm__Auth *a);
+/* The reason a node sends when a peer's proof fails: the only text an
+ * unauthenticated peer reads besides "handshake refused". */
+#define OBD_REFUSE_AUTH "authentication failed"
+/* The peer refused the link with `reason` (its text, untrusted). Returns 1
+ * when that is an authentication failure, which it logs, counts and ends
+ * the link for: we accepted and sent our proof, and the dialer refused
+ * it with OBD_REFUSE_AUTH (a dialer that checked our proof sends its own
+ * even when it refuses for another reason). Else 0: the caller logs the
+ * refusal and closes the link. */
+int obd_handshake_refused(struct obd_link *l, const char *reason);
 
 #endif

@@ -347,6 +347,8 @@ static void handle_ctrl(struct obd_link *l, const uint8_t *buf, size_t len)
         for (char *c = why; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 *c = '?';
+        if (obd_handshake_refused(l, why + strlen("refused by the peer: ")))
+            break;
         /* A refused peer dials again every second or so: once a minute. */
         obd_log_limited(&l->d->log, OBD_LOG_ERROR, 60000, "node %d (%s) %s",
                         l->peer, l->where, why);
@@ -624,15 +626,19 @@ int obd_peers_down(const struct obd_daemon *d, int node, char *why, size_t len)
     return 1;
 }
 
+/* The tick: an eighth of peer_timeout_ms, 10 ms to 1 s. */
 static uint64_t heartbeat_every(const struct obd_daemon *d)
 {
-    uint64_t every = obd_peers_timeout_ms(d) / 4;
-    return every < 25 ? 25 : every > 1000 ? 1000 : every;
+    uint64_t every = obd_peers_timeout_ms(d) / 8;
+    return every < 10 ? 10 : every > 1000 ? 1000 : every;
 }
 
-/* Every tick: a link that has read nothing for peer_timeout_ms (no
- * heartbeat, no data) is declared down; then each link that is up gets a
- * heartbeat. A parked link reads nothing on purpose and is not judged by
+/* Every tick: a link that has read nothing (no heartbeat, no data) for
+ * peer_timeout_ms less a tick is declared down, so that a silence is
+ * found within peer_timeout_ms of the last thing received, whatever the
+ * phase of the tick; then each link that is up gets a heartbeat. A peer
+ * sends one every tick, so a live link is silent for about a tick at
+ * most. A parked link reads nothing on purpose and is not judged by
  * it: a dead peer shows there as a failed write (TCP_USER_TIMEOUT). A
  * tick that comes far too late means this loop stood still (a stopped
  * process, a swapped machine), not the peers: the clocks start again. */
@@ -640,8 +646,10 @@ static void on_heartbeat(uv_timer_t *t)
 {
     struct obd_daemon *d = container_of(t, struct obd_daemon, heartbeat);
     uint64_t now = uv_now(&d->loop);
-    uint64_t limit = obd_peers_timeout_ms(d);
-    int late = now - d->heartbeat_ms > 2 * heartbeat_every(d) + 100;
+    uint64_t every = heartbeat_every(d);
+    uint64_t timeout = obd_peers_timeout_ms(d);
+    uint64_t limit = timeout > 2 * every ? timeout - every : every;
+    int late = now - d->heartbeat_ms > 2 * every + 100;
     d->heartbeat_ms = now;
     Obcomm__Heartbeat hb = OBCOMM__HEARTBEAT__INIT;
     Obcomm__PeerMsg msg = OBCOMM__PEER_MSG__INIT;

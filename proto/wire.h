@@ -15,9 +15,10 @@
 #define OBCOMM_WIRE_MAX    (256 * 1024)
 
 /* Protocol version of the control messages and data frames. 8: every
- * announce carries the job's owner on its sender (owner_uid, owner_by_name,
+ * announce, report and JobLeft carries its sender's run of the job, and
+ * every announce the job's owner on its sender (owner_uid, owner_by_name,
  * owner_name), which every node compares; a node without them would let
- * another user's trainers into a job. */
+ * another user's trainers into a job or a new run wait for an old one. */
 #define OBCOMM_PROTO_VERSION 8
 
 /* Packs `msg` behind its length prefix into a malloc'd buffer; the caller

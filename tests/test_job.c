@@ -606,6 +606,74 @@ START_TEST(leave_fails_remote_ops)
 }
 END_TEST
 
+/* docs/design.md, "A new run never waits": node 1's trainer restarts
+ * alone and its new run's first op reaches node 0 while node 0's trainer
+ * of the old run is still joined. Node 0's old run ends at once (its
+ * trainer's next op fails naming who left), the announce goes to a new
+ * job there, and once node 0's trainer restarts too the new run's first
+ * op completes on both nodes. */
+static int new_run_answered(void)
+{
+    return trainers[0][1].answers > 0 && trainers[1][1].answers > 0;
+}
+
+START_TEST(new_run_elsewhere_ends_the_old_run_here)
+{
+    start(2, 1);
+    struct obd_opdesc bar = {.kind = OBCOMM_KIND_BARRIER};
+    submit(0, 0, 0, &bar, NULL);
+    submit(1, 0, 0, &bar, NULL);
+    pump_until(all_answered);
+    ck_assert_int_eq(trainers[0][0].status, 0);
+    struct obd_job *old0 = jobs[0];
+
+    /* Node 1's trainer dies and a new one joins there alone: a new run,
+     * whose first op node 1 announces. */
+    char why[256];
+    in_call++;
+    obd_job_leave(jobs[1], 0, "killed");
+    ck_assert_int_eq(obd_job_join(&nodes[1],
+                                  (struct obd_client *)&trainers[1][1], 201, 0,
+                                  "j", 0, 1, 20000, &jobs[1], why, sizeof(why)),
+                     0);
+    in_call--;
+    reset_answers();
+    submit(1, 0, 0, &bar, NULL);
+    deliver_all();
+    for (int k = 0; k < nnodes; k++)
+        uv_run(&nodes[k].loop, UV_RUN_NOWAIT);
+    /* Node 0 now runs the new run's job; its old one is out of the list. */
+    ck_assert_ptr_nonnull(obd_job_find(&nodes[0], "j"));
+    ck_assert_ptr_ne(obd_job_find(&nodes[0], "j"), old0);
+    ck_assert_int_eq(old0->detached, 1);
+
+    /* The old trainer's next op fails at once, naming who left. */
+    jobs[0] = old0;
+    submit(0, 0, 1, &bar, NULL);
+    pump_until(all_answered_0);
+    ck_assert_int_eq(trainers[0][0].status, OBCOMM_E_PEER_LOST);
+    ck_assert_ptr_nonnull(
+        strstr(trainers[0][0].message, "rank 1 (node 1 local 0) left the job"));
+    ck_assert_int_eq(trainers[1][1].answers, 0);
+
+    /* Node 0's trainer restarts: the new run's first op completes. */
+    in_call++;
+    obd_job_leave(old0, 0, "restarted");
+    ck_assert_int_eq(obd_job_join(&nodes[0],
+                                  (struct obd_client *)&trainers[0][1], 200, 0,
+                                  "j", 0, 1, 20000, &jobs[0], why, sizeof(why)),
+                     0);
+    in_call--;
+    ck_assert_ptr_eq(jobs[0], obd_job_find(&nodes[0], "j"));
+    submit(0, 0, 0, &bar, NULL);
+    pump_until(new_run_answered);
+    ck_assert_int_eq(trainers[0][1].status, 0);
+    ck_assert_int_eq(trainers[1][1].status, 0);
+    ck_assert_uint_eq(trainers[0][1].seq, 0);
+    stop();
+}
+END_TEST
+
 /* The reference of docs/design.md, "The compressed allreduce, exactly",
  * for one op among n nodes, keeping every node's worker error and every
  * server's error. */
@@ -1392,6 +1460,7 @@ int main(void)
     tcase_add_test(tc, snapshot_write_on_the_pool_does_not_stall_other_jobs);
     tcase_add_loop_test(tc, allreduce_exact, 0, 4);
     tcase_add_test(tc, leave_fails_remote_ops);
+    tcase_add_test(tc, new_run_elsewhere_ends_the_old_run_here);
     tcase_add_loop_test(tc, onebit_phases, 0, 4);
     tcase_add_loop_test(tc, bad_scales_fail_everywhere, 0, 4);
     tcase_add_loop_test(tc, allreduce_on_the_pool_exact, 0, 12);

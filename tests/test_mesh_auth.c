@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -459,6 +460,275 @@ START_TEST(idle_connections_lock_nobody_out)
 }
 END_TEST
 
+/* Node 1 has another cluster key than node 0, and dials it: node 0, the
+ * healthy dialed side, sees its proof refused, logs the failed
+ * authentication and counts it, as node 1 does. A trainer on node 0 gets
+ * OBCOMM_E_TIMEOUT naming node 1 at its deadline: a node that cannot be
+ * reached gets no grace beyond it. */
+static volatile long long *alone_ms;
+static volatile int *alone_rc;
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#define ALONE_DEADLINE 2000
+
+static int trainer_without_node1(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, 64, (void **)&x))
+        return hx_fail(c, "alloc");
+    for (int i = 0; i < 5; i++)
+        x[i] = 1.0f;
+    long long t0 = now_ms();
+    int rc = obcomm_allreduce(c, x, 5, OBCOMM_FLOAT32, OBCOMM_SUM);
+    *alone_ms = now_ms() - t0;
+    *alone_rc = rc;
+    if (rc != OBCOMM_E_TIMEOUT ||
+        strstr(obcomm_last_error(c), "never arrived: node 1") == NULL)
+        return hx_fail(c, "got %d (%s), want a timeout naming node 1", rc,
+                       obcomm_last_error(c));
+    return 0;
+}
+
+START_TEST(wrong_key_is_counted_on_the_dialed_side)
+{
+    const char *ka = make_key("ka", 32, 0600, 'a');
+    const char *kb = make_key("kb", 32, 0600, 'b');
+    const char *a[] = {"--auth_key_file", ka, NULL};
+    const char *b[] = {"--auth_key_file", kb, NULL};
+    const char *const *each[] = {a, b};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+    for (int i = 0; i < 500 && (hx_metric(&cl, 0, "auth_failures") < 1 ||
+                                hx_metric(&cl, 1, "auth_failures") < 1);
+         i++)
+        sleep_ms(20);
+    ck_assert_int_ge(hx_metric(&cl, 0, "auth_failures"), 1);
+    ck_assert_int_ge(hx_metric(&cl, 1, "auth_failures"), 1);
+    ck_assert(hx_log_contains(&cl, 0,
+                              "failed authentication: it refused "
+                              "our proof"));
+    ck_assert(hx_log_contains(&cl, 1, "failed authentication"));
+    ck_assert(!hx_log_contains(&cl, 0, "refused by the peer"));
+    ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 0);
+
+    alone_ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne((void *)alone_ms, MAP_FAILED);
+    alone_rc = (volatile int *)(alone_ms + 1);
+    pid_t t = hx_spawn(&cl, 0, 0, 1, "alone", ALONE_DEADLINE,
+                       trainer_without_node1, NULL);
+    ck_assert_int_gt(t, 0);
+    int st = hx_wait(t, 30000);
+    fprintf(stderr, "an op without node 1: rc %d after %lld ms (deadline %d)\n",
+            *alone_rc, *alone_ms, ALONE_DEADLINE);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_ge(*alone_ms, ALONE_DEADLINE - 5);
+    /* The grace a reachable node gets is a quarter of the deadline. */
+    ck_assert_int_lt(*alone_ms, ALONE_DEADLINE + ALONE_DEADLINE / 8);
+    munmap((void *)alone_ms, 4096);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
+/* ---- a key holder that sends what it should not ---- */
+
+/* The next control message from fd, data frames skipped; NULL at EOF or
+ * after 2 s of silence. */
+static Obcomm__PeerMsg *next_ctrl(int fd, uint8_t *raw, size_t cap)
+{
+    for (;;) {
+        uint8_t hdr[OBD_FRAME_HDR];
+        struct obd_frame f;
+        const char *why;
+        if (read_all(fd, hdr, sizeof(hdr)) != 0)
+            return NULL;
+        ck_assert_int_eq(obd_frame_decode(hdr, 1 << 20, 1 << 20, &f, &why), 0);
+        ck_assert_uint_le(f.len, cap);
+        if (read_all(fd, raw, f.len) != 0)
+            return NULL;
+        if (f.type == OBD_FRAME_CTRL)
+            return obcomm__peer_msg__unpack(NULL, f.len, raw);
+    }
+}
+
+/* The next announce (phase 0) of job `job` from fd, or NULL. */
+static Obcomm__PeerMsg *next_announce(int fd, const char *job, int failed)
+{
+    static uint8_t raw[1 << 20];
+    for (int i = 0; i < 200; i++) {
+        Obcomm__PeerMsg *m = next_ctrl(fd, raw, sizeof(raw));
+        if (m == NULL)
+            return NULL;
+        if (m->body_case == OBCOMM__PEER_MSG__BODY_ANNOUNCE &&
+            strcmp(m->announce->job, job) == 0 && m->announce->phase == 0 &&
+            (m->announce->status != 0) == failed)
+            return m;
+        obcomm__peer_msg__free_unpacked(m, NULL);
+    }
+    return NULL;
+}
+
+/* Takes node 1's place in an unkeyed two-node cluster whose node 1 was
+ * killed: a handshake as rank 1 with no proof. Returns the socket. */
+static int become_node1(const struct hx_cluster *cl)
+{
+    struct obd_config cfg;
+    world_of(cl, &cfg);
+    int fd = tcp_to(cl->port[0]);
+    ck_assert_int_ge(fd, 0);
+    Obcomm__Hello h = OBCOMM__HELLO__INIT;
+    Obcomm__PeerMsg m = OBCOMM__PEER_MSG__INIT;
+    Obcomm__Option o1 = OBCOMM__OPTION__INIT, o2 = OBCOMM__OPTION__INIT;
+    Obcomm__Option *opts[] = {&o1, &o2};
+    uint8_t nonce[32], buf[4096];
+    size_t len;
+    obd_auth_random(nonce, sizeof(nonce));
+    o1.name = "segment_bytes";
+    o1.value = "1048576";
+    o2.name = "wire_protection";
+    o2.value = "none";
+    h.proto_version = OBCOMM_PROTO_VERSION;
+    h.cluster = cfg.cluster;
+    h.rank = 1;
+    h.world_size = (uint32_t)cfg.nodes;
+    h.world_fingerprint = cfg.fingerprint;
+    h.nonce.data = nonce;
+    h.nonce.len = sizeof(nonce);
+    h.n_options = 2;
+    h.options = opts;
+    h.peer_rank = 0;
+    m.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
+    m.hello = &h;
+    send_body(fd, buf, protobuf_c_message_pack(&m.base, buf), NULL, NULL);
+    Obcomm__PeerMsg *r = read_msg(fd, buf, &len);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->body_case, OBCOMM__PEER_MSG__BODY_HELLO);
+    obcomm__peer_msg__free_unpacked(r, NULL);
+    r = read_msg(fd, buf, &len);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->body_case, OBCOMM__PEER_MSG__BODY_AUTH);
+    obcomm__peer_msg__free_unpacked(r, NULL);
+    Obcomm__Auth a = OBCOMM__AUTH__INIT;
+    Obcomm__PeerMsg am = OBCOMM__PEER_MSG__INIT;
+    am.body_case = OBCOMM__PEER_MSG__BODY_AUTH;
+    am.auth = &a;
+    send_body(fd, buf, protobuf_c_message_pack(&am.base, buf), NULL, NULL);
+    struct timeval tv = {.tv_sec = 30};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+#define FORGED_DEADLINE 20000
+#define FORGED_COUNT    1003
+
+static int trainer_forged(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, FORGED_COUNT * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    for (int i = 0; i < FORGED_COUNT; i++)
+        x[i] = 1.0f;
+    long long t0 = now_ms();
+    int rc = obcomm_allreduce(c, x, FORGED_COUNT, OBCOMM_FLOAT32, OBCOMM_SUM);
+    alone_ms[0] = now_ms() - t0;
+    *alone_rc = rc;
+    snprintf((char *)(alone_ms + 2), 1024, "%s", obcomm_last_error(c));
+    return 0;
+}
+
+/* A key holder (here: any peer of an unkeyed cluster) as node 1 answers
+ * node 0's announce (_i == 1: with another count) and then (_i == 0)
+ * sends a data frame of the op under another fingerprint. Node 0's
+ * trainer gets the error at once, not at the deadline, and node 0
+ * announces the failure, so that every other node fails the op at once
+ * too. */
+START_TEST(forged_frames_fail_the_op_at_once_everywhere)
+{
+    struct hx_cluster cl;
+    ck_assert_int_eq(obd_auth_init(), 0);
+    ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
+    for (int i = 0; i < 500 && hx_metric(&cl, 0, "links_up") != 1; i++)
+        sleep_ms(20);
+    kill(cl.daemon[1], SIGKILL);
+    int st;
+    ck_assert_int_eq(waitpid(cl.daemon[1], &st, 0), cl.daemon[1]);
+    cl.exited[1] = 1;
+    cl.status[1] = 0; /* killed on purpose */
+    ck_assert(hx_log_wait(&cl, 0, "link to node 1 is down", 10000));
+    int fd = become_node1(&cl);
+    for (int i = 0; i < 500 && hx_metric(&cl, 0, "links_up") != 1; i++)
+        sleep_ms(20);
+    ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 1);
+
+    alone_ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne((void *)alone_ms, MAP_FAILED);
+    alone_rc = (volatile int *)(alone_ms + 1);
+    pid_t t =
+        hx_spawn(&cl, 0, 0, 1, "forged", FORGED_DEADLINE, trainer_forged, NULL);
+    ck_assert_int_gt(t, 0);
+
+    Obcomm__PeerMsg *m = next_announce(fd, "forged", 0);
+    ck_assert_ptr_nonnull(m);
+    Obcomm__OpAnnounce an = *m->announce;
+    an.base = m->announce->base;
+    an.node_rank = 1;
+    an.run = 0x5eed5eed5eed5eedull;
+    an.ef = NULL;
+    if (_i == 1)
+        an.count = FORGED_COUNT - 1;
+    Obcomm__PeerMsg out = OBCOMM__PEER_MSG__INIT;
+    out.body_case = OBCOMM__PEER_MSG__BODY_ANNOUNCE;
+    out.announce = &an;
+    static uint8_t buf[1 << 16];
+    send_body(fd, buf, protobuf_c_message_pack(&out.base, buf), NULL, NULL);
+    uint64_t seq = an.seq;
+    obcomm__peer_msg__free_unpacked(m, NULL);
+    if (_i == 0) {
+        /* A frame of the op, which now runs on node 0, under another
+         * fingerprint. */
+        uint8_t frame[OBD_FRAME_HDR + 16] = {0};
+        struct obd_frame f = {.version = OBCOMM_PROTO_VERSION,
+                              .type = OBD_FRAME_DATA,
+                              .job = obd_frame_job_id("forged"),
+                              .seq = seq,
+                              .fingerprint = 0xbadf00dbadf00dull,
+                              .len = 16};
+        obd_frame_encode(&f, frame);
+        ck_assert_int_eq(send(fd, frame, sizeof(frame), MSG_NOSIGNAL),
+                         (ssize_t)sizeof(frame));
+    }
+    /* Node 0 tells node 1 that the op failed. */
+    m = next_announce(fd, "forged", 1);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_uint_eq(m->announce->seq, seq);
+    ck_assert_int_eq(m->announce->status,
+                     _i == 0 ? OBCOMM_E_PROTO : OBCOMM_E_MISMATCH);
+    obcomm__peer_msg__free_unpacked(m, NULL);
+
+    ck_assert_int_eq(hx_wait(t, 60000) != -1, 1);
+    fprintf(stderr, "forged %s: rc %d after %lld ms: %s\n",
+            _i == 0 ? "fingerprint" : "announce", *alone_rc, alone_ms[0],
+            (const char *)(alone_ms + 2));
+    ck_assert_int_eq(*alone_rc, _i == 0 ? OBCOMM_E_PROTO : OBCOMM_E_MISMATCH);
+    ck_assert_int_lt(alone_ms[0], FORGED_DEADLINE / 2);
+    ck_assert_ptr_nonnull(strstr(
+        (const char *)(alone_ms + 2),
+        _i == 0 ? "node 1 sent a frame with fingerprint" : "count differs"));
+    close(fd);
+    munmap((void *)alone_ms, 4096);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
 /* Options that must agree are compared after the proofs: both nodes name
  * the option and both values. Also without a key. */
 START_TEST(different_segment_sizes_are_refused_by_name)
@@ -646,6 +916,8 @@ Suite *mesh_auth_suite(void)
     tcase_add_loop_test(tc, different_segment_sizes_are_refused_by_name, 0, 2);
     tcase_add_test(tc, bad_keys_and_open_listeners_stop_the_start);
     tcase_add_test(tc, out_of_descriptors_pauses_accepting);
+    tcase_add_test(tc, wrong_key_is_counted_on_the_dialed_side);
+    tcase_add_loop_test(tc, forged_frames_fail_the_op_at_once_everywhere, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

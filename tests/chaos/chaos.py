@@ -25,6 +25,15 @@ the node, the loss rate and the durations):
                rank
   snapshot-restart  the same, but every daemon is stopped (SIGTERM) before
                the byte is flipped and started again before the third run
+  restart-alone  kill -9 of node 1's trainer during the stream and a new
+               trainer on node 1 at once, alone: the other ranks' next op
+               fails at once naming it; once they restart, the new run is
+               the reference from zero
+  linger       a run of 30 ops whose node 2 trainer stays joined 1.5 s
+               after its last op; the next run starts on the other nodes
+               as soon as their trainers left, on node 2 once its own left:
+               the new run is the reference from zero, no op waits for its
+               deadline
 
 Every fault scenario: a run of job chaos-NN-NAME streams ops (paced) until
 each rank has logged 30, the fault is applied and cleared, a probe
@@ -65,12 +74,14 @@ PRE_OPS = 30          # ops every rank logs before the fault
 POST_S = 3.0          # the stream goes on this long after the heal
 HEAL_BOUND_S = 30.0   # the probe gives up after this (15 s in --short)
 VERIFY_OPS = 30       # the new run after the fault
+RESTART_POST_S = 0.5  # restart-alone: the old run's survivors go on this
+                      # long after the kill, then restart
 SNAP_OPS = 30         # ops per run of the snapshot scenario
 ONEBIT_KEYS = [11, 12]
 BIG = 10 ** 7
 
 ALL = ["loss", "oneway", "partition5", "partition60", "flap", "kill",
-       "snapshot", "snapshot-restart"]
+       "snapshot", "snapshot-restart", "restart-alone", "linger"]
 
 
 class Interrupted(Exception):
@@ -273,22 +284,39 @@ class Driver:
         say(f"reference run: {REF_OPS} ops on the healthy cluster in "
             f"{time.monotonic() - t0:.1f} s, equal on every rank")
 
-    def verify_run(self, res, rdir, job):
+    def verify_trainer(self, i, rdir, job, timeout_ms=TIMEOUT_MS):
+        """Node i's trainer of a verify run (see verify_run)."""
+        argv = [os.path.join(rdir, f"rank{i}.log"), "--timeout-ms",
+                str(timeout_ms), "--ops", str(VERIFY_OPS), "--verify",
+                "--pause-file", os.path.join(rdir, f"paused.{i}"),
+                "--resume-file", os.path.join(rdir, "resume"),
+                "--wait-s", "60"]
+        os.makedirs(rdir, exist_ok=True)
+        p = self.cl.trainer(i, job, argv, self.env(),
+                            os.path.join(rdir, f"rank{i}.out"))
+        self.trainers.append(p)
+        return p
+
+    def verify_run(self, res, rdir, job, early=None, late=None):
         """(3): a new run of the job from zero; while it pauses, every
-        daemon's status."""
+        daemon's status. early: {node: its trainer, started already};
+        late: {node: a process to wait for (at most 60 s) before node's
+        trainer starts}."""
         pause = [os.path.join(rdir, f"paused.{i}") for i in range(K)]
         resume = os.path.join(rdir, "resume")
-        procs = []
+        procs = [None] * K
+        for i, p in (early or {}).items():
+            procs[i] = p
         for i in range(K):
-            argv = [os.path.join(rdir, f"rank{i}.log"), "--timeout-ms",
-                    str(TIMEOUT_MS), "--ops", str(VERIFY_OPS), "--verify",
-                    "--pause-file", pause[i], "--resume-file", resume,
-                    "--wait-s", "60"]
-            os.makedirs(rdir, exist_ok=True)
-            p = self.cl.trainer(i, job, argv, self.env(),
-                                os.path.join(rdir, f"rank{i}.out"))
-            procs.append(p)
-            self.trainers.append(p)
+            if procs[i] is None and i not in (late or {}):
+                procs[i] = self.verify_trainer(i, rdir, job)
+        for i, before in (late or {}).items():
+            try:
+                before.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                res["notes"].append(f"node {i}'s trainer before the new run "
+                                    f"still ran after 60 s")
+            procs[i] = self.verify_trainer(i, rdir, job)
         deadline = time.monotonic() + 60 + VERIFY_OPS * TIMEOUT_MS / 1000
         while time.monotonic() < deadline:
             if all(os.path.exists(p) for p in pause):
@@ -354,6 +382,11 @@ class Driver:
             p["down"] = 2.0 if short else r.choice([0.5, 2.0, 5.0])
         elif name.startswith("snapshot"):
             p["node"] = 1 if short else r.randrange(K)
+        elif name == "restart-alone":
+            p["node"] = 1 if short else r.randrange(K)
+        elif name == "linger":
+            p["node"] = 2 if short else r.randrange(K)
+            p["linger_ms"] = 1500 if short else r.choice([300, 1500, 3000])
         return p
 
     def apply_fault(self, name, p, res):
@@ -511,6 +544,136 @@ class Driver:
                 if d and k != "ef_state_bytes":
                     out.setdefault(k, [0] * K)[i] = d
         return out
+
+    # -- runs that restart ----------------------------------------------------------
+
+    def restart_alone_scenario(self, idx, name):
+        """kill -9 of one trainer mid-stream and, at once, a new trainer
+        on its node alone (the first of the next run). The other ranks'
+        next op fails at once naming the killed rank (the contract, (2),
+        with "left the job" as the name); once their trainers restart,
+        the new run (3) is the reference from zero."""
+        p = self.params(name)
+        v = p["node"]
+        job = f"chaos-{idx:02d}-{name}"
+        sdir = os.path.join(self.work, f"{idx:02d}-{name}")
+        fdir, vdir = os.path.join(sdir, "fault"), os.path.join(sdir, "verify")
+        res = {"name": name, "job": job, "params": p, "checks": {},
+               "notes": []}
+        say(f"\n== {idx:02d} {name} {json.dumps(p, sort_keys=True)}")
+        m0 = self.metrics_all()
+        t_start = time.monotonic()
+        stop = os.path.join(fdir, "stop")
+        procs = self.launch(fdir, job, ["--ops", str(BIG), "--stop-file",
+                                        stop, "--pace-ms", str(PACE_MS)])
+        if not self.wait_ops(fdir, procs, PRE_OPS, 60):
+            res["notes"].append(f"the stream did not reach {PRE_OPS} ops on "
+                                f"every rank before the fault "
+                                f"({self.op_counts(fdir)})")
+        res["fault_t"] = time.time()
+        procs[v].kill()
+        procs[v].wait(timeout=10)
+        self.trainers.remove(procs[v])
+        # The restarted trainer's first op waits for the others' new
+        # trainers, up to its deadline: a long one, as torchrun's workers
+        # have (60 s by default), since the others restart after it.
+        restarted = self.verify_trainer(v, vdir, job,
+                                        timeout_ms=5 * TIMEOUT_MS)
+        res["fault_s"] = 0.0
+        res["heal_s"] = 0.0
+        time.sleep(RESTART_POST_S)
+        # The others stop at once: the new run's ops that reached their
+        # nodes before their new trainers wait there for the daemon's
+        # deadline (timeout_ms, 3 s here).
+        stop_seq = self.max_seq(fdir) + 2
+        with open(stop + ".tmp", "w") as f:
+            f.write(str(stop_seq))
+        os.rename(stop + ".tmp", stop)
+        res["stop_seq"] = stop_seq
+        survivors = [q for i, q in enumerate(procs) if i != v]
+        probs = self.reap(survivors, 3 * TIMEOUT_MS / 1000 + 10)
+        logs = self.logs(fdir)
+        # Up to the killed rank's last logged op every rank has every op;
+        # the op it was killed in may have completed elsewhere.
+        last = max([e["seq"] for e in logs[v] if e.get("ev") == "op"],
+                   default=-1)
+        c1 = check.check_prefix(logs, self.ref, limit=last + 1)
+        others = {r: e for r, e in logs.items() if r != v}
+        c2 = check.check_contract(others, self.ref, limit=stop_seq,
+                                  fault_t=res["fault_t"])
+        c2["problems"] += probs
+        # Every survivor's first failure names the killed rank.
+        want = f"(node {v} local 0) left the job"
+        for r, entries in logs.items():
+            if r == v:
+                continue
+            first = next((e for e in entries if e.get("ev") == "op" and
+                          e["status"] != 0), None)
+            if first is None:
+                c2["problems"].append(f"rank {r} never failed after rank "
+                                      f"{v} was killed")
+            elif want not in first["msg"]:
+                c2["problems"].append(f"rank {r}'s first failure does not "
+                                      f"name '{want}': "
+                                      f"{check.short(first['msg'])}")
+        c2["ok"] = not c2["problems"]
+        res["checks"]["1 prefix"] = c1
+        res["checks"]["2 contract"] = c2
+        self.daemons_alive(res)
+        self.verify_run(res, vdir, job, early={v: restarted})
+        self.daemons_alive(res)
+        res["metrics_delta"] = self.metrics_delta(m0, self.metrics_all())
+        res["secs"] = round(time.monotonic() - t_start, 1)
+        return res
+
+    def linger_scenario(self, idx, name):
+        """Back-to-back runs with a lingering node: node L's trainer stays
+        joined linger_ms after the run's last op; the next run starts on
+        the other nodes as soon as their trainers left and on node L once
+        its own left. The first run is the reference (1, 2), the next run
+        the reference from zero (3): its first op waits for no deadline."""
+        p = self.params(name)
+        late = p["node"]
+        job = f"chaos-{idx:02d}-{name}"
+        sdir = os.path.join(self.work, f"{idx:02d}-{name}")
+        fdir, vdir = os.path.join(sdir, "first"), os.path.join(sdir, "verify")
+        res = {"name": name, "job": job, "params": p, "checks": {},
+               "notes": [], "fault_s": 0.0, "heal_s": None}
+        say(f"\n== {idx:02d} {name} {json.dumps(p, sort_keys=True)}")
+        m0 = self.metrics_all()
+        t_start = time.monotonic()
+        os.makedirs(fdir, exist_ok=True)
+        procs = []
+        for i in range(K):
+            argv = [os.path.join(fdir, f"rank{i}.log"), "--timeout-ms",
+                    str(TIMEOUT_MS), "--ops", str(PRE_OPS)]
+            if i == late:
+                argv += ["--linger-ms", str(p["linger_ms"])]
+            q = self.cl.trainer(i, job, argv, self.env(),
+                                os.path.join(fdir, f"rank{i}.out"))
+            procs.append(q)
+            self.trainers.append(q)
+        early = [q for i, q in enumerate(procs) if i != late]
+        probs = self.reap(early, 60 + PRE_OPS * TIMEOUT_MS / 1000)
+        t_next = time.monotonic()
+        self.verify_run(res, vdir, job, late={late: procs[late]})
+        res["notes"].append(f"the next run took {time.monotonic() - t_next:.1f}"
+                            f" s from the other trainers' exit (node "
+                            f"{late}'s trainer left {p['linger_ms']} ms "
+                            f"after its last op)")
+        probs += self.reap([procs[late]], 10)
+        logs = self.logs(fdir)
+        c1 = check.check_prefix(logs, self.ref, limit=PRE_OPS)
+        if c1["first_failure"] is not None or c1["good_ops"] != PRE_OPS:
+            c1["problems"].append(f"the first run failed at op "
+                                  f"{c1['first_failure']}")
+        c1["problems"] += probs
+        c1["ok"] = not c1["problems"]
+        res["checks"]["1 prefix"] = c1
+        self.daemons_alive(res)
+        res["metrics_delta"] = self.metrics_delta(m0, self.metrics_all())
+        res["secs"] = round(time.monotonic() - t_start, 1)
+        return res
 
     # -- the snapshot scenarios ---------------------------------------------------------
 
@@ -702,6 +865,10 @@ class Driver:
             idx += 1
             if name.startswith("snapshot"):
                 res = self.snapshot_scenario(idx, name)
+            elif name == "restart-alone":
+                res = self.restart_alone_scenario(idx, name)
+            elif name == "linger":
+                res = self.linger_scenario(idx, name)
             else:
                 res = self.fault_scenario(idx, name)
             self.results.append(res)

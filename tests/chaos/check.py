@@ -6,7 +6,8 @@ counts for the summary.
 (1) prefix     every op before the run's first failure succeeded on every
                rank with identical digests, equal to the reference run's.
 (2) contract   once an op failed on any rank, every later op fails on every
-               rank, naming the first failure ("cannot continue": decided
+               rank, naming the first failure ("cannot continue", or the
+               rank that "left the job": decided
                when the op is created, so at once; the time it took is
                reported, not judged). At the dying op ranks may differ only
                in that some succeeded (with the reference digest) and some
@@ -22,6 +23,8 @@ import os
 
 E_NOTCONN = -1006
 CANNOT = "cannot continue"
+# A run stopped because a rank left names that rank so in every later op.
+LEFT = "left the job"
 # libobcomm's message on every call after its daemon connection broke.
 OWN_GONE = "unusable after an earlier failure"
 AT_ONCE_S = 1.0
@@ -187,7 +190,7 @@ def check_contract(logs, ref, limit=None, fault_t=None):
                 # library fails every later call at once, naming that.
                 res["later_notconn"] += 1
                 continue
-            if CANNOT not in e["msg"].lower():
+            if CANNOT not in e["msg"].lower() and LEFT not in e["msg"]:
                 if seq == f + 1 and (own_first.get(r) == seq or
                                      e["msg"] in own_next):
                     continue  # its own first failure, right after the window

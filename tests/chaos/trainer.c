@@ -6,7 +6,7 @@
  *   chaos-trainer LOG --ops N [--start S] [--stop-file F] [--pace-ms M]
  *                 [--restore] [--save] [--save-dir D] [--verify
  *                 --pause-file F --resume-file F] [--timeout-ms T]
- *                 [--wait-s W]
+ *                 [--wait-s W] [--linger-ms L]
  *
  * The environment is torchrun's: OBCOMM_SOCKET, OBCOMM_JOB, LOCAL_RANK,
  * LOCAL_WORLD_SIZE (tests/python/cluster.py sets the same).
@@ -30,6 +30,9 @@
  *   --verify   after the stream a barrier, a pause with nothing in flight
  *              (--pause-file marks it) until --resume-file exists, then a
  *              second barrier: the driver reads every daemon's status
+ *   --linger-ms  at the end, stay joined this long before leaving the job
+ *              (a trainer whose exit is slow: its node's run is still
+ *              leaving while the next run starts elsewhere)
  *
  * Log lines: {"ev": "start"|"op"|"stopped"|"save"|"restore"|"barrier"|
  * "end", ...}; "op" lines carry seq, kind, key, status (0 or the negative
@@ -67,7 +70,7 @@ static const struct {
 struct args {
     const char *log, *stop_file, *pause_file, *resume_file, *save_dir;
     long start, ops;
-    double pace_ms, wait_s;
+    double pace_ms, wait_s, linger_ms;
     int restore, save, verify, timeout_ms;
 };
 
@@ -263,7 +266,7 @@ static int usage(void)
     fprintf(stderr, "usage: chaos-trainer LOG --ops N [--start S] "
                     "[--stop-file F] [--pace-ms M] [--restore] [--save] "
                     "[--save-dir D] [--verify --pause-file F --resume-file "
-                    "F] [--timeout-ms T] [--wait-s W]\n");
+                    "F] [--timeout-ms T] [--wait-s W] [--linger-ms L]\n");
     return 2;
 }
 
@@ -289,6 +292,7 @@ int main(int argc, char **argv)
         {"resume-file", required_argument, 0, 'r'},
         {"timeout-ms", required_argument, 0, 't'},
         {"wait-s", required_argument, 0, 'w'},
+        {"linger-ms", required_argument, 0, 'L'},
         {0, 0, 0, 0},
     };
     int o;
@@ -329,6 +333,9 @@ int main(int argc, char **argv)
             break;
         case 'w':
             a.wait_s = atof(optarg);
+            break;
+        case 'L':
+            a.linger_ms = atof(optarg);
             break;
         default:
             return usage();
@@ -393,6 +400,8 @@ int main(int argc, char **argv)
             sleep_ms(20);
         barrier(c);
     }
+    if (a.linger_ms > 0)
+        sleep_ms(a.linger_ms);
 out:
     obcomm_close(c);
     for (int k = 0; k < NKINDS; k++)
