@@ -11,6 +11,7 @@ import torch
 
 from ._lib import lib
 from .comm import Communicator, ObcommError, E_MISMATCH
+from . import _claims
 
 
 
@@ -60,6 +61,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         self.key = int(key)
         self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
+        self._claim = _claims.Claim(self, self.NAME)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -78,9 +80,12 @@ class FlatOptimizer(torch.optim.Optimizer):
         if g.count == 0:
             raise ValueError(f"{self.NAME}: a param group with no elements")
         g.key = self.key + len(self._groups)
+        # Refused on every rank alike, before the first collective.
+        _claims.take(self.comm._c(), self._claim, g.params, [g.key])
         self._agree(g)
         comm = self.comm
         g.p, g.g = comm.empty(g.count), comm.empty(g.count)
+        _claims.claim_grads(self._claim, g.g)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.p[o:o + n].copy_(p.reshape(-1))
@@ -165,6 +170,9 @@ class FlatOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self._claim.checked:
+            _claims.check_first_step(
+                self._claim, [p for g in self._groups for p in g.params])
         self._check_hyper(self.param_groups)
         comm = self.comm
         for g, group in zip(self._groups, self.param_groups):
@@ -309,6 +317,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         out of shared memory first. Idempotent."""
         if self.comm is None:
             return
+        _claims.release(self._claim)
         with torch.no_grad():
             for g in self._groups:
                 for p in g.params:

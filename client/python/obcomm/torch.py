@@ -22,6 +22,7 @@ from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
 from ._flat import check_adam_args
+from . import _claims
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
 
@@ -274,6 +275,7 @@ class OneBitAdam(torch.optim.Optimizer):
         self._accs = []      # the AccumulateGrad nodes we hook (kept alive)
         self._hooks = []     # their hooks' handles
         self._auto_ratio = AUTO_MASK_RATIO
+        self._claim = _claims.Claim(self, "OneBitAdam")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
                         bias_correction=bool(bias_correction))
@@ -325,6 +327,9 @@ class OneBitAdam(torch.optim.Optimizer):
         plan = _plan([n for _, n in g.spans], self._cap_bytes)
         first_key = self.key + len(self._buckets)
         comm = self.comm
+        # Refused on every rank alike, before the first collective.
+        _claims.take(comm._c(), self._claim, g.params,
+                     range(first_key, first_key + len(plan)))
         self._agree(g, plan, first_key)
         # The masters (float32) in shared memory; a float16/bfloat16 model
         # and its gradients in private memory of their own dtype, which
@@ -335,6 +340,7 @@ class OneBitAdam(torch.optim.Optimizer):
         else:
             g.flat_m = torch.empty(g.count, dtype=g.dtype)
             g.flat_g = torch.zeros(g.count, dtype=g.dtype)
+        _claims.claim_grads(self._claim, g.flat_g)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.flat_p[o:o + n].copy_(p.reshape(-1))
@@ -452,7 +458,11 @@ class OneBitAdam(torch.optim.Optimizer):
     def _check_arrival(self, b, i):
         """Parameter i of bucket b is about to receive a gradient: a
         second backward pass (outside no_sync) raises here, before torch
-        adds anything to the gradients the first one sent."""
+        adds anything to the gradients the first one sent. The first
+        gradient of the run checks that nothing else averages or updates
+        the parameters (DDP, another optimizer)."""
+        if not self._claim.checked:
+            self._first_step()
         if not self._sync or b.handle is None:
             return
         if b.state is not _State.IDLE or i in b.fired:
@@ -581,12 +591,18 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- the optimizer ----------------------------------------------------------
 
+    def _first_step(self):
+        _claims.check_first_step(
+            self._claim, [p for g in self._groups for p in g.params])
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self._claim.checked:
+            self._first_step()
         for g, group in zip(self._groups, self.param_groups):
             hyper = tuple(group[k] for k in _HYPER)
             if hyper != g.hyper:
@@ -889,6 +905,7 @@ class OneBitAdam(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks, self._accs = [], []
+        _claims.release(self._claim)
         for g in self._groups:
             if any(b.handle is not None for b in g.buckets):
                 with torch.no_grad():
@@ -954,5 +971,6 @@ def allreduce_hook(state, bucket):
     is staged through a shared-memory buffer of the connection.
     """
     comm = _hook_comm(state)
+    _claims.check_hook_bucket(bucket)
     t = bucket.buffer()
     return comm._iallreduce(t, "avg", t).future

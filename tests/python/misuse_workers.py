@@ -1,0 +1,112 @@
+"""Trainers of test_misuse.py: obcomm's optimizers combined with something
+else that averages or updates the same gradients, or uses the same keys;
+each case returns the error every rank got (or None when nothing was
+refused)."""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import obcomm
+import obcomm.torch
+from workers import serve
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(),
+                               torch.nn.Linear(4, 2))
+
+
+def _loss(model, rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    return model(torch.randn(16, 8, generator=g)).square().sum()
+
+
+def _error(fn):
+    try:
+        fn()
+    except (RuntimeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def misuse(args):
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{args['port']}", rank=rank,
+        world_size=size)
+    comm = obcomm.Communicator(timeout_ms=20000)
+    T = obcomm.torch
+    out = {}
+
+    def ddp_case(make, hook=False):
+        model = _model()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if hook:
+            ddp.register_comm_hook(comm, T.allreduce_hook)
+        opt = make(model.parameters())
+
+        def train():
+            _loss(ddp, rank).backward()
+            opt.step()
+        try:
+            return _error(train)
+        finally:
+            opt.close()
+
+    out["ddp_onebit_adam"] = ddp_case(
+        lambda ps: T.OneBitAdam(ps, comm=comm, key=10, freeze_step=5))
+    out["ddp_onebit_adam_no_overlap"] = ddp_case(
+        lambda ps: T.OneBitAdam(ps, comm=comm, key=10, freeze_step=5,
+                                overlap=False))
+    out["ddp_zero_one_adam"] = ddp_case(
+        lambda ps: T.ZeroOneAdam(ps, comm=comm, key=10, var_freeze_step=5))
+    out["ddp_onebit_lamb"] = ddp_case(
+        lambda ps: T.OneBitLamb(ps, comm=comm, key=10, freeze_step=5))
+    out["ddp_hook_onebit_adam"] = ddp_case(
+        lambda ps: T.OneBitAdam(ps, comm=comm, key=10, freeze_step=5,
+                                overlap=False), hook=True)
+
+    # Two obcomm optimizers on the same parameters; a torch optimizer too.
+    model = _model()
+    a = T.OneBitAdam(model.parameters(), comm=comm, key=20)
+    out["same_params"] = _error(
+        lambda: T.ZeroOneAdam(model.parameters(), comm=comm, key=30))
+    # The same key on other parameters.
+    other = _model(1)
+    out["same_key"] = _error(
+        lambda: T.OneBitLamb(other.parameters(), comm=comm, key=20))
+    # A Communicator collective on the optimizer's gradients, and on its key.
+    _loss(model, rank).backward()
+    grad = next(model.parameters()).grad
+    out["allreduce_grad"] = _error(lambda: comm.allreduce(grad, op="avg"))
+    out["allreduce_1bit_key"] = _error(
+        lambda: comm.allreduce_1bit(20, torch.zeros(8)))
+    out["reset_1bit_key"] = _error(lambda: comm.reset_1bit(20))
+    a.step()
+    a.zero_grad()
+    a.close()
+    # Closed, it holds nothing: another optimizer may take over.
+    b = T.ZeroOneAdam(model.parameters(), comm=comm, key=20)
+    _loss(model, rank).backward()
+    b.step()
+    out["after_close"] = b.steps
+    b.close()
+
+    model = _model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = T.OneBitAdam(model.parameters(), comm=comm, key=40, overlap=False)
+    _loss(model, rank).backward()
+    out["torch_optimizer"] = _error(c.step)
+    c.close()
+    del sgd
+
+    comm.close()
+    dist.destroy_process_group()
+    return out
+
+
+if __name__ == "__main__":
+    serve(globals())
