@@ -27,6 +27,10 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     struct obd_daemon *d = h->data;
     obd_log_info(&d->log, "signal %d: shutting down", signum);
+    char why[64];
+    snprintf(why, sizeof(why), "it received %s and shut down",
+             signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    obd_ctl_goodbye(d, why);
     obd_daemon_close(d);
 }
 

@@ -108,5 +108,37 @@ def misuse(args):
     return out
 
 
+def nan_near_freeze(args):
+    """Trains args["opt"] with its freeze at step 3 (ZeroOneAdam: after 2
+    variance updates); from step 4 on rank 0's gradients are NaN, which
+    the first 1-bit average meets: returns str() of the ObcommError and the
+    step it came from."""
+    T = obcomm.torch
+    rank = int(os.environ["RANK"])
+    comm = obcomm.Communicator(timeout_ms=20000)
+    model = _model()
+    ps = model.parameters()
+    opt = {"adam": lambda: T.OneBitAdam(ps, comm=comm, freeze_step=3),
+           "lamb": lambda: T.OneBitLamb(ps, comm=comm, freeze_step=3),
+           "zoadam": lambda: T.ZeroOneAdam(ps, comm=comm,
+                                           var_update_scaler=2)}[
+        args["opt"]]()
+    out = None
+    for step in range(1, 40):
+        opt.zero_grad()
+        loss = _loss(model, rank)
+        if step >= 4 and rank == 0:
+            loss = loss * float("nan")
+        loss.backward()
+        try:
+            opt.step()
+        except obcomm.ObcommError as e:
+            out = {"step": step, "code": e.code, "str": str(e)}
+            break
+    opt.close()
+    comm.close()
+    return out
+
+
 if __name__ == "__main__":
     serve(globals())

@@ -70,3 +70,34 @@ def test_refusals_on_every_rank(make_cluster):
         "groups of SGD, which would update them a second time each step; "
         "give every parameter one optimizer (build the other over the "
         "parameters OneBitAdam does not train)")
+
+
+def test_nan_near_the_freeze_names_it(make_cluster):
+    """A NaN or Inf in a 1-bit average a few steps after the freeze: every
+    rank's ObcommError says the freeze may be too early, or lr too high."""
+    import obcomm
+    cl = make_cluster(2)
+    for opt in ("adam", "lamb", "zoadam"):
+        res = cl.run("nan-" + opt, "nan_near_freeze", 1, args={"opt": opt},
+                     script=SCRIPT)
+        assert res[0] is not None and res[1] is not None, res
+        assert res[0]["step"] == res[1]["step"], res
+        for r in res:
+            assert r["code"] == obcomm.comm.E_NONFINITE, r
+        step = res[0]["step"]
+        if opt == "zoadam":
+            hint = (f"; ZeroOneAdam step {step} is early in 0/1 Adam's "
+                    f"schedule (1-bit averages start once var_interval "
+                    f"passes 1, after var_update_scaler=2 variance "
+                    f"updates): the variance had little time to settle, or "
+                    f"lr is too high for this model; raise "
+                    f"var_update_scaler or lower lr")
+        else:
+            name = {"adam": "OneBitAdam", "lamb": "OneBitLamb"}[opt]
+            assert step == 4, res
+            hint = (f"; {name} step 4 is 1 step(s) after freeze_step 3: the "
+                    f"variance was likely frozen before it settled, or lr "
+                    f"is too high for this model; raise freeze_step (a few "
+                    f"hundred steps at least) or lower lr")
+        for r in res:
+            assert r["str"].endswith(hint), r["str"]

@@ -165,8 +165,12 @@ def check_first_step(claim, params):
     ids = {id(p) for p in params}
     opt = claim.opt()
     ddp_type = torch.nn.parallel.DistributedDataParallel
+    # type(o), not isinstance: the latter reads o.__class__, which some
+    # objects compute (torch.distributed.reduce_op warns that it is
+    # deprecated).
     for o in gc.get_objects():
-        if isinstance(o, ddp_type):
+        t = type(o)
+        if issubclass(t, ddp_type):
             mod = getattr(o, "module", None)
             if mod is None or not any(
                     id(p) in ids for p in mod.parameters()):
@@ -190,7 +194,7 @@ def check_first_step(claim, params):
                 f"{claim.name} (it starts every rank from rank 0's "
                 f"parameters, as DDP does; accumulate gradients with "
                 f"OneBitAdam's no_sync() or by calling step() less often)")
-        if isinstance(o, torch.optim.Optimizer) and o is not opt and \
+        if issubclass(t, torch.optim.Optimizer) and o is not opt and \
                 getattr(o, "_claim", None) is None:
             groups = getattr(o, "param_groups", ())
             if any(id(p) in ids for g in groups for p in g["params"]):

@@ -10,9 +10,34 @@ import hashlib
 import torch
 
 from ._lib import lib
-from .comm import Communicator, ObcommError, E_MISMATCH
+from .comm import Communicator, ObcommError, E_MISMATCH, E_NONFINITE
 from . import _claims
 
+
+
+# Steps after the freeze within which a NaN or Inf in a 1-bit average
+# points to the freeze (docs/python.md, "When the 1-bit average meets a NaN").
+NEAR_FREEZE = 500
+
+
+def with_hint(err, hint):
+    """err, or for a NaN/Inf in a 1-bit op an ObcommError of the same
+    code whose message ends with `hint` (a string, or None for none)."""
+    if err.code != E_NONFINITE or not hint:
+        return err
+    return ObcommError(err.code, f"{err.message}; {hint}")
+
+
+def freeze_hint(name, step, freeze, arg="freeze_step"):
+    """What a NaN/Inf in a 1-bit op at `step` suggests, when it is within
+    NEAR_FREEZE steps of the freeze at `freeze`; else None."""
+    after = step - freeze
+    if not 0 < after <= NEAR_FREEZE:
+        return None
+    return (f"{name} step {step} is {after} step(s) after {arg} {freeze}: "
+            f"the variance was likely frozen before it settled, or lr is "
+            f"too high for this model; raise {arg} (a few hundred steps at "
+            f"least) or lower lr")
 
 
 def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
@@ -175,14 +200,23 @@ class FlatOptimizer(torch.optim.Optimizer):
                 self._claim, [p for g in self._groups for p in g.params])
         self._check_hyper(self.param_groups)
         comm = self.comm
+        step = self.steps + 1
         for g, group in zip(self._groups, self.param_groups):
             self._gather_grads(g)
             self._c("set_lr")(g.handle, float(group["lr"]))
-            with comm._locked():
-                comm._check(self._c("step")(
-                    g.handle, ctypes.c_void_p(g.p.data_ptr()),
-                    ctypes.c_void_p(g.g.data_ptr())))
+            try:
+                with comm._locked():
+                    comm._check(self._c("step")(
+                        g.handle, ctypes.c_void_p(g.p.data_ptr()),
+                        ctypes.c_void_p(g.g.data_ptr())))
+            except ObcommError as e:
+                raise with_hint(e, self._nonfinite_hint(step)) from None
         return loss
+
+    def _nonfinite_hint(self, step):
+        """What a NaN or Inf in step `step`'s 1-bit average suggests, or
+        None (the subclass's)."""
+        return None
 
     # -- what the C optimizers count and mask -----------------------------
 

@@ -87,6 +87,15 @@ def _mismatch_note(message):
             "; every rank must make the same calls in the same order)")
 
 
+# What to do when a snapshot set is missing on a node without state_dir
+# (its daemon restarted, and the checkpoint carries only other nodes'
+# parts, as when rank 0 alone saves).
+_NO_STATE_DIR_NOTE = (
+    "; to resume after the daemons restart, set state_dir on every daemon, "
+    "or let every rank save its own state_dict() (each carries its node's "
+    "part) and load its own file")
+
+
 class ObcommError(RuntimeError):
     """A failed libobcomm call: .code is the C API's negative error code,
     .message the library's explanation (obcomm_last_error), which names
@@ -100,6 +109,8 @@ class ObcommError(RuntimeError):
         text = f"{name}: {message}" if message else name
         if code == E_MISMATCH:
             text += _mismatch_note(message)
+        if code == E_STATE and "missing (no state_dir" in (message or ""):
+            text += _NO_STATE_DIR_NOTE
         super().__init__(text)
 
 

@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from ._flat import FlatOptimizer, check_adam_args
+from ._flat import FlatOptimizer, check_adam_args, freeze_hint
 from ._lib import lib, LambConfig, LambState
 
 __all__ = ["OneBitLamb"]
@@ -87,6 +87,9 @@ class OneBitLamb(FlatOptimizer):
                         weight_decay=weight_decay, max_coeff=max_coeff,
                         min_coeff=min_coeff)
         super().__init__(params, defaults, comm, key)
+
+    def _nonfinite_hint(self, step):
+        return freeze_hint(self.NAME, step, self.freeze_step)
 
     def _config(self, group):
         k = LambConfig()

@@ -21,7 +21,7 @@ from torch.autograd import Variable
 from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
-from ._flat import check_adam_args
+from ._flat import check_adam_args, with_hint, freeze_hint
 from . import _claims
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
@@ -611,6 +611,7 @@ class OneBitAdam(torch.optim.Optimizer):
                     f"({dict(zip(_HYPER, g.hyper))} became "
                     f"{dict(zip(_HYPER, hyper))})")
         first = None
+        step = self.steps + 1
         try:
             for g, group in zip(self._groups, self.param_groups):
                 for b in g.buckets:
@@ -653,7 +654,8 @@ class OneBitAdam(torch.optim.Optimizer):
             self._next = 0
             self._in_backward = False
         if first is not None:
-            raise first
+            freeze = min(g.hyper[3] for g in self._groups)
+            raise with_hint(first, freeze_hint("OneBitAdam", step, freeze))
         return loss
 
     def zero_grad(self, set_to_none=False):

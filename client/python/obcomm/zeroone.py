@@ -6,7 +6,7 @@ import ctypes
 import torch
 
 from ._lib import lib, ZoadamConfig, ZoadamState
-from ._flat import FlatOptimizer, check_adam_args
+from ._flat import FlatOptimizer, check_adam_args, NEAR_FREEZE
 
 __all__ = ["ZeroOneAdam"]
 
@@ -103,6 +103,16 @@ class ZeroOneAdam(FlatOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
         super().__init__(params, defaults, comm, key)
+
+    def _nonfinite_hint(self, step):
+        if step > NEAR_FREEZE:
+            return None
+        return (f"ZeroOneAdam step {step} is early in 0/1 Adam's schedule "
+                f"(1-bit averages start once var_interval passes 1, after "
+                f"var_update_scaler={self.var_update_scaler} variance "
+                f"updates): the variance had little time to settle, or lr "
+                f"is too high for this model; raise var_update_scaler or "
+                f"lower lr")
 
     def _init_group(self, g, group):
         # The C optimizer keeps m, v, u (the updates since the last
