@@ -11,7 +11,7 @@ import torch
 
 from ._lib import lib
 from .comm import Communicator, ObcommError, E_MISMATCH, E_NONFINITE
-from . import _claims
+from . import _claims, _stage
 
 
 
@@ -87,6 +87,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
         self._claim = _claims.Claim(self, self.NAME)
+        self._stage = _stage.track(self, self.NAME, *self._freeze())
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -211,7 +212,20 @@ class FlatOptimizer(torch.optim.Optimizer):
                         ctypes.c_void_p(g.g.data_ptr())))
             except ObcommError as e:
                 raise with_hint(e, self._nonfinite_hint(step)) from None
+        self._stage.update(step, self.stage, self._stage_text)
         return loss
+
+    def _freeze(self):
+        """(the name of the freeze argument, its value), for the
+        never-compressed warning."""
+        raise NotImplementedError
+
+    def _nodes(self):
+        return self.comm.size // self.comm.local_size
+
+    def _bytes(self, fn):
+        """fn(count, nodes) summed over the groups (one op each)."""
+        return sum(fn(g.count, self._nodes()) for g in self._groups)
 
     def _nonfinite_hint(self, step):
         """What a NaN or Inf in step `step`'s 1-bit average suggests, or
@@ -278,7 +292,9 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _state_dict_with(self, per_param, extra):
         """torch's state dict with per_param(g, i, o, n) -> {name: tensor}
         as each parameter's state, "obcomm" (a snapshot, taken here) and
-        the optimizer's own entries `extra`."""
+        the optimizer's own entries `extra`. A run still in the warm-up is
+        told so (one WARNING on logger "obcomm")."""
+        self._stage.warmup_note("state_dict() taken")
         info = self._snapshot()
         for g in self._groups:
             for i, (p, (o, n)) in enumerate(zip(g.params, g.spans)):
@@ -351,6 +367,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         out of shared memory first. Idempotent."""
         if self.comm is None:
             return
+        self._stage.at_end()
         _claims.release(self._claim)
         with torch.no_grad():
             for g in self._groups:

@@ -7,6 +7,7 @@ import ctypes
 import torch
 
 from ._flat import FlatOptimizer, check_adam_args, freeze_hint
+from . import _stage
 from ._lib import lib, LambConfig, LambState
 
 __all__ = ["OneBitLamb"]
@@ -90,6 +91,30 @@ class OneBitLamb(FlatOptimizer):
 
     def _nonfinite_hint(self, step):
         return freeze_hint(self.NAME, step, self.freeze_step)
+
+    @property
+    def stage(self):
+        """"warmup" (LAMB on fp32-averaged gradients; also before the first
+        step) or "compressed" (from the step after freeze_step: 1-bit
+        momentum)."""
+        if not self._groups:
+            return "warmup"
+        st = self._state(self._groups[0])[0]
+        # FROZEN: the variance frozen by the last warm-up step, the first
+        # compressed step not taken yet.
+        return "compressed" if st.stage == COMPRESSING else "warmup"
+
+    def _freeze(self):
+        return "freeze_step", self.freeze_step
+
+    def _stage_text(self):
+        n = self._nodes()
+        return (f"OneBitLamb: step {self.steps} was the first compressed step "
+                f"(freeze_step {self.freeze_step}): a step now sends "
+                f"{self._bytes(_stage.onebit_bytes)} bytes per node instead "
+                f"of about {self._bytes(_stage.fp32_bytes)} (1-bit momentum "
+                f"instead of fp32 gradients; {len(self._groups)} param "
+                f"group(s), {n} node(s))")
 
     def _config(self, group):
         k = LambConfig()

@@ -22,7 +22,7 @@ from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
 from ._flat import check_adam_args, with_hint, freeze_hint
-from . import _claims
+from . import _claims, _stage
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
 
@@ -276,6 +276,8 @@ class OneBitAdam(torch.optim.Optimizer):
         self._hooks = []     # their hooks' handles
         self._auto_ratio = AUTO_MASK_RATIO
         self._claim = _claims.Claim(self, "OneBitAdam")
+        self._stage = _stage.track(self, "OneBitAdam", "freeze_step",
+                                   int(freeze_step))
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
                         bias_correction=bool(bias_correction))
@@ -656,7 +658,30 @@ class OneBitAdam(torch.optim.Optimizer):
         if first is not None:
             freeze = min(g.hyper[3] for g in self._groups)
             raise with_hint(first, freeze_hint("OneBitAdam", step, freeze))
+        self._stage.update(step, self.stage, self._stage_text)
         return loss
+
+    @property
+    def stage(self):
+        """The stage of the last step: "warmup" (full-precision gradients;
+        also before the first step) or "compressed" (1-bit momentum), once
+        every param group's step passed its freeze_step."""
+        t = self.steps
+        if self._groups and all(t > g.hyper[3] for g in self._groups):
+            return "compressed"
+        return "warmup"
+
+    def _stage_text(self):
+        nodes = self.comm.size // self.comm.local_size
+        before = sum(_stage.fp32_bytes(b.count, nodes) for b in self._buckets)
+        after = sum(_stage.onebit_bytes(b.count, nodes)
+                    for b in self._buckets)
+        freeze = max(g.hyper[3] for g in self._groups)
+        return (f"OneBitAdam: step {self.steps} was the first compressed "
+                f"step (freeze_step {freeze}): a step now sends {after} "
+                f"bytes per node instead of about {before} (1-bit momentum "
+                f"instead of fp32 gradients; {len(self._buckets)} "
+                f"bucket(s), {nodes} node(s))")
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient in place (one memset per group); the
@@ -776,7 +801,9 @@ class OneBitAdam(torch.optim.Optimizer):
         bytes, "node": its node), which a load after a restart of the
         daemons needs. A collective (one snapshot set for all buckets);
         raises on every rank unless every node saved, and when a step is
-        started (backward ran)."""
+        started (backward ran). A run still in the warm-up is told so
+        (one WARNING on logger "obcomm")."""
+        self._stage.warmup_note("state_dict() taken")
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         snapshot, part, node = 0, None, 0
         try:
@@ -904,6 +931,7 @@ class OneBitAdam(torch.optim.Optimizer):
         of the connection (which stays open while the process group or a
         Communicator holds it). Parameters keep their values: they are
         copied out of shared memory first. Idempotent."""
+        self._stage.at_end()
         for h in self._hooks:
             h.remove()
         self._hooks, self._accs = [], []

@@ -7,6 +7,7 @@ import torch
 
 from ._lib import lib, ZoadamConfig, ZoadamState
 from ._flat import FlatOptimizer, check_adam_args, NEAR_FREEZE
+from . import _stage
 
 __all__ = ["ZeroOneAdam"]
 
@@ -103,6 +104,40 @@ class ZeroOneAdam(FlatOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
         super().__init__(params, defaults, comm, key)
+
+    @property
+    def stage(self):
+        """0/1 Adam's stage: "warmup" while every step averages fp32
+        gradients and updates the variance (var_interval 1; also before
+        the first step), "compressed" once steps between variance updates
+        average 1-bit (var_interval > 1), "local_steps" once the variance
+        is frozen (local steps, a 1-bit synchronization every
+        local_step_interval steps)."""
+        if not self._groups:
+            return "warmup"
+        st, _ = self._state(self._groups[0])
+        if st.frozen:
+            return "local_steps"
+        return "compressed" if st.var_interval > 1 else "warmup"
+
+    def _freeze(self):
+        return "var_update_scaler", self.var_update_scaler
+
+    def _stage_text(self):
+        st, _ = self._state(self._groups[0])
+        after = self._bytes(_stage.onebit_bytes)
+        n = self._nodes()
+        if st.frozen:
+            return (f"ZeroOneAdam: step {st.step} passed var_freeze_step "
+                    f"{self.var_freeze_step}: local steps now, with a 1-bit "
+                    f"synchronization of {after} bytes per node every "
+                    f"local_step_interval steps (now {st.local_interval}) "
+                    f"and nothing sent in between ({n} node(s))")
+        before = self._bytes(_stage.fp32_bytes)
+        return (f"ZeroOneAdam: from step {st.step} var_interval is "
+                f"{st.var_interval}: steps between variance updates average "
+                f"1-bit, {after} bytes per node instead of about {before} "
+                f"for an fp32 step ({n} node(s))")
 
     def _nonfinite_hint(self, step):
         if step > NEAR_FREEZE:
