@@ -6,6 +6,7 @@ carried when the daemons keep no state_dir)."""
 
 import ctypes
 import hashlib
+import math
 
 import torch
 
@@ -40,6 +41,15 @@ def freeze_hint(name, step, freeze, arg="freeze_step"):
             f"least) or lower lr")
 
 
+# The parameter dtypes ZeroOneAdam and OneBitLamb train (as OneBitAdam):
+# float32 itself, float16 and bfloat16 over float32 master weights.
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# DeepSpeed's (and torch.nn.utils.clip_grad_norm_'s) term in the clip
+# coefficient max_grad_norm / (norm + 1e-6).
+CLIP_EPS = 1e-6
+
+
 def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
     """ValueError for arguments no Adam-like optimizer takes (OneBitAdam,
     ZeroOneAdam, OneBitLamb); name is the freeze step's argument."""
@@ -54,16 +64,34 @@ def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
 
 
 class Group:
-    """A param group's flat buffers: p and g in shared memory (the
-    parameters and gradients are views into them); the optimizer adds its
+    """A param group's flat buffers: p and g in shared memory, float32
+    (the parameters and gradients are views into them, or, for a float16
+    or bfloat16 model, p holds the master weights and m and gm the
+    model's parameters and gradients in its dtype); the optimizer adds its
     own."""
 
     def __init__(self):
         self.params = []
         self.spans = []     # (offset, numel) per parameter
         self.count = 0
+        self.dtype = None   # the parameters' dtype, one per group
         self.p = self.g = None
+        self.m = self.gm = None  # float16/bfloat16 model and gradients
         self.key = 0
+
+    @property
+    def mixed(self):
+        return self.m is not None
+
+    @property
+    def model(self):
+        """The flat buffer the parameters are views into."""
+        return self.m if self.mixed else self.p
+
+    @property
+    def grads(self):
+        """The flat buffer the gradients are views into."""
+        return self.gm if self.mixed else self.g
 
 
 class FlatOptimizer(torch.optim.Optimizer):
@@ -79,7 +107,10 @@ class FlatOptimizer(torch.optim.Optimizer):
     # lr alone may change between steps.
     HYPER = ("betas", "eps", "weight_decay")
 
-    def __init__(self, params, defaults, comm, key):
+    def __init__(self, params, defaults, comm, key, max_grad_norm=0.0):
+        if not 0.0 <= max_grad_norm < math.inf:
+            raise ValueError(f"invalid max_grad_norm {max_grad_norm}")
+        self.max_grad_norm = float(max_grad_norm)
         # The optimizer holds its own share of the connection (as
         # OneBitAdam), so it outlives the caller's Communicator.
         self.comm = comm._share() if comm is not None else Communicator()
@@ -97,9 +128,17 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _setup(self, group):
         g = Group()
         for p in group["params"]:
-            if p.device.type != "cpu" or p.dtype != torch.float32:
-                raise TypeError(f"{self.NAME}: parameters must be float32 "
-                                f"CPU tensors, not {p.dtype} on {p.device}")
+            if p.device.type != "cpu" or p.dtype not in PARAM_DTYPES:
+                raise TypeError(f"{self.NAME}: parameters must be float32, "
+                                f"float16 or bfloat16 CPU tensors, not "
+                                f"{p.dtype} on {p.device}")
+            if g.dtype is None:
+                g.dtype = p.dtype
+            elif p.dtype != g.dtype:
+                raise TypeError(
+                    f"{self.NAME}: param group {len(self._groups)} mixes "
+                    f"{g.dtype} and {p.dtype} (parameter {len(g.params)}); "
+                    f"all parameters of a param group must share one dtype")
             g.params.append(p)
             g.spans.append((g.count, p.numel()))
             g.count += p.numel()
@@ -111,17 +150,24 @@ class FlatOptimizer(torch.optim.Optimizer):
         self._agree(g)
         comm = self.comm
         g.p, g.g = comm.empty(g.count), comm.empty(g.count)
-        _claims.claim_grads(self._claim, g.g)
+        if g.dtype != torch.float32:
+            g.m = torch.empty(g.count, dtype=g.dtype)
+            g.gm = torch.zeros(g.count, dtype=g.dtype)
+        _claims.claim_grads(self._claim, g.grads)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.p[o:o + n].copy_(p.reshape(-1))
-        # Every rank starts from rank 0's parameters (as DDP does).
+        # Every rank starts from rank 0's parameters (as DDP does); a
+        # float16/bfloat16 value converts exactly to float32 and back.
         comm.broadcast(g.p, root=0)
+        if g.mixed:
+            with torch.no_grad():
+                g.m.copy_(g.p)
         for p, (o, n) in zip(g.params, g.spans):
             if p.grad is not None:
-                g.g[o:o + n].copy_(p.grad.reshape(-1))
-            p.data = g.p[o:o + n].view_as(p)
-            p.grad = g.g[o:o + n].view_as(p)
+                g.grads[o:o + n].copy_(p.grad.reshape(-1))
+            p.data = g.model[o:o + n].view_as(p)
+            p.grad = g.grads[o:o + n].view_as(p)
         g.hyper = self._hyper(group)
         self._init_group(g, group)
         self._groups.append(g)
@@ -148,11 +194,18 @@ class FlatOptimizer(torch.optim.Optimizer):
                 f"the same parameters, param groups and key")
 
     def _gather_grads(self, g):
-        """Points every p.grad back into g.g (copying a gradient that
-        torch put elsewhere, e.g. after zero_grad(set_to_none=True))."""
+        """Points every p.grad back into g.grads (copying a gradient that
+        torch put elsewhere, e.g. after zero_grad(set_to_none=True)); a
+        float16/bfloat16 group's gradients then go into g.g as float32."""
+        with torch.no_grad():
+            self._gather(g)
+            if g.mixed:
+                g.g.copy_(g.gm)
+
+    def _gather(self, g):
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
-                view = g.g[o:o + n]
+                view = g.grads[o:o + n]
                 if p.grad is None:
                     view.zero_()
                 elif p.grad.data_ptr() != view.data_ptr():
@@ -169,9 +222,9 @@ class FlatOptimizer(torch.optim.Optimizer):
                 for p in g.params:
                     p.grad = None
             else:
-                g.g.zero_()
+                g.grads.zero_()
                 for p, (o, n) in zip(g.params, g.spans):
-                    p.grad = g.g[o:o + n].view_as(p)
+                    p.grad = g.grads[o:o + n].view_as(p)
 
     # -- the step -----------------------------------------------------------
 
@@ -202,8 +255,11 @@ class FlatOptimizer(torch.optim.Optimizer):
         self._check_hyper(self.param_groups)
         comm = self.comm
         step = self.steps + 1
-        for g, group in zip(self._groups, self.param_groups):
+        for g in self._groups:
             self._gather_grads(g)
+        if self.max_grad_norm > 0:
+            self._clip()
+        for g, group in zip(self._groups, self.param_groups):
             self._c("set_lr")(g.handle, float(group["lr"]))
             try:
                 with comm._locked():
@@ -212,8 +268,22 @@ class FlatOptimizer(torch.optim.Optimizer):
                         ctypes.c_void_p(g.g.data_ptr())))
             except ObcommError as e:
                 raise with_hint(e, self._nonfinite_hint(step)) from None
+            if g.mixed:
+                g.m.copy_(g.p)  # rounded to nearest even
         self._stage.update(step, self.stage, self._stage_text)
         return loss
+
+    def _clip(self):
+        """DeepSpeed's gradient_clipping on this rank's own gradient (the
+        optimizer averages inside its step, so there is no average
+        before it): coef = max_grad_norm / (norm + 1e-6) over every param
+        group's float32 gradient (sums of squares in double, in group
+        order), applied when below 1."""
+        sumsq = sum(float(g.g.double().square().sum()) for g in self._groups)
+        coef = self.max_grad_norm / (math.sqrt(sumsq) + CLIP_EPS)
+        if coef < 1.0:
+            for g in self._groups:
+                g.g.mul_(coef)
 
     def _freeze(self):
         """(the name of the freeze argument, its value), for the
@@ -299,6 +369,9 @@ class FlatOptimizer(torch.optim.Optimizer):
         for g in self._groups:
             for i, (p, (o, n)) in enumerate(zip(g.params, g.spans)):
                 self.state[p] = per_param(g, i, o, n)
+                if g.mixed:
+                    self.state[p]["master"] = \
+                        g.p[o:o + n].clone().view_as(p)
         try:
             sd = super().state_dict()
         finally:
@@ -333,7 +406,24 @@ class FlatOptimizer(torch.optim.Optimizer):
             (p for grp in self.param_groups for p in grp["params"]), ids)}
         self.comm._restore_1bit(int(info["snapshot"]), info.get("part"),
                                 info.get("node"))
-        return [[byp[id(p)] for p in g.params] for g in self._groups], own
+        states = [[byp[id(p)] for p in g.params] for g in self._groups]
+        for g, st in zip(self._groups, states):
+            if g.mixed:
+                self._load_masters(g, st)
+        return states, own
+
+    @staticmethod
+    def _load_masters(g, st):
+        """A float16/bfloat16 group's masters from the state ('master'),
+        the model rounded from them; without masters in the dict (saved
+        from a float32 model) they become the current parameters."""
+        with torch.no_grad():
+            if all("master" in s for s in st):
+                g.p.copy_(torch.cat([s["master"].reshape(-1).float()
+                                     for s in st]))
+            else:
+                g.p.copy_(g.m)
+            g.m.copy_(g.p)
 
     @staticmethod
     def _cat(states, name):

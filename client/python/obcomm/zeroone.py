@@ -68,11 +68,18 @@ class ZeroOneAdam(FlatOptimizer):
     The steps run in libobcomm (obcomm_zoadam_*, one C optimizer per param
     group), as OneBitAdam's run in obcomm_adam_*.
 
-    Parameters must be float32 CPU tensors; every rank constructs the
-    optimizer with the same parameters and arguments (checked) and starts
-    from rank 0's parameters. p.grad becomes a view into the optimizer's
-    shared gradient buffer (a gradient set otherwise is copied in by
-    step()). No DDP: the optimizer averages the gradients itself. `rounds`
+    Parameters are CPU tensors, float32, or float16 or bfloat16 over
+    float32 master weights (as OneBitAdam's: all of a param group in one
+    dtype; each step updates the masters and writes them, rounded to
+    nearest even, into the parameters; state_dict() carries them as
+    'master'). Every rank constructs the optimizer with the same parameters
+    and arguments (checked) and starts from rank 0's parameters. p.grad
+    becomes a view into the optimizer's gradient buffer (a gradient set
+    otherwise is copied in by step()). max_grad_norm > 0 clips as
+    DeepSpeed's gradient_clipping, by the norm of this rank's own gradient
+    over every param group (the average is formed inside the step):
+    coef = max_grad_norm / (norm + 1e-6), applied to the gradient in place
+    when below 1. No DDP: the optimizer averages the gradients itself. `rounds`
     counts the collectives step() issued, {"fp32": n, "1bit": n}.
 
     state_dict() and load_state_dict() are collectives, with OneBitAdam's
@@ -89,7 +96,7 @@ class ZeroOneAdam(FlatOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, var_freeze_step=100000,
                  var_update_scaler=16, local_step_scaler=32678,
-                 local_step_clipper=16, comm=None, key=1):
+                 local_step_clipper=16, comm=None, key=1, max_grad_norm=0.0):
         check_adam_args(lr, betas, eps, weight_decay, var_freeze_step,
                         "var_freeze_step")
         for name, val in (("var_update_scaler", var_update_scaler),
@@ -103,7 +110,7 @@ class ZeroOneAdam(FlatOptimizer):
         self.local_step_clipper = int(local_step_clipper)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
-        super().__init__(params, defaults, comm, key)
+        super().__init__(params, defaults, comm, key, max_grad_norm)
 
     @property
     def stage(self):
