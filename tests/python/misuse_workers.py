@@ -140,5 +140,28 @@ def nan_near_freeze(args):
     return out
 
 
+def subgroup(args):
+    """new_group of some ranks over obcomm: every rank, member or not,
+    gets the same ValueError at once; a group of the whole world and a
+    subgroup over Gloo still work."""
+    import time
+    dist.init_process_group("obcomm")
+    t0 = time.monotonic()
+    out = {"error": _error(lambda: dist.new_group(ranks=[0, 1]))}
+    out["error_kw"] = _error(
+        lambda: dist.new_group([0, 1], backend="obcomm"))
+    out["seconds"] = time.monotonic() - t0
+    gloo = dist.new_group(ranks=[0, 1], backend="gloo")
+    t = torch.ones(3)
+    if dist.get_rank() in (0, 1):
+        dist.all_reduce(t, group=gloo)
+    out["gloo"] = t.tolist()
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["world"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
 if __name__ == "__main__":
     serve(globals())

@@ -101,3 +101,26 @@ def test_nan_near_the_freeze_names_it(make_cluster):
                     f"hundred steps at least) or lower lr")
         for r in res:
             assert r["str"].endswith(hint), r["str"]
+
+
+def test_new_group_of_some_ranks_refused_at_once(make_cluster):
+    """2 nodes x 2 trainers over the "obcomm" process group: new_group of
+    ranks [0, 1] raises the same ValueError on all 4 ranks (members and
+    not) without waiting in torch's barrier; over Gloo it works."""
+    cl = make_cluster(2)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports.reserve(1)[0])}
+    res = cl.run("subgroup", "subgroup", 2, script=SCRIPT, timeout=120,
+                 env=env)
+    want = ("ValueError: obcomm: new_group(ranks=[0, 1]) of 2 of the 4 "
+            "ranks: the \"obcomm\" backend serves only groups of the whole "
+            "world (every rank refuses this at once). Use the default "
+            "group, or give the subgroup another backend: "
+            "new_group(ranks, backend=\"gloo\")")
+    for rank, r in enumerate(res):
+        assert r["error"] == want, r
+        assert r["error_kw"] == want, r
+        # Refused without a collective (generous: no wall-clock claim
+        # beyond "not a barrier timeout").
+        assert r["seconds"] < 60, r
+        assert r["gloo"] == ([2.0] * 3 if rank < 2 else [1.0] * 3), r
+        assert r["world"] == [4.0] * 3, r

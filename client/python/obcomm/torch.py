@@ -22,7 +22,7 @@ from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
 from ._flat import check_adam_args, with_hint, freeze_hint
-from . import _claims, _stage
+from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
 
@@ -34,6 +34,8 @@ from .lamb import OneBitLamb
 _ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
 _ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
 assert _ADAM_HEADER.size == 96
+
+_subgroups.install()
 
 __all__ = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "allreduce_hook",
            "ProcessGroupObcomm"]
