@@ -2,8 +2,9 @@
 written, on a loopback cluster of their own: a fenced ```sh block right
 after a line `<!-- runnable -->` is run by bash -eu (a failing command
 fails the block; a pipeline's status is its last command's, as in an
-interactive shell) from the repository's root, each block in a fresh network namespace (its own
-loopback, so its ports are its own) with a private, empty /tmp. A block
+interactive shell) from the repository's root, each block in a fresh
+network namespace (its own loopback, so its ports are its own) with a
+private, empty /tmp. A block
 that fails fails the test with its output. Needs unshare(1) and either
 root or unprivileged user namespaces; otherwise it is skipped (77).
 

@@ -58,8 +58,9 @@ class OneBitLamb(FlatOptimizer):
     (checked) and starts from rank 0's parameters; no DDP. The gradients
     are only read (the warm-up averages a copy), except that
     max_grad_norm > 0 clips them in place as ZeroOneAdam does (DeepSpeed's
-    gradient_clipping, by the norm of this rank's own gradient). Only lr may change between steps; a param
-    group added later starts its own warm-up. state_dict() and
+    gradient_clipping, by the norm of this rank's own gradient). Only lr
+    may change between steps; a param group added later starts its own
+    warm-up. state_dict() and
     load_state_dict() are collectives with OneBitAdam's semantics: a
     resumed run continues bit for bit, or every rank raises."""
 
