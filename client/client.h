@@ -88,6 +88,10 @@ struct obcomm {
     Obcomm__DaemonMsg *reply;
     char err[OBC_ERR_MAX];
     char dead_why[OBC_ERR_MAX];
+    char socket[108]; /* the daemon's socket path (sun_path's size) */
+    /* The daemon's Goodbye reason, once it said goodbye (a clean
+     * shutdown); "" until then. */
+    char goodbye[128];
 };
 
 /* Records `status` and its message as the handle's last error and returns

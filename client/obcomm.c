@@ -115,6 +115,7 @@ int obcomm_connect(const obcomm_options_t *opts, obcomm_t **out)
     c->next_buffer_id = 1;
     c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : OBC_JOIN_DEFAULT_MS;
 
+    snprintf(c->socket, sizeof(c->socket), "%s", path);
     c->fd = obc_sock_connect(path, c->err, sizeof(c->err));
     if (c->fd < 0) {
         int rc = connect_fail(c->fd, "%s", c->err);

@@ -280,6 +280,7 @@ static void add_run_json(json_object *e, const Obcomm__JobStatus *j)
         json_object *x = json_object_new_object();
         jadd(x, "key", json_object_new_uint64(ks->key));
         jadd(x, "count", json_object_new_uint64(ks->count));
+        jadd(x, "op_bytes", json_object_new_uint64(ks->op_bytes));
         uint64_t origin = ks->version ? ks->version->origin : 0;
         snprintf(hex, sizeof(hex), "%016" PRIx64, origin);
         jadd(x, "origin", jstr(hex));
@@ -310,10 +311,18 @@ static void print_runs(const Obcomm__StatusReply *r)
             char from[40] = "zero";
             if (v && v->origin)
                 snprintf(from, sizeof(from), "snapshot %016" PRIx64, v->origin);
-            printf("         key %" PRIu64 ": %" PRIu64
-                   " elements, %s + %" PRIu64 " steps (last op %" PRIu64 ")\n",
-                   ks->key, ks->count, from, v ? v->applied : 0,
-                   v ? v->last_seq : 0);
+            /* The fp32 ring's, for comparison: 2 (nodes - 1) chunks of
+             * count / nodes floats. */
+            uint64_t nodes = r->world_size;
+            uint64_t fp32 = nodes < 2 ? 0
+                                      : 2 * (nodes - 1) *
+                                            ((ks->count + nodes - 1) / nodes) *
+                                            sizeof(float);
+            printf("         key %" PRIu64 ": %" PRIu64 " elements, %" PRIu64
+                   " bytes sent per 1-bit op (fp32 ring: about %" PRIu64
+                   "), %s + %" PRIu64 " steps (last op %" PRIu64 ")\n",
+                   ks->key, ks->count, ks->op_bytes, fp32, from,
+                   v ? v->applied : 0, v ? v->last_seq : 0);
         }
     }
 }

@@ -35,6 +35,8 @@ static const char *daemon_msg_name(Obcomm__DaemonMsg__BodyCase k)
         return "Complete";
     case OBCOMM__DAEMON_MSG__BODY_STATUS:
         return "StatusReply";
+    case OBCOMM__DAEMON_MSG__BODY_GOODBYE:
+        return "Goodbye";
     default:
         return "unknown message";
     }
@@ -69,8 +71,53 @@ void obc_requests_end(obcomm_t *c, int status, const char *why)
         settle(c->first, status, why);
 }
 
+/* The daemon's Goodbye, if it is among what the socket still holds
+ * (the daemon closed the connection right after it). */
+static void read_goodbye(obcomm_t *c)
+{
+    char err[OBC_ERR_MAX];
+    for (int rounds = 0; rounds < 64 && c->goodbye[0] == '\0'; rounds++) {
+        Obcomm__DaemonMsg *m;
+        int rc = obc_rx_next(&c->rx, &m, err, sizeof(err));
+        if (rc < 0)
+            return;
+        if (rc == 1) {
+            if (m->body_case == OBCOMM__DAEMON_MSG__BODY_GOODBYE)
+                snprintf(c->goodbye, sizeof(c->goodbye), "%s",
+                         m->goodbye->reason);
+            obcomm__daemon_msg__free_unpacked(m, NULL);
+            continue;
+        }
+        if (obc_rx_read(c->fd, &c->rx, err, sizeof(err)) <= 0)
+            return;
+    }
+}
+
+/* The closed connection's message: which daemon, whether it shut down
+ * cleanly (it said goodbye) or vanished, and what to run. */
+static void daemon_gone(obcomm_t *c)
+{
+    read_goodbye(c);
+    if (c->goodbye[0] != '\0')
+        obc_fail(c, OBCOMM_E_PEER_LOST,
+                 "obcommd at %s shut down cleanly (%s) and closed the "
+                 "connection: start it again (systemctl status obcommd "
+                 "shows it) and resume the job from its last checkpoint",
+                 c->socket, c->goodbye);
+    else
+        obc_fail(c, OBCOMM_E_PEER_LOST,
+                 "obcommd at %s vanished without a goodbye (killed or "
+                 "crashed): run `systemctl status obcommd` (and `journalctl "
+                 "-u obcommd`) on this node to see why, then resume the job "
+                 "from its last checkpoint",
+                 c->socket);
+}
+
 int obc_kill(obcomm_t *c, int rc)
 {
+    if (!c->dead && rc == OBCOMM_E_PEER_LOST &&
+        strcmp(c->err, OBC_DAEMON_CLOSED) == 0)
+        daemon_gone(c);
     if (!c->dead) {
         c->dead = 1;
         c->dead_status = rc;
@@ -111,6 +158,11 @@ static int on_complete(obcomm_t *c, const Obcomm__Complete *done)
 /* Hands one message to whoever waits for it; takes ownership of m. */
 static int dispatch(obcomm_t *c, Obcomm__DaemonMsg *m)
 {
+    if (m->body_case == OBCOMM__DAEMON_MSG__BODY_GOODBYE) {
+        snprintf(c->goodbye, sizeof(c->goodbye), "%s", m->goodbye->reason);
+        obcomm__daemon_msg__free_unpacked(m, NULL);
+        return 0;
+    }
     if (m->body_case == OBCOMM__DAEMON_MSG__BODY_COMPLETE) {
         int rc = on_complete(c, m->complete);
         obcomm__daemon_msg__free_unpacked(m, NULL);

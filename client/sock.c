@@ -180,8 +180,7 @@ int obc_sock_send(int fd, const Obcomm__ClientMsg *msg, int pass_fd,
         }
         int e = n < 0 ? errno : EPIPE;
         if (lost(e))
-            rc = obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
-                            "daemon closed the connection");
+            rc = obc_seterr(err, errlen, OBCOMM_E_PEER_LOST, OBC_DAEMON_CLOSED);
         else
             rc = obc_seterr(err, errlen, -e, "send to daemon: %s", strerror(e));
         break;
@@ -203,7 +202,7 @@ static int read_full(int fd, uint8_t *buf, size_t len, int64_t deadline,
         }
         if (n == 0 || lost(errno))
             return obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
-                              "daemon closed the connection");
+                              OBC_DAEMON_CLOSED);
         if (errno == EINTR)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
@@ -314,7 +313,7 @@ int obc_rx_read(int fd, struct obc_rx *rx, char *err, size_t errlen)
         }
         if (n == 0 || lost(errno))
             return obc_seterr(err, errlen, OBCOMM_E_PEER_LOST,
-                              "daemon closed the connection");
+                              OBC_DAEMON_CLOSED);
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)

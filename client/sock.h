@@ -16,6 +16,11 @@
 
 #include "wire.h"
 
+/* The message of OBCOMM_E_PEER_LOST when the daemon closed the socket;
+ * the handle rewrites it (request.c) to name the daemon and say whether it
+ * shut down cleanly. */
+#define OBC_DAEMON_CLOSED "daemon closed the connection"
+
 /* Milliseconds on the monotonic clock. */
 int64_t obc_now_ms(void);
 

@@ -132,7 +132,9 @@ static const struct row rows[] = {
     STR_ROW(state_dir, "",
             "Directory for the snapshot sets of 1-bit error feedback that "
             "checkpoints name (OneBitAdam.state_dict, obcomm_adam_save); "
-            "the newest 4 of each job are kept. Empty: the newest set of "
+            "the newest 4 of each job are kept. One daemon's alone: it "
+            "holds state_dir/lock while it runs, and another daemon given "
+            "the same directory refuses to start. Empty: the newest set of "
             "each job is kept in memory only."),
     INT_ROW(ef_max_bytes, U_NONE, 0, INT64_C(1) << 50, "0",
             "Most bytes of 1-bit error-feedback state (all keys "

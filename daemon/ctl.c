@@ -411,6 +411,17 @@ static void drop_run(struct obd_ready *r)
     uv_close((uv_handle_t *)&c->join_timer, on_client_closed);
 }
 
+void obd_ctl_goodbye(struct obd_daemon *d, const char *reason)
+{
+    Obcomm__Goodbye bye = OBCOMM__GOODBYE__INIT;
+    bye.reason = (char *)reason;
+    Obcomm__DaemonMsg m = OBCOMM__DAEMON_MSG__INIT;
+    m.body_case = OBCOMM__DAEMON_MSG__BODY_GOODBYE;
+    m.goodbye = &bye;
+    for (struct obd_client *c = d->clients; c; c = c->next)
+        obd_ctl_send(c, &m.base);
+}
+
 void obd_ctl_close(struct obd_daemon *d)
 {
     for (struct obd_client *c = d->clients; c; c = c->next)

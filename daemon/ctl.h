@@ -59,6 +59,10 @@ struct obd_client {
 
 int obd_ctl_start(struct obd_daemon *d);
 void obd_ctl_close(struct obd_daemon *d);
+/* Queues a Goodbye with `reason` (borrowed) to every client and writes
+ * what the sockets take now, before a shutdown closes them: a trainer
+ * then tells a clean shutdown from a daemon that vanished. */
+void obd_ctl_goodbye(struct obd_daemon *d, const char *reason);
 
 /* Queues a DaemonMsg for the client. A client that does not read, or
  * whose socket fails, is dropped (see obd_ctl_drop): never inside this

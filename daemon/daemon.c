@@ -27,6 +27,10 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     struct obd_daemon *d = h->data;
     obd_log_info(&d->log, "signal %d: shutting down", signum);
+    char why[64];
+    snprintf(why, sizeof(why), "it received %s and shut down",
+             signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    obd_ctl_goodbye(d, why);
     obd_daemon_close(d);
 }
 
@@ -93,6 +97,7 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     d->log.level = cfg->log_level_num;
     d->log.rank = (int)cfg->rank;
     d->ctl_fd = -1;
+    d->state_lock_fd = -1;
     d->threads = (int)cfg->threads;
     if (d->threads == 0) {
         uv_cpu_info_t *cpus;
@@ -172,7 +177,7 @@ int obd_daemon_start(struct obd_daemon *d)
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sighup, on_sighup, SIGHUP);
-    char why[512];
+    char why[9000]; /* room for state_dir twice (snapset.c) */
     if (obd_trace_open(d, why, sizeof(why)) != 0) {
         obd_log_error(&d->log, "%s", why);
         obd_daemon_close(d);
@@ -191,8 +196,8 @@ int obd_daemon_start(struct obd_daemon *d)
     }
     int rc = 0;
     if (d->cfg.state_dir[0] != '\0' &&
-        obd_snapset_prepare_dir(d->cfg.state_dir, (unsigned)geteuid(), why,
-                                sizeof(why)) != 0) {
+        obd_snapset_prepare_dir(d->cfg.state_dir, (unsigned)geteuid(),
+                                &d->state_lock_fd, why, sizeof(why)) != 0) {
         obd_log_error(&d->log, "%s", why);
         rc = OBD_E_INVAL;
     }
@@ -313,4 +318,8 @@ void obd_daemon_fini(struct obd_daemon *d)
         free(d->segbufs[--d->nsegbufs]);
     obd_efstore_fini(d);
     explicit_bzero(d->auth_key, sizeof(d->auth_key));
+    if (d->state_lock_fd >= 0) {
+        close(d->state_lock_fd); /* releases state_dir/lock */
+        d->state_lock_fd = -1;
+    }
 }

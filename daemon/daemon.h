@@ -194,6 +194,10 @@ struct obd_daemon {
      * carried something within peer_timeout_ms (peers.c). */
     uv_timer_t heartbeat;
     uint64_t heartbeat_ms; /* loop time of the last tick */
+    /* state_dir/lock, held for the daemon's life (snapset.c); -1 without
+     * a state_dir. */
+    int state_lock_fd;
+
     /* The cluster key (auth_key_file), read at start. */
     uint8_t auth_key[OBD_AUTH_KEY];
     int keyed;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -295,6 +296,8 @@ int obd_snapset_dir_ok(const char *sd, unsigned uid, int create, char *why,
                  uid, sd, sd);
         return -1;
     }
+    if (!create && obd_snapset_lock_free(sd, why, whylen) != 0)
+        return -1;
     if (access(sd, W_OK | X_OK) != 0) {
         snprintf(why, whylen, "state_dir %s is not writable: %s", sd,
                  strerror(errno));
@@ -303,25 +306,102 @@ int obd_snapset_dir_ok(const char *sd, unsigned uid, int create, char *why,
     return 0;
 }
 
-int obd_snapset_prepare_dir(const char *sd, unsigned uid, char *why,
-                            size_t whylen)
+/* state_dir/lock: held with flock for the life of the daemon that owns the
+ * directory, and holds its pid as text. */
+#define LOCK_NAME "lock"
+
+/* The pid written in the lock file open at fd, or 0. */
+static long lock_pid(int fd)
+{
+    char buf[32];
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *end;
+    long pid = strtol(buf, &end, 10);
+    return end != buf && pid > 0 ? pid : 0;
+}
+
+static void held_by(const char *sd, int fd, char *why, size_t whylen)
+{
+    long pid = lock_pid(fd);
+    char who[48] = "another obcommd";
+    if (pid > 0)
+        snprintf(who, sizeof(who), "obcommd pid %ld", pid);
+    snprintf(why, whylen,
+             "state_dir %s is in use by %s (it holds %s/" LOCK_NAME
+             "): each daemon needs a state_dir of its own, or their saves "
+             "and starts remove each other's files; give this one another "
+             "directory (deploy/local-cluster.sh --state-dir DIR gives "
+             "daemon N DIR/nodeN)",
+             sd, who, sd);
+}
+
+int obd_snapset_lock_free(const char *sd, char *why, size_t whylen)
+{
+    char path[PATH_ROOM];
+    snprintf(path, sizeof(path), "%s/" LOCK_NAME, sd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0; /* no lock file: nobody holds it */
+    int rc = 0;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            held_by(sd, fd, why, whylen);
+            rc = -1;
+        }
+    }
+    close(fd); /* drops the shared lock, if taken */
+    return rc;
+}
+
+int obd_snapset_prepare_dir(const char *sd, unsigned uid, int *lock_fd,
+                            char *why, size_t whylen)
 {
     if (obd_snapset_dir_ok(sd, uid, 1, why, whylen) != 0)
         return -1;
-    DIR *dh = opendir(sd);
-    if (dh == NULL)
-        return 0;
-    struct dirent *e;
+    /* The lock first: the unfinished sets removed below may be another
+     * daemon's writes in progress. */
     char path[PATH_ROOM + 300];
-    while ((e = readdir(dh)) != NULL) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "set-", 4) == 0 && len > 4 &&
-            strcmp(e->d_name + len - 4, ".tmp") == 0) {
-            snprintf(path, sizeof(path), "%s/%s", sd, e->d_name);
-            remove_dir(path); /* a set whose writing was interrupted */
-        }
+    snprintf(path, sizeof(path), "%s/" LOCK_NAME, sd);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        snprintf(why, whylen, "state_dir %s: cannot open its lock file: %s", sd,
+                 strerror(errno));
+        return -1;
     }
-    closedir(dh);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            held_by(sd, fd, why, whylen);
+        else
+            snprintf(why, whylen, "state_dir %s: cannot lock %s: %s", sd, path,
+                     strerror(errno));
+        close(fd);
+        return -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        snprintf(why, whylen, "state_dir %s: cannot write %s: %s", sd, path,
+                 strerror(errno));
+        close(fd);
+        return -1;
+    }
+    DIR *dh = opendir(sd);
+    if (dh != NULL) {
+        struct dirent *e;
+        while ((e = readdir(dh)) != NULL) {
+            size_t len = strlen(e->d_name);
+            if (strncmp(e->d_name, "set-", 4) == 0 && len > 4 &&
+                strcmp(e->d_name + len - 4, ".tmp") == 0) {
+                snprintf(path, sizeof(path), "%s/%s", sd, e->d_name);
+                remove_dir(path); /* a set whose writing was interrupted */
+            }
+        }
+        closedir(dh);
+    }
+    *lock_fd = fd;
     return 0;
 }
 

@@ -56,15 +56,24 @@ void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
  * may write and this process may write (-1 with why otherwise). With
  * `create` a missing one is created 0700; without (--check-config) a
  * missing one passes when its parent is a directory it can be created
- * in, as the start would create it. */
+ * in, as the start would create it, and an existing one fails when
+ * another daemon holds its lock (obd_snapset_lock_free). */
 int obd_snapset_dir_ok(const char *state_dir, unsigned uid, int create,
                        char *why, size_t whylen);
 
+/* 0 when no process holds state_dir/lock (or there is none), -1 with why
+ * naming the holder's pid otherwise. Without `create`,
+ * obd_snapset_dir_ok checks this too (--check-config). */
+int obd_snapset_lock_free(const char *state_dir, char *why, size_t whylen);
+
 /* Makes state_dir ready at the start: obd_snapset_dir_ok with `create`,
- * then removes the unfinished sets (.tmp) that an interrupted write left.
- * 0, or -1 with why. */
-int obd_snapset_prepare_dir(const char *state_dir, unsigned uid, char *why,
-                            size_t whylen);
+ * then takes state_dir/lock (flock, exclusive; the file holds this pid)
+ * and removes the unfinished sets (.tmp) that an interrupted write left.
+ * 0 with *lock_fd the lock's descriptor, which the caller keeps open for
+ * the daemon's life (closing it releases the lock), or -1 with why
+ * (another daemon holds the lock: naming its pid). */
+int obd_snapset_prepare_dir(const char *state_dir, unsigned uid, int *lock_fd,
+                            char *why, size_t whylen);
 
 /* A node's part of a set as bytes, for a checkpoint to carry when the
  * daemons keep no state_dir (obcomm_export_1bit): a header (world, node,

@@ -115,7 +115,21 @@ static int may_see(uid_t uid, const struct obd_job *j)
     return uid == 0 || (j->owned && j->owner == uid);
 }
 
-/* The job's run, why it stopped, and its 1-bit keys with their versions. */
+/* Payload bytes a node sends in a 1-bit op of `count` elements among
+ * `nodes` (coll_onebit.c): in the parameter-server phase its packed signs
+ * and 4-byte scale of each other node's chunk, then in the ring
+ * allgather nodes - 1 chunks' signs and scales. */
+static uint64_t onebit_op_bytes(uint64_t count, int nodes)
+{
+    if (nodes < 2)
+        return 0;
+    size_t chunk = obd_codec_padded_len((size_t)count, nodes) / (size_t)nodes;
+    return 2 * (uint64_t)(nodes - 1) *
+           (obd_codec_packed_bytes(chunk) + sizeof(float));
+}
+
+/* The job's run, why it stopped, and its 1-bit keys with their versions
+ * and bytes per op. */
 static void fill_run(struct obd_daemon *d, const struct obd_job *j,
                      Obcomm__JobStatus *m, struct storage *s, size_t nj,
                      size_t *nk)
@@ -133,6 +147,7 @@ static void fill_run(struct obd_daemon *d, const struct obd_job *j,
         obcomm__ef_version__init(v);
         k->key = efs[i]->key;
         k->count = efs[i]->count;
+        k->op_bytes = onebit_op_bytes(k->count, d->cfg.nodes);
         v->origin = efs[i]->version.origin;
         v->applied = efs[i]->version.applied;
         v->last_seq = efs[i]->version.last_seq;

@@ -134,6 +134,39 @@ kill "$pid"
 wait "$pid" || fail "daemon exited $? on SIGTERM"
 pid=
 
+# A state_dir has one owner: a second daemon on it refuses to start,
+# naming the first one's pid, and --check-config says the same; once the
+# first is gone, the second starts.
+mkdir -m 700 "$dir/owned"
+"$obcommd" --socket "$dir/a.sock" --state_dir "$dir/owned" \
+    --log-level warn 2>"$dir/log" &
+pid=$!
+for _ in $(seq 100); do
+    [ -S "$dir/a.sock" ] && break
+    sleep 0.05
+done
+[ -S "$dir/a.sock" ] || fail "daemon did not start: $(cat "$dir/log")"
+want="state_dir $dir/owned is in use by obcommd pid $pid (it holds $dir/owned/lock)"
+set +e
+msg=$("$obcommd" --socket "$dir/b.sock" --state_dir "$dir/owned" 2>&1); rc=$?
+set -e
+[ "$rc" != 0 ] || fail "a second daemon on one state_dir started"
+grep -qF -- "$want" <<<"$msg" || fail "second daemon said: $msg"
+grep -qF -- "give this one another directory" <<<"$msg" ||
+    fail "second daemon said: $msg"
+[ ! -S "$dir/b.sock" ] || fail "the refused daemon left its socket"
+set +e
+msg=$("$obcommd" --socket "$dir/b.sock" --state_dir "$dir/owned" \
+    --check-config 2>&1); rc=$?
+set -e
+[ "$rc" != 0 ] || fail "--check-config passed a state_dir in use"
+grep -qF -- "$want" <<<"$msg" || fail "--check-config said: $msg"
+kill "$pid"
+wait "$pid" || fail "daemon exited $? on SIGTERM"
+pid=
+"$obcommd" --socket "$dir/b.sock" --state_dir "$dir/owned" --check-config \
+    >/dev/null || fail "--check-config refused a free state_dir"
+
 # threads sizes the pool: the process has its main thread and `threads`
 # workers once it serves.
 for threads in 3 0; do

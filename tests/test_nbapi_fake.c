@@ -7,7 +7,7 @@
  *   every request in flight ends with OBCOMM_E_PROTO and the handle
  *   refuses every later op;
  * - EOF right behind a Complete: that op succeeds, the other ends with
- *   OBCOMM_E_PEER_LOST "daemon closed the connection";
+ *   OBCOMM_E_PEER_LOST "obcommd at SOCKET vanished without a goodbye";
  * - a daemon that never answers: obcomm_wait, and obcomm_test polled over
  *   obcomm_fd, end at the op's deadline plus OBC_GRACE_MS, counted from
  *   the submission, with OBCOMM_E_TIMEOUT (never earlier).
@@ -331,7 +331,14 @@ START_TEST(fake_complete_then_eof)
     step(&f);
     /* The Complete ahead of the EOF is delivered; the other op is lost. */
     ck_assert_int_eq(obcomm_wait(r[1]), OBCOMM_E_PEER_LOST);
-    assert_state(r[1], 1, OBCOMM_E_PEER_LOST, "daemon closed the connection");
+    char gone[512];
+    snprintf(gone, sizeof(gone),
+             "obcommd at %s vanished without a goodbye (killed or crashed): "
+             "run `systemctl status obcommd` (and `journalctl -u obcommd`) "
+             "on this node to see why, then resume the job from its last "
+             "checkpoint",
+             f.path);
+    assert_state(r[1], 1, OBCOMM_E_PEER_LOST, gone);
     assert_state(r[0], 1, 0, "");
     obcomm_close(c);
     obcomm_request_free(r[0]);

@@ -52,18 +52,23 @@ static void same_errors(const struct obd_ef *a, const struct obd_ef *b)
 }
 
 static char dir[64];
+static int lock_fd = -1; /* state_dir/lock, as the daemon holds it */
 
 static void make_dir(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/obcomm-snapset-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char why[512];
-    ck_assert_int_eq(
-        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+    ck_assert_int_eq(obd_snapset_prepare_dir(dir, (unsigned)geteuid(), &lock_fd,
+                                             why, sizeof(why)),
+                     0);
 }
 
 static void remove_dir(void)
 {
+    if (lock_fd >= 0)
+        close(lock_fd);
+    lock_fd = -1;
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
@@ -230,8 +235,11 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     free_list(list);
     snprintf(path, sizeof(path), "%s/set-6a-0000000000000009.tmp", dir);
     ck_assert_int_eq(mkdir(path, 0700), 0);
-    ck_assert_int_eq(
-        obd_snapset_prepare_dir(dir, (unsigned)geteuid(), why, sizeof(why)), 0);
+    /* A restart: the old daemon's lock goes with it. */
+    close(lock_fd);
+    ck_assert_int_eq(obd_snapset_prepare_dir(dir, (unsigned)geteuid(), &lock_fd,
+                                             why, sizeof(why)),
+                     0);
     ck_assert_int_eq(access(path, F_OK), -1);
     obd_snapset_delete(dir, "j", 6);
     list = NULL;
@@ -246,6 +254,43 @@ END_TEST
 /* The set just committed is kept whatever the clock says: earlier sets
  * that look newer (a clock set back since) lose to it, and among the
  * others the newest stay. */
+START_TEST(a_second_owner_is_refused_naming_the_first)
+{
+    make_dir();
+    char why[512], want[512];
+    /* The lock names its holder's pid, here this process's. */
+    snprintf(want, sizeof(want),
+             "state_dir %s is in use by obcommd pid %ld (it holds %s/lock): "
+             "each daemon needs a state_dir of its own, or their saves and "
+             "starts remove each other's files; give this one another "
+             "directory (deploy/local-cluster.sh --state-dir DIR gives "
+             "daemon N DIR/nodeN)",
+             dir, (long)getpid(), dir);
+    int second = -1;
+    ck_assert_int_eq(obd_snapset_prepare_dir(dir, (unsigned)geteuid(), &second,
+                                             why, sizeof(why)),
+                     -1);
+    ck_assert_str_eq(why, want);
+    ck_assert_int_eq(second, -1);
+    /* --check-config sees the same. */
+    ck_assert_int_eq(obd_snapset_lock_free(dir, why, sizeof(why)), -1);
+    ck_assert_str_eq(why, want);
+    ck_assert_int_eq(
+        obd_snapset_dir_ok(dir, (unsigned)geteuid(), 0, why, sizeof(why)), -1);
+    ck_assert_str_eq(why, want);
+    /* Released with the first owner: a second daemon may take it. */
+    close(lock_fd);
+    lock_fd = -1;
+    ck_assert_int_eq(obd_snapset_lock_free(dir, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_snapset_dir_ok(dir, (unsigned)geteuid(), 0, why, sizeof(why)), 0);
+    ck_assert_int_eq(obd_snapset_prepare_dir(dir, (unsigned)geteuid(), &lock_fd,
+                                             why, sizeof(why)),
+                     0);
+    remove_dir();
+}
+END_TEST
+
 START_TEST(commit_keeps_the_committed_set_whatever_the_clock)
 {
     make_dir();
@@ -376,6 +421,7 @@ static Suite *snapset_suite(void)
     tcase_add_test(tc, set_round_trip_exact);
     tcase_add_test(tc, a_damaged_file_spoils_the_whole_set);
     tcase_add_test(tc, commit_prunes_and_start_removes_unfinished);
+    tcase_add_test(tc, a_second_owner_is_refused_naming_the_first);
     tcase_add_test(tc, commit_keeps_the_committed_set_whatever_the_clock);
     tcase_add_test(tc, part_round_trip_and_refusals);
     tcase_add_test(tc, verdict_names_every_failing_node);

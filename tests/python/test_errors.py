@@ -64,10 +64,14 @@ def test_no_daemon():
     assert "/nonexistent/obcommd.sock" in e.value.message
 
 
-def test_dead_daemon_raises(make_cluster):
-    """The trainer's own daemon dies: the next collective raises (peer lost
-    or not connected); so does every later one, promptly."""
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_dead_daemon_raises(make_cluster, sig):
+    """The trainer's own daemon dies: the next collective raises peer lost,
+    naming the daemon's socket, whether it shut down cleanly (SIGTERM: it
+    said goodbye) or vanished (SIGKILL), and what to run; so does every
+    later one, promptly."""
     import obcomm
+    import signal
     cl = make_cluster(1)
     with Deadline(60):
         comm = obcomm.Communicator(socket=cl.sock(0), job="dead",
@@ -76,13 +80,26 @@ def test_dead_daemon_raises(make_cluster):
         t.fill_(1)
         comm.allreduce(t)
         assert t[0].item() == 1.0
-        cl.kill_node(0)
-        for _ in range(2):
+        cl.kill_node(0, getattr(signal, sig))
+        if sig == "SIGKILL":
+            gone = (f"obcommd at {cl.sock(0)} vanished without a goodbye "
+                    f"(killed or crashed): run `systemctl status obcommd` "
+                    f"(and `journalctl -u obcommd`) on this node to see why, "
+                    f"then resume the job from its last checkpoint")
+        else:
+            gone = (f"obcommd at {cl.sock(0)} shut down cleanly (it received "
+                    f"SIGTERM and shut down) and closed the connection: "
+                    f"start it again (systemctl status obcommd shows it) and "
+                    f"resume the job from its last checkpoint")
+        for i in range(2):
             t0 = time.monotonic()
             with pytest.raises(obcomm.ObcommError) as e:
                 comm.allreduce(t)
-            assert e.value.code in (obcomm.comm.E_PEER_LOST,
-                                    obcomm.comm.E_NOTCONN), e.value
+            assert e.value.code == obcomm.comm.E_PEER_LOST, e.value
+            want = gone if i == 0 else (
+                "connection to obcommd unusable after an earlier failure: " +
+                gone)
+            assert e.value.message == want
             assert time.monotonic() - t0 < 30
         comm.close()
 

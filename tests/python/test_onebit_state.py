@@ -287,7 +287,7 @@ def test_rank0_checkpoint_after_restart_fails_everywhere(make_cluster,
     """The same, but every rank loads rank 0's checkpoint (as when only
     rank 0 saves): it carries node 0's part only, so node 1 has nothing to
     restore from; load_state_dict raises ObcommError on every rank (same
-    code), saying the snapshot is missing on node 1."""
+    code), saying the snapshot is missing on node 1 and what to do."""
     cl = make_2x2(make_cluster, tmp_path, state_dir=False,
                   timeout_ms=FAIL_MS)
     ck = str(tmp_path / "ck")
@@ -296,6 +296,12 @@ def test_rank0_checkpoint_after_restart_fails_everywhere(make_cluster,
     res = train(cl, "gone", STEPS, load=ck, load_rank=0, stop_after_load=True,
                 timeout_ms=FAIL_MS)
     assert_failed_everywhere(res, "load_error", ["node 1: missing"])
+    for r in res:
+        assert r["load_error"]["str"].endswith(
+            "; to resume after the daemons restart, set state_dir on every "
+            "daemon, or let every rank save its own state_dict() (each "
+            "carries its node's part) and load its own file"), \
+            r["load_error"]["str"]
 
 
 # -- 3. a damaged or missing set on one node ----------------------------------

@@ -278,7 +278,7 @@ def world_size_mismatch(args):
 
 
 def _error(e):
-    return {"code": e.code, "message": e.message}
+    return {"code": e.code, "message": e.message, "str": str(e)}
 
 
 def ckpt_train(args):

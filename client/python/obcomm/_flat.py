@@ -6,12 +6,48 @@ carried when the daemons keep no state_dir)."""
 
 import ctypes
 import hashlib
+import math
 
 import torch
 
 from ._lib import lib
-from .comm import Communicator, ObcommError, E_MISMATCH
+from .comm import Communicator, ObcommError, E_MISMATCH, E_NONFINITE
+from . import _claims, _stage
 
+
+
+# Steps after the freeze within which a NaN or Inf in a 1-bit average
+# points to the freeze (docs/python.md, "When the 1-bit average meets a NaN").
+NEAR_FREEZE = 500
+
+
+def with_hint(err, hint):
+    """err, or for a NaN/Inf in a 1-bit op an ObcommError of the same
+    code whose message ends with `hint` (a string, or None for none)."""
+    if err.code != E_NONFINITE or not hint:
+        return err
+    return ObcommError(err.code, f"{err.message}; {hint}")
+
+
+def freeze_hint(name, step, freeze, arg="freeze_step"):
+    """What a NaN/Inf in a 1-bit op at `step` suggests, when it is within
+    NEAR_FREEZE steps of the freeze at `freeze`; else None."""
+    after = step - freeze
+    if not 0 < after <= NEAR_FREEZE:
+        return None
+    return (f"{name} step {step} is {after} step(s) after {arg} {freeze}: "
+            f"the variance was likely frozen before it settled, or lr is "
+            f"too high for this model; raise {arg} (a few hundred steps at "
+            f"least) or lower lr")
+
+
+# The parameter dtypes ZeroOneAdam and OneBitLamb train (as OneBitAdam):
+# float32 itself, float16 and bfloat16 over float32 master weights.
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# DeepSpeed's (and torch.nn.utils.clip_grad_norm_'s) term in the clip
+# coefficient max_grad_norm / (norm + 1e-6).
+CLIP_EPS = 1e-6
 
 
 def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
@@ -28,16 +64,34 @@ def check_adam_args(lr, betas, eps, weight_decay, freeze_step, name):
 
 
 class Group:
-    """A param group's flat buffers: p and g in shared memory (the
-    parameters and gradients are views into them); the optimizer adds its
+    """A param group's flat buffers: p and g in shared memory, float32
+    (the parameters and gradients are views into them, or, for a float16
+    or bfloat16 model, p holds the master weights and m and gm the
+    model's parameters and gradients in its dtype); the optimizer adds its
     own."""
 
     def __init__(self):
         self.params = []
         self.spans = []     # (offset, numel) per parameter
         self.count = 0
+        self.dtype = None   # the parameters' dtype, one per group
         self.p = self.g = None
+        self.m = self.gm = None  # float16/bfloat16 model and gradients
         self.key = 0
+
+    @property
+    def mixed(self):
+        return self.m is not None
+
+    @property
+    def model(self):
+        """The flat buffer the parameters are views into."""
+        return self.m if self.mixed else self.p
+
+    @property
+    def grads(self):
+        """The flat buffer the gradients are views into."""
+        return self.gm if self.mixed else self.g
 
 
 class FlatOptimizer(torch.optim.Optimizer):
@@ -53,13 +107,18 @@ class FlatOptimizer(torch.optim.Optimizer):
     # lr alone may change between steps.
     HYPER = ("betas", "eps", "weight_decay")
 
-    def __init__(self, params, defaults, comm, key):
+    def __init__(self, params, defaults, comm, key, max_grad_norm=0.0):
+        if not 0.0 <= max_grad_norm < math.inf:
+            raise ValueError(f"invalid max_grad_norm {max_grad_norm}")
+        self.max_grad_norm = float(max_grad_norm)
         # The optimizer holds its own share of the connection (as
         # OneBitAdam), so it outlives the caller's Communicator.
         self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
         self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
+        self._claim = _claims.Claim(self, self.NAME)
+        self._stage = _stage.track(self, self.NAME, *self._freeze())
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -69,28 +128,46 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _setup(self, group):
         g = Group()
         for p in group["params"]:
-            if p.device.type != "cpu" or p.dtype != torch.float32:
-                raise TypeError(f"{self.NAME}: parameters must be float32 "
-                                f"CPU tensors, not {p.dtype} on {p.device}")
+            if p.device.type != "cpu" or p.dtype not in PARAM_DTYPES:
+                raise TypeError(f"{self.NAME}: parameters must be float32, "
+                                f"float16 or bfloat16 CPU tensors, not "
+                                f"{p.dtype} on {p.device}")
+            if g.dtype is None:
+                g.dtype = p.dtype
+            elif p.dtype != g.dtype:
+                raise TypeError(
+                    f"{self.NAME}: param group {len(self._groups)} mixes "
+                    f"{g.dtype} and {p.dtype} (parameter {len(g.params)}); "
+                    f"all parameters of a param group must share one dtype")
             g.params.append(p)
             g.spans.append((g.count, p.numel()))
             g.count += p.numel()
         if g.count == 0:
             raise ValueError(f"{self.NAME}: a param group with no elements")
         g.key = self.key + len(self._groups)
+        # Refused on every rank alike, before the first collective.
+        _claims.take(self.comm._c(), self._claim, g.params, [g.key])
         self._agree(g)
         comm = self.comm
         g.p, g.g = comm.empty(g.count), comm.empty(g.count)
+        if g.dtype != torch.float32:
+            g.m = torch.empty(g.count, dtype=g.dtype)
+            g.gm = torch.zeros(g.count, dtype=g.dtype)
+        _claims.claim_grads(self._claim, g.grads)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.p[o:o + n].copy_(p.reshape(-1))
-        # Every rank starts from rank 0's parameters (as DDP does).
+        # Every rank starts from rank 0's parameters (as DDP does); a
+        # float16/bfloat16 value converts exactly to float32 and back.
         comm.broadcast(g.p, root=0)
+        if g.mixed:
+            with torch.no_grad():
+                g.m.copy_(g.p)
         for p, (o, n) in zip(g.params, g.spans):
             if p.grad is not None:
-                g.g[o:o + n].copy_(p.grad.reshape(-1))
-            p.data = g.p[o:o + n].view_as(p)
-            p.grad = g.g[o:o + n].view_as(p)
+                g.grads[o:o + n].copy_(p.grad.reshape(-1))
+            p.data = g.model[o:o + n].view_as(p)
+            p.grad = g.grads[o:o + n].view_as(p)
         g.hyper = self._hyper(group)
         self._init_group(g, group)
         self._groups.append(g)
@@ -117,11 +194,18 @@ class FlatOptimizer(torch.optim.Optimizer):
                 f"the same parameters, param groups and key")
 
     def _gather_grads(self, g):
-        """Points every p.grad back into g.g (copying a gradient that
-        torch put elsewhere, e.g. after zero_grad(set_to_none=True))."""
+        """Points every p.grad back into g.grads (copying a gradient that
+        torch put elsewhere, e.g. after zero_grad(set_to_none=True)); a
+        float16/bfloat16 group's gradients then go into g.g as float32."""
+        with torch.no_grad():
+            self._gather(g)
+            if g.mixed:
+                g.g.copy_(g.gm)
+
+    def _gather(self, g):
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
-                view = g.g[o:o + n]
+                view = g.grads[o:o + n]
                 if p.grad is None:
                     view.zero_()
                 elif p.grad.data_ptr() != view.data_ptr():
@@ -138,9 +222,9 @@ class FlatOptimizer(torch.optim.Optimizer):
                 for p in g.params:
                     p.grad = None
             else:
-                g.g.zero_()
+                g.grads.zero_()
                 for p, (o, n) in zip(g.params, g.spans):
-                    p.grad = g.g[o:o + n].view_as(p)
+                    p.grad = g.grads[o:o + n].view_as(p)
 
     # -- the step -----------------------------------------------------------
 
@@ -165,16 +249,58 @@ class FlatOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self._claim.checked:
+            _claims.check_first_step(
+                self._claim, [p for g in self._groups for p in g.params])
         self._check_hyper(self.param_groups)
         comm = self.comm
-        for g, group in zip(self._groups, self.param_groups):
+        step = self.steps + 1
+        for g in self._groups:
             self._gather_grads(g)
+        if self.max_grad_norm > 0:
+            self._clip()
+        for g, group in zip(self._groups, self.param_groups):
             self._c("set_lr")(g.handle, float(group["lr"]))
-            with comm._locked():
-                comm._check(self._c("step")(
-                    g.handle, ctypes.c_void_p(g.p.data_ptr()),
-                    ctypes.c_void_p(g.g.data_ptr())))
+            try:
+                with comm._locked():
+                    comm._check(self._c("step")(
+                        g.handle, ctypes.c_void_p(g.p.data_ptr()),
+                        ctypes.c_void_p(g.g.data_ptr())))
+            except ObcommError as e:
+                raise with_hint(e, self._nonfinite_hint(step)) from None
+            if g.mixed:
+                g.m.copy_(g.p)  # rounded to nearest even
+        self._stage.update(step, self.stage, self._stage_text)
         return loss
+
+    def _clip(self):
+        """DeepSpeed's gradient_clipping on this rank's own gradient (the
+        optimizer averages inside its step, so there is no average
+        before it): coef = max_grad_norm / (norm + 1e-6) over every param
+        group's float32 gradient (sums of squares in double, in group
+        order), applied when below 1."""
+        sumsq = sum(float(g.g.double().square().sum()) for g in self._groups)
+        coef = self.max_grad_norm / (math.sqrt(sumsq) + CLIP_EPS)
+        if coef < 1.0:
+            for g in self._groups:
+                g.g.mul_(coef)
+
+    def _freeze(self):
+        """(the name of the freeze argument, its value), for the
+        never-compressed warning."""
+        raise NotImplementedError
+
+    def _nodes(self):
+        return self.comm.size // self.comm.local_size
+
+    def _bytes(self, fn):
+        """fn(count, nodes) summed over the groups (one op each)."""
+        return sum(fn(g.count, self._nodes()) for g in self._groups)
+
+    def _nonfinite_hint(self, step):
+        """What a NaN or Inf in step `step`'s 1-bit average suggests, or
+        None (the subclass's)."""
+        return None
 
     # -- what the C optimizers count and mask -----------------------------
 
@@ -236,11 +362,16 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _state_dict_with(self, per_param, extra):
         """torch's state dict with per_param(g, i, o, n) -> {name: tensor}
         as each parameter's state, "obcomm" (a snapshot, taken here) and
-        the optimizer's own entries `extra`."""
+        the optimizer's own entries `extra`. A run still in the warm-up is
+        told so (one WARNING on logger "obcomm")."""
+        self._stage.warmup_note("state_dict() taken")
         info = self._snapshot()
         for g in self._groups:
             for i, (p, (o, n)) in enumerate(zip(g.params, g.spans)):
                 self.state[p] = per_param(g, i, o, n)
+                if g.mixed:
+                    self.state[p]["master"] = \
+                        g.p[o:o + n].clone().view_as(p)
         try:
             sd = super().state_dict()
         finally:
@@ -275,7 +406,24 @@ class FlatOptimizer(torch.optim.Optimizer):
             (p for grp in self.param_groups for p in grp["params"]), ids)}
         self.comm._restore_1bit(int(info["snapshot"]), info.get("part"),
                                 info.get("node"))
-        return [[byp[id(p)] for p in g.params] for g in self._groups], own
+        states = [[byp[id(p)] for p in g.params] for g in self._groups]
+        for g, st in zip(self._groups, states):
+            if g.mixed:
+                self._load_masters(g, st)
+        return states, own
+
+    @staticmethod
+    def _load_masters(g, st):
+        """A float16/bfloat16 group's masters from the state ('master'),
+        the model rounded from them; without masters in the dict (saved
+        from a float32 model) they become the current parameters."""
+        with torch.no_grad():
+            if all("master" in s for s in st):
+                g.p.copy_(torch.cat([s["master"].reshape(-1).float()
+                                     for s in st]))
+            else:
+                g.p.copy_(g.m)
+            g.m.copy_(g.p)
 
     @staticmethod
     def _cat(states, name):
@@ -309,6 +457,8 @@ class FlatOptimizer(torch.optim.Optimizer):
         out of shared memory first. Idempotent."""
         if self.comm is None:
             return
+        self._stage.at_end()
+        _claims.release(self._claim)
         with torch.no_grad():
             for g in self._groups:
                 for p in g.params:

@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from ._lib import lib, Options
+from . import _claims
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -86,6 +87,15 @@ def _mismatch_note(message):
             "; every rank must make the same calls in the same order)")
 
 
+# What to do when a snapshot set is missing on a node without state_dir
+# (its daemon restarted, and the checkpoint carries only other nodes'
+# parts, as when rank 0 alone saves).
+_NO_STATE_DIR_NOTE = (
+    "; to resume after the daemons restart, set state_dir on every daemon, "
+    "or let every rank save its own state_dict() (each carries its node's "
+    "part) and load its own file")
+
+
 class ObcommError(RuntimeError):
     """A failed libobcomm call: .code is the C API's negative error code,
     .message the library's explanation (obcomm_last_error), which names
@@ -99,6 +109,8 @@ class ObcommError(RuntimeError):
         text = f"{name}: {message}" if message else name
         if code == E_MISMATCH:
             text += _mismatch_note(message)
+        if code == E_STATE and "missing (no state_dir" in (message or ""):
+            text += _NO_STATE_DIR_NOTE
         super().__init__(text)
 
 
@@ -198,6 +210,9 @@ class _Conn:
         # C optimizers over this handle (objects with .handle, an
         # obcomm_adam_t): they borrow it, so they go before it closes.
         self.adams = []
+        # What the optimizers over this connection hold alone: their keys
+        # and gradient buffers (_claims.py).
+        self.claims = []
         self.staging = None     # the blocking calls' staging buffer
         self.stages = []        # free staging buffers of non-blocking ops
         self.progress = None    # progress.Progress, from the first i-op on
@@ -649,8 +664,9 @@ class Communicator:
         "min". dtypes: float32, float64, float16 and bfloat16 (both
         accumulated in fp32), int32, int64. Returns t."""
         n, d, o = t.numel(), _dtype(t), _op(op)
-        return self._c().run(
-            t, lambda h, p: lib.obcomm_allreduce(h, p, n, d, o))
+        c = self._c()
+        _claims.check_tensor(c, t, "Communicator.allreduce")
+        return c.run(t, lambda h, p: lib.obcomm_allreduce(h, p, n, d, o))
 
     def allreduce_1bit(self, key, t):
         """In place: the 1-bit compressed average of float32 t
@@ -661,11 +677,14 @@ class Communicator:
             raise TypeError(f"obcomm: allreduce_1bit takes float32, not "
                             f"{t.dtype}")
         n, k = t.numel(), int(key)
-        return self._c().run(
-            t, lambda h, p: lib.obcomm_allreduce_1bit(h, k, p, n))
+        c = self._c()
+        _claims.check_key(c, k, "Communicator.allreduce_1bit")
+        _claims.check_tensor(c, t, "Communicator.allreduce_1bit")
+        return c.run(t, lambda h, p: lib.obcomm_allreduce_1bit(h, k, p, n))
 
     def reset_1bit(self, key):
         """Collective: forgets the error feedback of key on every node."""
+        _claims.check_key(self._c(), key, "Communicator.reset_1bit")
         with self._locked() as h:
             self._check(lib.obcomm_reset_1bit(h, int(key)))
 
@@ -720,7 +739,9 @@ class Communicator:
     def broadcast(self, t, root=0):
         """In place: every rank ends with root's t (any dtype). Returns t."""
         nbytes, r = _nbytes(t), int(root)
-        return self._c().run(
+        c = self._c()
+        _claims.check_tensor(c, t, "Communicator.broadcast")
+        return c.run(
             t, lambda h, p: lib.obcomm_broadcast(h, p, nbytes, r),
             copy_in=(self.rank == r))
 
@@ -736,6 +757,7 @@ class Communicator:
 
     def _iallreduce(self, t, op, value):
         n, d, o = t.numel(), _dtype(t), _op(op)
+        _claims.check_tensor(self._c(), t, "allreduce")
 
         def build(c, op_):
             p = _ptr(c.place(op_, t, True, True))
@@ -745,6 +767,7 @@ class Communicator:
 
     def _ibroadcast(self, t, root, value):
         nbytes, r = _nbytes(t), int(root)
+        _claims.check_tensor(self._c(), t, "broadcast")
         mine = self.rank == r
 
         def build(c, op_):

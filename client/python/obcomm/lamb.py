@@ -6,7 +6,8 @@ import ctypes
 
 import torch
 
-from ._flat import FlatOptimizer, check_adam_args
+from ._flat import FlatOptimizer, check_adam_args, freeze_hint
+from . import _stage
 from ._lib import lib, LambConfig, LambState
 
 __all__ = ["OneBitLamb"]
@@ -51,11 +52,15 @@ class OneBitLamb(FlatOptimizer):
     is 0 at the freeze, an update whose norm is 0) this takes the scale
     and the ratio as 1.
 
-    Parameters must be float32 CPU tensors; every rank constructs the
-    optimizer with the same parameters and arguments (checked) and starts
-    from rank 0's parameters; no DDP. The gradients are only read (the
-    warm-up averages a copy). Only lr may change between steps; a param
-    group added later starts its own warm-up. state_dict() and
+    Parameters are CPU tensors, float32, or float16 or bfloat16 over
+    float32 master weights (as OneBitAdam's and ZeroOneAdam's); every rank
+    constructs the optimizer with the same parameters and arguments
+    (checked) and starts from rank 0's parameters; no DDP. The gradients
+    are only read (the warm-up averages a copy), except that
+    max_grad_norm > 0 clips them in place as ZeroOneAdam does (DeepSpeed's
+    gradient_clipping, by the norm of this rank's own gradient). Only lr
+    may change between steps; a param group added later starts its own
+    warm-up. state_dict() and
     load_state_dict() are collectives with OneBitAdam's semantics: a
     resumed run continues bit for bit, or every rank raises."""
 
@@ -67,7 +72,8 @@ class OneBitLamb(FlatOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, max_coeff=10.0,
                  min_coeff=0.01, coeff_beta=0.9, factor_max=4.0,
-                 factor_min=0.5, factor_threshold=0.1, comm=None, key=1):
+                 factor_min=0.5, factor_threshold=0.1, comm=None, key=1,
+                 max_grad_norm=0.0):
         check_adam_args(lr, betas, eps, weight_decay, freeze_step,
                         "freeze_step")
         if not 0.0 < min_coeff <= max_coeff:
@@ -86,7 +92,34 @@ class OneBitLamb(FlatOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, max_coeff=max_coeff,
                         min_coeff=min_coeff)
-        super().__init__(params, defaults, comm, key)
+        super().__init__(params, defaults, comm, key, max_grad_norm)
+
+    def _nonfinite_hint(self, step):
+        return freeze_hint(self.NAME, step, self.freeze_step)
+
+    @property
+    def stage(self):
+        """"warmup" (LAMB on fp32-averaged gradients; also before the first
+        step) or "compressed" (from the step after freeze_step: 1-bit
+        momentum)."""
+        if not self._groups:
+            return "warmup"
+        st = self._state(self._groups[0])[0]
+        # FROZEN: the variance frozen by the last warm-up step, the first
+        # compressed step not taken yet.
+        return "compressed" if st.stage == COMPRESSING else "warmup"
+
+    def _freeze(self):
+        return "freeze_step", self.freeze_step
+
+    def _stage_text(self):
+        n = self._nodes()
+        return (f"OneBitLamb: step {self.steps} was the first compressed step "
+                f"(freeze_step {self.freeze_step}): a step now sends "
+                f"{self._bytes(_stage.onebit_bytes)} bytes per node instead "
+                f"of about {self._bytes(_stage.fp32_bytes)} (1-bit momentum "
+                f"instead of fp32 gradients; {len(self._groups)} param "
+                f"group(s), {n} node(s))")
 
     def _config(self, group):
         k = LambConfig()

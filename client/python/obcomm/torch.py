@@ -21,7 +21,8 @@ from torch.autograd import Variable
 from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, process_group
-from ._flat import check_adam_args
+from ._flat import check_adam_args, with_hint, freeze_hint
+from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
 
@@ -33,6 +34,8 @@ from .lamb import OneBitLamb
 _ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
 _ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
 assert _ADAM_HEADER.size == 96
+
+_subgroups.install()
 
 __all__ = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "allreduce_hook",
            "ProcessGroupObcomm"]
@@ -274,6 +277,9 @@ class OneBitAdam(torch.optim.Optimizer):
         self._accs = []      # the AccumulateGrad nodes we hook (kept alive)
         self._hooks = []     # their hooks' handles
         self._auto_ratio = AUTO_MASK_RATIO
+        self._claim = _claims.Claim(self, "OneBitAdam")
+        self._stage = _stage.track(self, "OneBitAdam", "freeze_step",
+                                   int(freeze_step))
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
                         bias_correction=bool(bias_correction))
@@ -325,6 +331,9 @@ class OneBitAdam(torch.optim.Optimizer):
         plan = _plan([n for _, n in g.spans], self._cap_bytes)
         first_key = self.key + len(self._buckets)
         comm = self.comm
+        # Refused on every rank alike, before the first collective.
+        _claims.take(comm._c(), self._claim, g.params,
+                     range(first_key, first_key + len(plan)))
         self._agree(g, plan, first_key)
         # The masters (float32) in shared memory; a float16/bfloat16 model
         # and its gradients in private memory of their own dtype, which
@@ -335,6 +344,7 @@ class OneBitAdam(torch.optim.Optimizer):
         else:
             g.flat_m = torch.empty(g.count, dtype=g.dtype)
             g.flat_g = torch.zeros(g.count, dtype=g.dtype)
+        _claims.claim_grads(self._claim, g.flat_g)
         with torch.no_grad():
             for p, (o, n) in zip(g.params, g.spans):
                 g.flat_p[o:o + n].copy_(p.reshape(-1))
@@ -452,7 +462,11 @@ class OneBitAdam(torch.optim.Optimizer):
     def _check_arrival(self, b, i):
         """Parameter i of bucket b is about to receive a gradient: a
         second backward pass (outside no_sync) raises here, before torch
-        adds anything to the gradients the first one sent."""
+        adds anything to the gradients the first one sent. The first
+        gradient of the run checks that nothing else averages or updates
+        the parameters (DDP, another optimizer)."""
+        if not self._claim.checked:
+            self._first_step()
         if not self._sync or b.handle is None:
             return
         if b.state is not _State.IDLE or i in b.fired:
@@ -581,12 +595,18 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- the optimizer ----------------------------------------------------------
 
+    def _first_step(self):
+        _claims.check_first_step(
+            self._claim, [p for g in self._groups for p in g.params])
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self._claim.checked:
+            self._first_step()
         for g, group in zip(self._groups, self.param_groups):
             hyper = tuple(group[k] for k in _HYPER)
             if hyper != g.hyper:
@@ -595,6 +615,7 @@ class OneBitAdam(torch.optim.Optimizer):
                     f"({dict(zip(_HYPER, g.hyper))} became "
                     f"{dict(zip(_HYPER, hyper))})")
         first = None
+        step = self.steps + 1
         try:
             for g, group in zip(self._groups, self.param_groups):
                 for b in g.buckets:
@@ -637,8 +658,32 @@ class OneBitAdam(torch.optim.Optimizer):
             self._next = 0
             self._in_backward = False
         if first is not None:
-            raise first
+            freeze = min(g.hyper[3] for g in self._groups)
+            raise with_hint(first, freeze_hint("OneBitAdam", step, freeze))
+        self._stage.update(step, self.stage, self._stage_text)
         return loss
+
+    @property
+    def stage(self):
+        """The stage of the last step: "warmup" (full-precision gradients;
+        also before the first step) or "compressed" (1-bit momentum), once
+        every param group's step passed its freeze_step."""
+        t = self.steps
+        if self._groups and all(t > g.hyper[3] for g in self._groups):
+            return "compressed"
+        return "warmup"
+
+    def _stage_text(self):
+        nodes = self.comm.size // self.comm.local_size
+        before = sum(_stage.fp32_bytes(b.count, nodes) for b in self._buckets)
+        after = sum(_stage.onebit_bytes(b.count, nodes)
+                    for b in self._buckets)
+        freeze = max(g.hyper[3] for g in self._groups)
+        return (f"OneBitAdam: step {self.steps} was the first compressed "
+                f"step (freeze_step {freeze}): a step now sends {after} "
+                f"bytes per node instead of about {before} (1-bit momentum "
+                f"instead of fp32 gradients; {len(self._buckets)} "
+                f"bucket(s), {nodes} node(s))")
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient in place (one memset per group); the
@@ -758,7 +803,9 @@ class OneBitAdam(torch.optim.Optimizer):
         bytes, "node": its node), which a load after a restart of the
         daemons needs. A collective (one snapshot set for all buckets);
         raises on every rank unless every node saved, and when a step is
-        started (backward ran)."""
+        started (backward ran). A run still in the warm-up is told so
+        (one WARNING on logger "obcomm")."""
+        self._stage.warmup_note("state_dict() taken")
         d = tempfile.mkdtemp(prefix="obcomm-adam-")
         snapshot, part, node = 0, None, 0
         try:
@@ -886,9 +933,11 @@ class OneBitAdam(torch.optim.Optimizer):
         of the connection (which stays open while the process group or a
         Communicator holds it). Parameters keep their values: they are
         copied out of shared memory first. Idempotent."""
+        self._stage.at_end()
         for h in self._hooks:
             h.remove()
         self._hooks, self._accs = [], []
+        _claims.release(self._claim)
         for g in self._groups:
             if any(b.handle is not None for b in g.buckets):
                 with torch.no_grad():
@@ -954,5 +1003,6 @@ def allreduce_hook(state, bucket):
     is staged through a shared-memory buffer of the connection.
     """
     comm = _hook_comm(state)
+    _claims.check_hook_bucket(bucket)
     t = bucket.buffer()
     return comm._iallreduce(t, "avg", t).future

@@ -6,7 +6,8 @@ import ctypes
 import torch
 
 from ._lib import lib, ZoadamConfig, ZoadamState
-from ._flat import FlatOptimizer, check_adam_args
+from ._flat import FlatOptimizer, check_adam_args, NEAR_FREEZE
+from . import _stage
 
 __all__ = ["ZeroOneAdam"]
 
@@ -67,11 +68,18 @@ class ZeroOneAdam(FlatOptimizer):
     The steps run in libobcomm (obcomm_zoadam_*, one C optimizer per param
     group), as OneBitAdam's run in obcomm_adam_*.
 
-    Parameters must be float32 CPU tensors; every rank constructs the
-    optimizer with the same parameters and arguments (checked) and starts
-    from rank 0's parameters. p.grad becomes a view into the optimizer's
-    shared gradient buffer (a gradient set otherwise is copied in by
-    step()). No DDP: the optimizer averages the gradients itself. `rounds`
+    Parameters are CPU tensors, float32, or float16 or bfloat16 over
+    float32 master weights (as OneBitAdam's: all of a param group in one
+    dtype; each step updates the masters and writes them, rounded to
+    nearest even, into the parameters; state_dict() carries them as
+    'master'). Every rank constructs the optimizer with the same parameters
+    and arguments (checked) and starts from rank 0's parameters. p.grad
+    becomes a view into the optimizer's gradient buffer (a gradient set
+    otherwise is copied in by step()). max_grad_norm > 0 clips as
+    DeepSpeed's gradient_clipping, by the norm of this rank's own gradient
+    over every param group (the average is formed inside the step):
+    coef = max_grad_norm / (norm + 1e-6), applied to the gradient in place
+    when below 1. No DDP: the optimizer averages the gradients itself. `rounds`
     counts the collectives step() issued, {"fp32": n, "1bit": n}.
 
     state_dict() and load_state_dict() are collectives, with OneBitAdam's
@@ -88,7 +96,7 @@ class ZeroOneAdam(FlatOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, var_freeze_step=100000,
                  var_update_scaler=16, local_step_scaler=32678,
-                 local_step_clipper=16, comm=None, key=1):
+                 local_step_clipper=16, comm=None, key=1, max_grad_norm=0.0):
         check_adam_args(lr, betas, eps, weight_decay, var_freeze_step,
                         "var_freeze_step")
         for name, val in (("var_update_scaler", var_update_scaler),
@@ -102,7 +110,51 @@ class ZeroOneAdam(FlatOptimizer):
         self.local_step_clipper = int(local_step_clipper)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
-        super().__init__(params, defaults, comm, key)
+        super().__init__(params, defaults, comm, key, max_grad_norm)
+
+    @property
+    def stage(self):
+        """0/1 Adam's stage: "warmup" while every step averages fp32
+        gradients and updates the variance (var_interval 1; also before
+        the first step), "compressed" once steps between variance updates
+        average 1-bit (var_interval > 1), "local_steps" once the variance
+        is frozen (local steps, a 1-bit synchronization every
+        local_step_interval steps)."""
+        if not self._groups:
+            return "warmup"
+        st, _ = self._state(self._groups[0])
+        if st.frozen:
+            return "local_steps"
+        return "compressed" if st.var_interval > 1 else "warmup"
+
+    def _freeze(self):
+        return "var_update_scaler", self.var_update_scaler
+
+    def _stage_text(self):
+        st, _ = self._state(self._groups[0])
+        after = self._bytes(_stage.onebit_bytes)
+        n = self._nodes()
+        if st.frozen:
+            return (f"ZeroOneAdam: step {st.step} passed var_freeze_step "
+                    f"{self.var_freeze_step}: local steps now, with a 1-bit "
+                    f"synchronization of {after} bytes per node every "
+                    f"local_step_interval steps (now {st.local_interval}) "
+                    f"and nothing sent in between ({n} node(s))")
+        before = self._bytes(_stage.fp32_bytes)
+        return (f"ZeroOneAdam: from step {st.step} var_interval is "
+                f"{st.var_interval}: steps between variance updates average "
+                f"1-bit, {after} bytes per node instead of about {before} "
+                f"for an fp32 step ({n} node(s))")
+
+    def _nonfinite_hint(self, step):
+        if step > NEAR_FREEZE:
+            return None
+        return (f"ZeroOneAdam step {step} is early in 0/1 Adam's schedule "
+                f"(1-bit averages start once var_interval passes 1, after "
+                f"var_update_scaler={self.var_update_scaler} variance "
+                f"updates): the variance had little time to settle, or lr "
+                f"is too high for this model; raise var_update_scaler or "
+                f"lower lr")
 
     def _init_group(self, g, group):
         # The C optimizer keeps m, v, u (the updates since the last
