@@ -28,8 +28,11 @@
  *
  * File I/O never runs on the loop thread. An op whose reports never all
  * come (a lost node, the deadline) fails like any other op and stops the
- * run; a set it wrote stays (some node may have seen every report and
- * committed it) until later commits prune it. */
+ * run. A snapshot op that failed leaves no set: a node whose op failed,
+ * for whatever reason, drops the part it saved when the op is freed, and
+ * a node that had seen every report and committed the set drops it too
+ * when another node's failure of the op reaches it
+ * (obd_coll_efstate_failed_elsewhere). */
 #include "coll.h"
 #include "err.h"
 
@@ -164,7 +167,8 @@ static void run_local(uv_work_t *req)
         if (e->rc == 0)
             e->rc = export_part(e, src);
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && disk) {
-        e->rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
+        const struct obd_ef_set set = {e->run, e->id};
+        e->rc = obd_snapset_write(e->state_dir, e->job, &set, e->efs, e->nefs,
                                   &e->world, e->why, sizeof(e->why));
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT) {
         e->rc =
@@ -195,7 +199,8 @@ static void run_chore(uv_work_t *req)
 {
     struct chore *c = container_of(req, struct chore, req);
     if (c->commit)
-        obd_snapset_commit(c->d->cfg.state_dir, c->job, c->id, OBD_SNAP_KEEP);
+        obd_snapset_commit(c->d->cfg.state_dir, c->job, c->id, OBD_SNAP_KEEP,
+                           (uint64_t)c->d->cfg.state_dir_max_bytes);
     else
         obd_snapset_delete(c->d->cfg.state_dir, c->job, c->id);
 }
@@ -304,6 +309,15 @@ static int snapshot_start(struct obd_op *op)
     if (rc == 0)
         op->bytes = obd_snapset_part_bytes((const struct obd_ef *const *)e->efs,
                                            e->nefs);
+    uint64_t bound = obd_efstore_retained_limit(e->d);
+    if (rc == 0 && e->state_dir[0] == '\0' && op->bytes > bound) {
+        release_saved(e);
+        rc = OBD_E_TOOBIG;
+        snprintf(e->why, sizeof(e->why),
+                 "the set needs %llu bytes in memory, retained_sets_max_bytes "
+                 "allows %llu (or give the daemons a state_dir)",
+                 (unsigned long long)op->bytes, (unsigned long long)bound);
+    }
     if (rc != 0) {
         /* Nothing to save: reported like a failed write. */
         e->rc = rc;
@@ -410,8 +424,6 @@ static void efop_progress(struct obd_op *op)
         obd_op_finish(op);
         return;
     }
-    if (snap && e->saved && e->state_dir[0] != '\0')
-        chore(e->d, 0, e->job, e->id); /* no node commits it */
     if (!snap)
         obd_efstore_reset_run(e->d, e->job, e->run,
                               "a snapshot could not be restored");
@@ -425,6 +437,10 @@ static void efop_progress(struct obd_op *op)
 static void efop_free(struct obd_op *op)
 {
     struct efop *e = op->coll;
+    /* A snapshot that failed, here or anywhere (a verdict, a lost node,
+     * the deadline): no node keeps its part. */
+    if (e->saved && !e->committed && e->state_dir[0] != '\0')
+        chore(e->d, 0, e->job, e->id);
     release_saved(e);
     free_list(e->list);
     free(e);
@@ -469,6 +485,19 @@ const struct obd_algo obd_algo_onebit_export =
     EFOP_ALGO(OBCOMM_KIND_EXPORT_1BIT, "1-bit export", export_start);
 const struct obd_algo obd_algo_onebit_restore =
     EFOP_ALGO(OBCOMM_KIND_RESTORE_1BIT, "1-bit restore", restore_start);
+
+void obd_coll_efstate_failed_elsewhere(struct obd_daemon *d, const char *job,
+                                       uint64_t run, uint64_t seq)
+{
+    if (run == 0)
+        return; /* no op of the run was agreed: no snapshot was taken */
+    uint64_t id = obd_snapset_id(run, seq);
+    if (d->cfg.state_dir[0] != '\0') {
+        chore(d, 0, job, id);
+        return;
+    }
+    obd_efstore_memset_drop(d, job, id);
+}
 
 /* ---- reset ---- */
 

@@ -13,6 +13,9 @@ struct obd_memset {
     char job[OBD_EF_JOB_MAX];
     uint64_t id;
     struct obd_ef *list;
+    uint64_t bytes;
+    uint64_t put_ms;   /* when it was saved (uv_now) */
+    uint64_t ended_ms; /* when its job's run ended here; 0: a run is on */
     struct obd_memset *next;
 };
 
@@ -27,13 +30,13 @@ static void free_list(struct obd_ef *ef)
 
 void obd_efstore_account(struct obd_daemon *d)
 {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, retained = 0;
     for (struct obd_ef *ef = d->efs; ef; ef = ef->next)
         bytes += obd_ef_bytes(ef);
     for (struct obd_memset *m = d->memsets; m; m = m->next)
-        for (struct obd_ef *ef = m->list; ef; ef = ef->next)
-            bytes += obd_ef_bytes(ef);
+        retained += m->bytes;
     d->metrics.v[OBD_M_EF_STATE_BYTES] = bytes;
+    d->metrics.v[OBD_M_EF_RETAINED_BYTES] = retained;
 }
 
 static int same(const struct obd_ef *ef, const char *job, uint64_t run)
@@ -73,14 +76,16 @@ int obd_efstore_idle(const struct obd_daemon *d, const char *job, uint64_t run)
     return 1;
 }
 
-/* The bound on all states together: ef_max_bytes, or a quarter of the
- * machine's memory. */
+/* The bound on the live runs' states together: ef_max_bytes, or a
+ * quarter of the machine's memory. */
 static uint64_t limit_of(const struct obd_daemon *d)
 {
     if (d->cfg.ef_max_bytes > 0)
         return (uint64_t)d->cfg.ef_max_bytes;
     return uv_get_total_memory() / 4;
 }
+
+static void expire(struct obd_daemon *d, const struct obd_memset *keep);
 
 int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                     uint64_t key, uint64_t count, struct obd_ef **out,
@@ -99,6 +104,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
         *out = ef;
         return 0;
     }
+    expire(d, NULL);
     uint64_t need = obd_ef_bytes_for(count, d->cfg.nodes);
     uint64_t used = d->metrics.v[OBD_M_EF_STATE_BYTES];
     uint64_t limit = limit_of(d);
@@ -212,8 +218,14 @@ void obd_efstore_reset_run(struct obd_daemon *d, const char *job, uint64_t run,
                  job, n, why);
 }
 
+static struct obd_memset **memset_of(struct obd_daemon *d, const char *job);
+
 void obd_efstore_run_end(struct obd_daemon *d, const char *job, uint64_t run)
 {
+    struct obd_memset *m = *memset_of(d, job);
+    if (m != NULL)
+        m->ended_ms = uv_now(&d->loop) | 1; /* never 0 */
+    expire(d, NULL);
     int n = forget_run(d, job, run);
     if (n > 0)
         obd_log_info(&d->log,
@@ -293,6 +305,67 @@ static struct obd_memset **memset_of(struct obd_daemon *d, const char *job)
     return pp;
 }
 
+static void memset_free(struct obd_daemon *d, struct obd_memset **pp,
+                        const char *why)
+{
+    struct obd_memset *m = *pp;
+    *pp = m->next;
+    obd_log_info(&d->log,
+                 "job %s: snapshot %016" PRIx64 " (%llu bytes in memory) "
+                 "dropped: %s",
+                 m->job, m->id, (unsigned long long)m->bytes, why);
+    free_list(m->list);
+    free(m);
+}
+
+uint64_t obd_efstore_retained_limit(const struct obd_daemon *d)
+{
+    if (d->cfg.retained_sets_max_bytes > 0)
+        return (uint64_t)d->cfg.retained_sets_max_bytes;
+    return limit_of(d);
+}
+
+/* The in-memory sets whose job's run ended retained_sets_max_age_s ago
+ * go; then, while all together pass obd_efstore_retained_limit, the one whose
+ * run ended first goes, then the oldest of live runs; `keep` stays. */
+static void expire(struct obd_daemon *d, const struct obd_memset *keep)
+{
+    uint64_t now = uv_now(&d->loop);
+    uint64_t age_ms = (uint64_t)d->cfg.retained_sets_max_age_s * 1000;
+    uint64_t total = 0;
+    for (struct obd_memset **pp = &d->memsets; *pp;) {
+        struct obd_memset *m = *pp;
+        if (m != keep && m->ended_ms != 0 && now - m->ended_ms >= age_ms) {
+            memset_free(d, pp, "its job ended retained_sets_max_age_s ago");
+            continue;
+        }
+        total += m->bytes;
+        pp = &m->next;
+    }
+    uint64_t limit = obd_efstore_retained_limit(d);
+    while (total > limit) {
+        struct obd_memset **victim = NULL;
+        for (struct obd_memset **pp = &d->memsets; *pp; pp = &(*pp)->next) {
+            const struct obd_memset *m = *pp, *v = victim ? *victim : NULL;
+            if (m == keep)
+                continue;
+            /* Ended before live; among ended the earliest end, among live
+             * the oldest save. */
+            if (v == NULL || (m->ended_ms != 0 && v->ended_ms == 0) ||
+                (m->ended_ms != 0 && v->ended_ms != 0 &&
+                 m->ended_ms < v->ended_ms) ||
+                (m->ended_ms == 0 && v->ended_ms == 0 && m->put_ms < v->put_ms))
+                victim = pp;
+        }
+        if (victim == NULL)
+            break;
+        total -= (*victim)->bytes;
+        memset_free(d, victim,
+                    "the sets in memory passed retained_sets_max_bytes");
+    }
+    obd_efstore_account(d);
+}
+
 void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
                             struct obd_ef *list)
 {
@@ -311,15 +384,23 @@ void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
     free_list(m->list);
     m->list = list;
     m->id = id;
-    obd_efstore_account(d);
+    m->bytes = 0;
+    for (const struct obd_ef *ef = list; ef; ef = ef->next)
+        m->bytes += obd_ef_bytes(ef);
+    m->put_ms = uv_now(&d->loop);
+    m->ended_ms = 0;
+    expire(d, m);
 }
 
 const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
                                              const char *job, uint64_t id,
                                              int *found)
 {
+    expire(d, NULL);
     struct obd_memset *m = *memset_of(d, job);
     *found = m != NULL && m->id == id;
+    if (*found)
+        m->ended_ms = 0; /* a live run uses it */
     return *found ? m->list : NULL;
 }
 
@@ -329,9 +410,7 @@ void obd_efstore_memset_drop(struct obd_daemon *d, const char *job, uint64_t id)
     struct obd_memset *m = *pp;
     if (m == NULL || m->id != id)
         return;
-    *pp = m->next;
-    free_list(m->list);
-    free(m);
+    memset_free(d, pp, "its snapshot op failed on another node");
     obd_efstore_account(d);
 }
 
