@@ -15,7 +15,8 @@ struct obd_memset {
     struct obd_ef *list;
     uint64_t bytes;
     uint64_t put_ms;   /* when it was saved (uv_now) */
-    uint64_t ended_ms; /* when its job's run ended here; 0: a run is on */
+    int ended;         /* its job's run ended here (none is on) */
+    uint64_t ended_ms; /* when */
     struct obd_memset *next;
 };
 
@@ -223,8 +224,10 @@ static struct obd_memset **memset_of(struct obd_daemon *d, const char *job);
 void obd_efstore_run_end(struct obd_daemon *d, const char *job, uint64_t run)
 {
     struct obd_memset *m = *memset_of(d, job);
-    if (m != NULL)
-        m->ended_ms = uv_now(&d->loop) | 1; /* never 0 */
+    if (m != NULL) {
+        m->ended = 1;
+        m->ended_ms = uv_now(&d->loop);
+    }
     expire(d, NULL);
     int n = forget_run(d, job, run);
     if (n > 0)
@@ -335,7 +338,7 @@ static void expire(struct obd_daemon *d, const struct obd_memset *keep)
     uint64_t total = 0;
     for (struct obd_memset **pp = &d->memsets; *pp;) {
         struct obd_memset *m = *pp;
-        if (m != keep && m->ended_ms != 0 && now - m->ended_ms >= age_ms) {
+        if (m != keep && m->ended && now - m->ended_ms >= age_ms) {
             memset_free(d, pp, "its job ended retained_sets_max_age_s ago");
             continue;
         }
@@ -351,10 +354,9 @@ static void expire(struct obd_daemon *d, const struct obd_memset *keep)
                 continue;
             /* Ended before live; among ended the earliest end, among live
              * the oldest save. */
-            if (v == NULL || (m->ended_ms != 0 && v->ended_ms == 0) ||
-                (m->ended_ms != 0 && v->ended_ms != 0 &&
-                 m->ended_ms < v->ended_ms) ||
-                (m->ended_ms == 0 && v->ended_ms == 0 && m->put_ms < v->put_ms))
+            if (v == NULL || (m->ended && !v->ended) ||
+                (m->ended && v->ended && m->ended_ms < v->ended_ms) ||
+                (!m->ended && !v->ended && m->put_ms < v->put_ms))
                 victim = pp;
         }
         if (victim == NULL)
@@ -388,7 +390,7 @@ void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
     for (const struct obd_ef *ef = list; ef; ef = ef->next)
         m->bytes += obd_ef_bytes(ef);
     m->put_ms = uv_now(&d->loop);
-    m->ended_ms = 0;
+    m->ended = 0;
     expire(d, m);
 }
 
@@ -400,7 +402,7 @@ const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
     struct obd_memset *m = *memset_of(d, job);
     *found = m != NULL && m->id == id;
     if (*found)
-        m->ended_ms = 0; /* a live run uses it */
+        m->ended = 0; /* a live run uses it */
     return *found ? m->list : NULL;
 }
 
