@@ -14,11 +14,12 @@
  * on every rank with one message naming each node that could not save,
  * and every node deletes its copy.
  *
- * Restore (key = the set's id): every node reads the set (pool task) and
- * reports. All read it whole: every node installs it and the run goes on
- * from it. Any node missing it, or holding it damaged or unreadable: no
- * node uses it; every node resets the run's error feedback to zero, and
- * the op fails on every rank naming each node and why.
+ * Restore (key = the set's id): every node reads and checks its whole
+ * part of the set (pool task) and reports, with which keys it holds. All
+ * read it whole and hold the same keys: every node installs it and the
+ * run goes on from it. Any node missing it, or holding it damaged or
+ * unreadable: no node uses it; every node resets the run's error feedback to
+ * zero, and the op fails on every rank naming each node and why.
  *
  * Export (key = a set's id): every node writes its part of the set (from
  * state_dir or memory) as bytes (snapset.h) into every local trainer's
@@ -78,6 +79,9 @@ struct efop {
     int ndst;
     int rc; /* of the pool task: 0 or an OBD_E_* code, with why */
     char why[512];
+    /* A restore's part read whole: which keys it holds, reported so that
+     * every node sees whether all parts hold the same. */
+    char keys[64];
     int saved;     /* this node's part of a snapshot is saved */
     int committed; /* the verdict was success */
 };
@@ -152,6 +156,41 @@ static int export_part(struct efop *e, const struct obd_ef *list)
     return rc;
 }
 
+static int by_key(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+/* "keys N HASH": the keys and counts of a part, the same text on every
+ * node whose part holds the same (FNV-1a over them in key order). */
+static int describe_keys(struct efop *e)
+{
+    size_t n = 0;
+    for (const struct obd_ef *ef = e->list; ef; ef = ef->next)
+        n++;
+    uint64_t *kc = calloc(2 * n + 2, sizeof(*kc));
+    if (kc == NULL) {
+        snprintf(e->why, sizeof(e->why), "out of memory");
+        return OBD_E_NOMEM;
+    }
+    size_t i = 0;
+    for (const struct obd_ef *ef = e->list; ef; ef = ef->next, i++) {
+        kc[2 * i] = ef->key;
+        kc[2 * i + 1] = ef->count;
+    }
+    qsort(kc, n, 2 * sizeof(*kc), by_key);
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    const unsigned char *p = (const unsigned char *)kc;
+    for (size_t b = 0; b < 2 * n * sizeof(*kc); b++)
+        h = (h ^ p[b]) * UINT64_C(0x100000001b3);
+    free(kc);
+    snprintf(e->keys, sizeof(e->keys), "keys %zu %016" PRIx64, n, h);
+    return 0;
+}
+
 static void run_local(uv_work_t *req)
 {
     struct efop *e = container_of(req, struct efop, req);
@@ -183,6 +222,8 @@ static void run_local(uv_work_t *req)
     } else {
         e->rc = copy_all(e, NULL, 0, e->from_memory);
     }
+    if (e->kind == OBCOMM_KIND_RESTORE_1BIT && e->rc == 0)
+        e->rc = describe_keys(e);
 }
 
 /* Pool work that outlives its op: committing or deleting a set. Counted
@@ -258,7 +299,7 @@ static void local_done(uv_work_t *req, int status)
         char msg[600];
         snprintf(msg, sizeof(msg), "%s", e->why);
         e->phase = EP_REPORTED;
-        obd_op_report(op, e->rc, e->rc ? msg : "");
+        obd_op_report(op, e->rc, e->rc ? msg : e->keys);
     }
     obd_op_task_end(op);
 }
@@ -381,6 +422,28 @@ static int restore_start(struct obd_op *op)
     return efop_queue(op, e);
 }
 
+/* Every node read its part whole: all parts must hold the same keys (a
+ * node's part complete in itself but of fewer or other keys than the
+ * others' is not of the same snapshot). 0, or OBD_E_CORRUPT with msg
+ * naming what every node holds. */
+static int same_keys(const struct obd_snapreport *r, int nodes, char *msg,
+                     size_t len)
+{
+    int differ = 0;
+    for (int n = 1; n < nodes; n++)
+        differ |= strcmp(r[n].message ? r[n].message : "",
+                         r[0].message ? r[0].message : "") != 0;
+    if (!differ)
+        return 0;
+    size_t off = (size_t)snprintf(msg, len,
+                                  "the nodes' parts of the set "
+                                  "hold different keys:");
+    for (int n = 0; n < nodes && off < len; n++)
+        off += (size_t)snprintf(msg + off, len - off, "%s node %d: %s",
+                                n ? ";" : "", n, r[n].message);
+    return OBD_E_CORRUPT;
+}
+
 /* Every node has reported: the same verdict everywhere. */
 static void efop_progress(struct obd_op *op)
 {
@@ -396,6 +459,8 @@ static void efop_progress(struct obd_op *op)
     char msg[1024];
     int status = obd_snapset_verdict(r, nodes, msg, sizeof(msg));
     int snap = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT;
+    if (status == 0 && e->kind == OBCOMM_KIND_RESTORE_1BIT)
+        status = same_keys(r, nodes, msg, sizeof(msg));
     if (e->kind == OBCOMM_KIND_EXPORT_1BIT) {
         if (status == 0)
             obd_op_finish(op);

@@ -20,9 +20,11 @@ yardstick is one uninterrupted run of another job on other daemons
 (`whole`), compared through per-step sha256 digests of the parameters.
 """
 
+import hashlib
 import os
 import shutil
 import signal
+import struct
 import subprocess
 
 import pytest
@@ -303,8 +305,28 @@ def test_rank0_checkpoint_after_restart_fails_everywhere(make_cluster,
 # -- 3. a damaged, missing, incomplete or mixed set on one node --------------
 
 
+def drop_from_manifest(set_dir, key):
+    """Rewrites a set's manifest without `key`, digest and all, as a set
+    complete in itself but of fewer keys: header (magic 8, version, nodes,
+    rank, nkeys as u32; fingerprint, run, id as u64; job 64), then per key
+    (key, count as u64; digest 32), then BLAKE2b-256 of all that."""
+    path = os.path.join(set_dir, "manifest")
+    with open(path, "rb") as f:
+        raw = f.read()
+    head, body = raw[:112], raw[112:-32]
+    nkeys = struct.unpack_from("<I", head, 20)[0]
+    entries = [body[i * 48:(i + 1) * 48] for i in range(nkeys)]
+    kept = [e for e in entries if struct.unpack_from("<Q", e)[0] != key]
+    assert len(kept) == nkeys - 1, (key, nkeys)
+    head = head[:20] + struct.pack("<I", nkeys - 1) + head[24:]
+    out = head + b"".join(kept)
+    out += hashlib.blake2b(out, digest_size=32).digest()
+    with open(path, "wb") as f:
+        f.write(out)
+
+
 @pytest.mark.parametrize("harm", ["damaged", "missing", "mixed",
-                                  "file-missing", "extra"])
+                                  "file-missing", "extra", "forged"])
 def test_bad_snapshot_on_one_node_fails_everywhere(make_cluster, tmp_path,
                                                    whole, harm):
     """Daemons with state_dir. Run 1 saves at steps 9 and 10. Then node 1's
@@ -312,7 +334,9 @@ def test_bad_snapshot_on_one_node_fails_everywhere(make_cluster, tmp_path,
     byte in the middle of one of its ef-*.lz4 files, "missing" deletes the
     set, "mixed" puts the step-9 set's file of one key in its place (as a
     partial restore of a backup would), "file-missing" deletes one key's
-    file, "extra" adds a file. A new run's load_state_dict raises
+    file, "extra" adds a file, "forged" deletes one key's file and
+    rewrites the manifest without it (a part whole in itself, of fewer
+    keys than node 0's). A new run's load_state_dict raises
     ObcommError on every one of the 4 ranks, the message naming node 1,
     the file where one is at fault, and what is wrong. After that failed
     load, a fresh run of the same job (no load) trains from zero: it
@@ -347,6 +371,11 @@ def test_bad_snapshot_on_one_node_fails_everywhere(make_cluster, tmp_path,
         os.unlink(path)
         expect = [f"node 1: damaged: {path}: missing (named in the set's "
                   "manifest)"]
+    elif harm == "forged":
+        os.unlink(path)
+        drop_from_manifest(d, int(files[0].split("-")[2][:16], 16))
+        expect = ["the nodes' parts of the set hold different keys",
+                  "node 0: keys", "node 1: keys"]
     else:
         extra = os.path.join(d, "ef-extra.lz4")
         shutil.copyfile(path, extra)
