@@ -111,8 +111,13 @@ START_TEST(memory_sets_of_ended_jobs_stay_bounded)
     fprintf(stderr, "RSS of node 0: %ld KiB after 20 jobs, %ld after %d\n",
             rss20, rss100, JOBS);
     /* The allocator settles within the first 20 jobs (about 33 MiB
-     * here); unbounded, the 80 more sets would add 120 MiB. */
+     * here); unbounded, the 80 more sets would add 120 MiB. Under
+     * AddressSanitizer freed memory stays in its quarantine (up to 256
+     * MiB), so resident memory says nothing there: ef_retained_bytes
+     * above is the bound checked. */
+#if !defined(__SANITIZE_ADDRESS__)
     ck_assert_int_lt(rss100 - rss20, 16 * 1024);
+#endif
     ck_assert_int_eq(hx_stop(&cl), 0);
 }
 END_TEST
