@@ -69,7 +69,10 @@ struct efop {
      * their copies. A restore: the states read. */
     struct obd_ef **efs;
     int nefs;
-    const struct obd_ef *from_memory; /* a restore without a state_dir */
+    /* A restore or an export without a state_dir: the set in memory,
+     * held until the op is freed. */
+    const struct obd_ef *from_memory;
+    struct obd_memset *hold;
     struct obd_ef *list;
     /* A node's part as bytes: a restore's source, an export's
      * destination (every local trainer's buffer, dst[0..ndst)). */
@@ -379,9 +382,8 @@ static int export_start(struct obd_op *op)
     e->dst = op->data;
     e->ndst = op->job->local_size;
     if (e->state_dir[0] == '\0') {
-        int found;
-        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
-        if (!found) {
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &e->hold);
+        if (e->hold == NULL) {
             e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (obcommd keeps only the newest set of a job, "
@@ -407,9 +409,8 @@ static int restore_start(struct obd_op *op)
             e->part_bytes = op->sub[i].count;
         }
     if (e->part == NULL && e->state_dir[0] == '\0') {
-        int found;
-        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
-        if (!found) {
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &e->hold);
+        if (e->hold == NULL) {
             e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (no state_dir: obcommd keeps only the newest "
@@ -507,6 +508,8 @@ static void efop_free(struct obd_op *op)
     if (e->saved && !e->committed && e->state_dir[0] != '\0')
         chore(e->d, 0, e->job, e->id);
     release_saved(e);
+    if (e->hold != NULL)
+        obd_efstore_memset_release(e->d, e->hold);
     free_list(e->list);
     free(e);
     op->coll = NULL;

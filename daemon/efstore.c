@@ -17,6 +17,8 @@ struct obd_memset {
     uint64_t put_ms;   /* when it was saved (uv_now) */
     int ended;         /* its job's run ended here (none is on) */
     uint64_t ended_ms; /* when */
+    int held;          /* pool tasks reading list (memset_find) */
+    int dropped;       /* out of d->memsets: freed by the last release */
     struct obd_memset *next;
 };
 
@@ -308,15 +310,23 @@ static struct obd_memset **memset_of(struct obd_daemon *d, const char *job)
     return pp;
 }
 
+/* Takes the set at *pp out of d->memsets: freed now, or by the last
+ * release of a pool task still reading it. */
 static void memset_free(struct obd_daemon *d, struct obd_memset **pp,
                         const char *why)
 {
     struct obd_memset *m = *pp;
     *pp = m->next;
-    obd_log_info(&d->log,
-                 "job %s: snapshot %016" PRIx64 " (%llu bytes in memory) "
-                 "dropped: %s",
-                 m->job, m->id, (unsigned long long)m->bytes, why);
+    m->next = NULL;
+    if (why != NULL)
+        obd_log_info(&d->log,
+                     "job %s: snapshot %016" PRIx64 " (%llu bytes in memory) "
+                     "dropped: %s",
+                     m->job, m->id, (unsigned long long)m->bytes, why);
+    if (m->held > 0) {
+        m->dropped = 1;
+        return;
+    }
     free_list(m->list);
     free(m);
 }
@@ -329,8 +339,9 @@ uint64_t obd_efstore_retained_limit(const struct obd_daemon *d)
 }
 
 /* The in-memory sets whose job's run ended retained_sets_max_age_s ago
- * go; then, while all together pass obd_efstore_retained_limit, the one whose
- * run ended first goes, then the oldest of live runs; `keep` stays. */
+ * go; then, while all together pass obd_efstore_retained_limit, the one
+ * whose run ended first goes, then the oldest of live runs; `keep` and the
+ * sets a pool task reads stay. */
 static void expire(struct obd_daemon *d, const struct obd_memset *keep)
 {
     uint64_t now = uv_now(&d->loop);
@@ -338,7 +349,8 @@ static void expire(struct obd_daemon *d, const struct obd_memset *keep)
     uint64_t total = 0;
     for (struct obd_memset **pp = &d->memsets; *pp;) {
         struct obd_memset *m = *pp;
-        if (m != keep && m->ended && now - m->ended_ms >= age_ms) {
+        if (m != keep && m->held == 0 && m->ended &&
+            now - m->ended_ms >= age_ms) {
             memset_free(d, pp, "its job ended retained_sets_max_age_s ago");
             continue;
         }
@@ -350,8 +362,8 @@ static void expire(struct obd_daemon *d, const struct obd_memset *keep)
         struct obd_memset **victim = NULL;
         for (struct obd_memset **pp = &d->memsets; *pp; pp = &(*pp)->next) {
             const struct obd_memset *m = *pp, *v = victim ? *victim : NULL;
-            if (m == keep)
-                continue;
+            if (m == keep || m->held > 0)
+                continue; /* a pool task reads it */
             /* Ended before live; among ended the earliest end, among live
              * the oldest save. */
             if (v == NULL || (m->ended && !v->ended) ||
@@ -372,38 +384,48 @@ void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
                             struct obd_ef *list)
 {
     struct obd_memset **pp = memset_of(d, job);
-    struct obd_memset *m = *pp;
-    if (m == NULL && strlen(job) < OBD_EF_JOB_MAX &&
-        (m = calloc(1, sizeof(*m))) != NULL) {
-        strcpy(m->job, job);
-        m->next = d->memsets;
-        d->memsets = m;
-    }
+    if (*pp != NULL)
+        memset_free(d, pp, NULL); /* the job's previous set */
+    struct obd_memset *m = NULL;
+    if (strlen(job) < OBD_EF_JOB_MAX)
+        m = calloc(1, sizeof(*m));
     if (m == NULL) {
         free_list(list);
+        obd_efstore_account(d);
         return;
     }
-    free_list(m->list);
+    strcpy(m->job, job);
     m->list = list;
     m->id = id;
-    m->bytes = 0;
     for (const struct obd_ef *ef = list; ef; ef = ef->next)
         m->bytes += obd_ef_bytes(ef);
     m->put_ms = uv_now(&d->loop);
-    m->ended = 0;
+    m->next = d->memsets;
+    d->memsets = m;
     expire(d, m);
 }
 
 const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
                                              const char *job, uint64_t id,
-                                             int *found)
+                                             struct obd_memset **hold)
 {
     expire(d, NULL);
     struct obd_memset *m = *memset_of(d, job);
-    *found = m != NULL && m->id == id;
-    if (*found)
-        m->ended = 0; /* a live run uses it */
-    return *found ? m->list : NULL;
+    if (m == NULL || m->id != id)
+        return NULL;
+    m->ended = 0; /* a live run uses it */
+    m->held++;
+    *hold = m;
+    return m->list;
+}
+
+void obd_efstore_memset_release(struct obd_daemon *d, struct obd_memset *hold)
+{
+    (void)d;
+    if (--hold->held > 0 || !hold->dropped)
+        return;
+    free_list(hold->list);
+    free(hold);
 }
 
 void obd_efstore_memset_drop(struct obd_daemon *d, const char *job, uint64_t id)

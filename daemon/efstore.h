@@ -88,14 +88,17 @@ void obd_efstore_install(struct obd_daemon *d, const char *job, uint64_t run,
                          struct obd_ef *list, uint64_t origin, uint64_t seq);
 
 /* Without a state_dir: the newest set of a job, in memory. put takes
- * ownership of `list` (copies, linked by next), frees the job's previous
- * set and applies the bounds (never to the set just put); find returns
- * the set's states, or NULL (not held). */
+ * ownership of `list` (copies, linked by next), drops the job's previous
+ * set and applies the bounds (never to the set just put). find returns
+ * set `id`'s states and *hold, or NULL (not held here; *hold untouched);
+ * the states stay valid, even if the set is dropped meanwhile, until
+ * obd_efstore_memset_release(d, *hold) (a pool task reads them). */
 void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
                             struct obd_ef *list);
 const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
                                              const char *job, uint64_t id,
-                                             int *found);
+                                             struct obd_memset **hold);
+void obd_efstore_memset_release(struct obd_daemon *d, struct obd_memset *hold);
 /* The bound on every in-memory set together: retained_sets_max_bytes, or
  * without it the live states' bound (ef_max_bytes, or a quarter of the
  * machine's memory). */

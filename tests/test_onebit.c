@@ -903,6 +903,22 @@ static void sh(const char *fmt, ...)
     ck_assert_msg(system(cmd) == 0, "%s", cmd);
 }
 
+/* Waits (every 20 ms, at most 10 s) until no trainer is connected to any
+ * daemon (obcommctl's own connection is the one left): the trainers of
+ * the last run are gone everywhere before the next run of the job
+ * starts, so that no late departure of one of them meets the new run. */
+static void settle(const struct hx_cluster *cl)
+{
+    for (int i = 0; i < cl->nodes; i++) {
+        long long n = hx_metric(cl, i, "clients");
+        for (int t = 0; t < 500 && n > 1; t++) {
+            usleep(20 * 1000);
+            n = hx_metric(cl, i, "clients");
+        }
+        ck_assert_int_le(n, 1);
+    }
+}
+
 /* Real files of a real set tampered with on node 1, each way a partial
  * restore of a backup or a slip of the hand leaves them: one key's file
  * from an older set of the job, one key's file gone, a file added, a byte
@@ -926,6 +942,7 @@ START_TEST(tampered_sets_are_refused_naming_node_and_file)
                      0);
     uint64_t x = *id;
     struct plan py = {.ls = 2, .steps = 6, .snapshot_after = 4, .snapshot = id};
+    settle(&cl);
     ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &py),
                      0);
     uint64_t y = *id;
@@ -979,8 +996,10 @@ START_TEST(tampered_sets_are_refused_naming_node_and_file)
         }
         *id = y;
         fails.restore_fails_naming = naming;
+        settle(&cl);
         ck_assert_int_eq(
             hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &fails), 0);
+        settle(&cl);
         ck_assert_int_eq(
             hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &zero), 0);
     }
@@ -997,6 +1016,7 @@ START_TEST(tampered_sets_are_refused_naming_node_and_file)
                       .sim_steps_before = 5,
                       .snapshot = id,
                       .restore = 1};
+    settle(&cl);
     ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &ry),
                      0);
     *id = x;
@@ -1006,6 +1026,7 @@ START_TEST(tampered_sets_are_refused_naming_node_and_file)
                       .sim_steps_before = 3,
                       .snapshot = id,
                       .restore = 1};
+    settle(&cl);
     ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &rx),
                      0);
     ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), 2 * NKEYS);
@@ -1094,6 +1115,7 @@ START_TEST(a_snapshot_failed_by_a_lost_node_leaves_no_set)
     ck_assert_int_eq(hx_restart_node(&cl, 2, SIGKILL), 0);
     ck_assert_int_eq(count_sets(sd[2]), 0);
     struct plan zero = {.ls = 1, .steps = 2};
+    settle(&cl);
     ck_assert_int_eq(hx_run(&cl, 1, "lost", 60000, 300, trainer_onebit, &zero),
                      0);
     ck_assert_int_eq(hx_stop(&cl), 0);
