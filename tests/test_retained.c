@@ -122,6 +122,30 @@ START_TEST(memory_sets_of_ended_jobs_stay_bounded)
 }
 END_TEST
 
+/* With retained_sets_max_age_s 0 a set in memory goes as soon as its
+ * job's run ends on the node: nothing stays once the trainers left. */
+START_TEST(memory_sets_expire_with_age)
+{
+    const char *extra[] = {"--retained-sets-max-age-s", "0", NULL};
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start(&cl, 2, extra), 0);
+    ck_assert_int_eq(
+        hx_run(&cl, 1, "aged", 60000, 120, trainer_step_and_save, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        /* The run ends when the daemon has seen its trainer leave, after
+         * the trainer exited: polls every 20 ms, at most 10 s. */
+        long long b = hx_metric(&cl, i, "ef_retained_bytes");
+        for (int t = 0; t < 500 && b != 0; t++) {
+            usleep(20 * 1000);
+            b = hx_metric(&cl, i, "ef_retained_bytes");
+        }
+        ck_assert_int_eq(b, 0);
+        ck_assert(hx_log_contains(&cl, i, "retained_sets_max_age_s ago"));
+    }
+    ck_assert_int_eq(hx_stop(&cl), 0);
+}
+END_TEST
+
 /* Disk: every set of 100 job names is about 1.2 MiB per node (1.5 MiB of
  * noise, whose exponent bytes LZ4 compresses a little);
  * state_dir_max_bytes, 3 MiB, holds two: the directory never
@@ -185,6 +209,7 @@ static Suite *retained_suite(void)
     TCase *tc = tcase_create("retained");
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, memory_sets_of_ended_jobs_stay_bounded);
+    tcase_add_test(tc, memory_sets_expire_with_age);
     tcase_add_test(tc, state_dir_sets_of_all_jobs_stay_bounded);
     suite_add_tcase(s, tc);
     return s;
