@@ -235,6 +235,13 @@ static inline void obd_coll_waiting_on_nobody(const struct obd_op *op,
 /* The algorithm for an op kind, or NULL. */
 const struct obd_algo *obd_coll_algo(uint32_t kind);
 
+/* Op `seq` of run `run` of `job`, over here, failed on another node: if
+ * it was a snapshot that this node committed, its set is dropped here too
+ * (a snapshot op that failed anywhere leaves no set; coll_efstate.c). Any
+ * other op has no set, and this does nothing. */
+void obd_coll_efstate_failed_elsewhere(struct obd_daemon *d, const char *job,
+                                       uint64_t run, uint64_t seq);
+
 /* Fingerprint of an op descriptor (op, dtype, count, key, root). */
 uint64_t obd_coll_fingerprint(const struct obd_opdesc *d);
 

@@ -14,11 +14,12 @@
  * on every rank with one message naming each node that could not save,
  * and every node deletes its copy.
  *
- * Restore (key = the set's id): every node reads the set (pool task) and
- * reports. All read it whole: every node installs it and the run goes on
- * from it. Any node missing it, or holding it damaged or unreadable: no
- * node uses it; every node resets the run's error feedback to zero, and
- * the op fails on every rank naming each node and why.
+ * Restore (key = the set's id): every node reads and checks its whole
+ * part of the set (pool task) and reports, with which keys it holds. All
+ * read it whole and hold the same keys: every node installs it and the
+ * run goes on from it. Any node missing it, or holding it damaged or
+ * unreadable: no node uses it; every node resets the run's error feedback to
+ * zero, and the op fails on every rank naming each node and why.
  *
  * Export (key = a set's id): every node writes its part of the set (from
  * state_dir or memory) as bytes (snapset.h) into every local trainer's
@@ -28,8 +29,11 @@
  *
  * File I/O never runs on the loop thread. An op whose reports never all
  * come (a lost node, the deadline) fails like any other op and stops the
- * run; a set it wrote stays (some node may have seen every report and
- * committed it) until later commits prune it. */
+ * run. A snapshot op that failed leaves no set: a node whose op failed,
+ * for whatever reason, drops the part it saved when the op is freed, and
+ * a node that had seen every report and committed the set drops it too
+ * when another node's failure of the op reaches it
+ * (obd_coll_efstate_failed_elsewhere). */
 #include "coll.h"
 #include "err.h"
 
@@ -65,7 +69,10 @@ struct efop {
      * their copies. A restore: the states read. */
     struct obd_ef **efs;
     int nefs;
-    const struct obd_ef *from_memory; /* a restore without a state_dir */
+    /* A restore or an export without a state_dir: the set in memory,
+     * held until the op is freed. */
+    const struct obd_ef *from_memory;
+    struct obd_memset *hold;
     struct obd_ef *list;
     /* A node's part as bytes: a restore's source, an export's
      * destination (every local trainer's buffer, dst[0..ndst)). */
@@ -75,6 +82,9 @@ struct efop {
     int ndst;
     int rc; /* of the pool task: 0 or an OBD_E_* code, with why */
     char why[512];
+    /* A restore's part read whole: which keys it holds, reported so that
+     * every node sees whether all parts hold the same. */
+    char keys[64];
     int saved;     /* this node's part of a snapshot is saved */
     int committed; /* the verdict was success */
 };
@@ -149,6 +159,41 @@ static int export_part(struct efop *e, const struct obd_ef *list)
     return rc;
 }
 
+static int by_key(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+/* "keys N HASH": the keys and counts of a part, the same text on every
+ * node whose part holds the same (FNV-1a over them in key order). */
+static int describe_keys(struct efop *e)
+{
+    size_t n = 0;
+    for (const struct obd_ef *ef = e->list; ef; ef = ef->next)
+        n++;
+    uint64_t *kc = calloc(2 * n + 2, sizeof(*kc));
+    if (kc == NULL) {
+        snprintf(e->why, sizeof(e->why), "out of memory");
+        return OBD_E_NOMEM;
+    }
+    size_t i = 0;
+    for (const struct obd_ef *ef = e->list; ef; ef = ef->next, i++) {
+        kc[2 * i] = ef->key;
+        kc[2 * i + 1] = ef->count;
+    }
+    qsort(kc, n, 2 * sizeof(*kc), by_key);
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    const unsigned char *p = (const unsigned char *)kc;
+    for (size_t b = 0; b < 2 * n * sizeof(*kc); b++)
+        h = (h ^ p[b]) * UINT64_C(0x100000001b3);
+    free(kc);
+    snprintf(e->keys, sizeof(e->keys), "keys %zu %016" PRIx64, n, h);
+    return 0;
+}
+
 static void run_local(uv_work_t *req)
 {
     struct efop *e = container_of(req, struct efop, req);
@@ -164,7 +209,8 @@ static void run_local(uv_work_t *req)
         if (e->rc == 0)
             e->rc = export_part(e, src);
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT && disk) {
-        e->rc = obd_snapset_write(e->state_dir, e->job, e->id, e->efs, e->nefs,
+        const struct obd_ef_set set = {e->run, e->id};
+        e->rc = obd_snapset_write(e->state_dir, e->job, &set, e->efs, e->nefs,
                                   &e->world, e->why, sizeof(e->why));
     } else if (e->kind == OBCOMM_KIND_SNAPSHOT_1BIT) {
         e->rc =
@@ -179,6 +225,8 @@ static void run_local(uv_work_t *req)
     } else {
         e->rc = copy_all(e, NULL, 0, e->from_memory);
     }
+    if (e->kind == OBCOMM_KIND_RESTORE_1BIT && e->rc == 0)
+        e->rc = describe_keys(e);
 }
 
 /* Pool work that outlives its op: committing or deleting a set. Counted
@@ -195,7 +243,8 @@ static void run_chore(uv_work_t *req)
 {
     struct chore *c = container_of(req, struct chore, req);
     if (c->commit)
-        obd_snapset_commit(c->d->cfg.state_dir, c->job, c->id, OBD_SNAP_KEEP);
+        obd_snapset_commit(c->d->cfg.state_dir, c->job, c->id, OBD_SNAP_KEEP,
+                           (uint64_t)c->d->cfg.state_dir_max_bytes);
     else
         obd_snapset_delete(c->d->cfg.state_dir, c->job, c->id);
 }
@@ -253,7 +302,7 @@ static void local_done(uv_work_t *req, int status)
         char msg[600];
         snprintf(msg, sizeof(msg), "%s", e->why);
         e->phase = EP_REPORTED;
-        obd_op_report(op, e->rc, e->rc ? msg : "");
+        obd_op_report(op, e->rc, e->rc ? msg : e->keys);
     }
     obd_op_task_end(op);
 }
@@ -304,6 +353,15 @@ static int snapshot_start(struct obd_op *op)
     if (rc == 0)
         op->bytes = obd_snapset_part_bytes((const struct obd_ef *const *)e->efs,
                                            e->nefs);
+    uint64_t bound = obd_efstore_retained_limit(e->d);
+    if (rc == 0 && e->state_dir[0] == '\0' && op->bytes > bound) {
+        release_saved(e);
+        rc = OBD_E_TOOBIG;
+        snprintf(e->why, sizeof(e->why),
+                 "the set needs %llu bytes in memory, retained_sets_max_bytes "
+                 "allows %llu (or give the daemons a state_dir)",
+                 (unsigned long long)op->bytes, (unsigned long long)bound);
+    }
     if (rc != 0) {
         /* Nothing to save: reported like a failed write. */
         e->rc = rc;
@@ -324,9 +382,8 @@ static int export_start(struct obd_op *op)
     e->dst = op->data;
     e->ndst = op->job->local_size;
     if (e->state_dir[0] == '\0') {
-        int found;
-        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
-        if (!found) {
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &e->hold);
+        if (e->hold == NULL) {
             e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (obcommd keeps only the newest set of a job, "
@@ -352,9 +409,8 @@ static int restore_start(struct obd_op *op)
             e->part_bytes = op->sub[i].count;
         }
     if (e->part == NULL && e->state_dir[0] == '\0') {
-        int found;
-        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &found);
-        if (!found) {
+        e->from_memory = obd_efstore_memset_find(e->d, e->job, e->id, &e->hold);
+        if (e->hold == NULL) {
             e->rc = OBD_E_STATE;
             snprintf(e->why, sizeof(e->why),
                      "missing (no state_dir: obcommd keeps only the newest "
@@ -365,6 +421,28 @@ static int restore_start(struct obd_op *op)
         }
     }
     return efop_queue(op, e);
+}
+
+/* Every node read its part whole: all parts must hold the same keys (a
+ * node's part complete in itself but of fewer or other keys than the
+ * others' is not of the same snapshot). 0, or OBD_E_CORRUPT with msg
+ * naming what every node holds. */
+static int same_keys(const struct obd_snapreport *r, int nodes, char *msg,
+                     size_t len)
+{
+    int differ = 0;
+    for (int n = 1; n < nodes; n++)
+        differ |= strcmp(r[n].message ? r[n].message : "",
+                         r[0].message ? r[0].message : "") != 0;
+    if (!differ)
+        return 0;
+    size_t off = (size_t)snprintf(msg, len,
+                                  "the nodes' parts of the set "
+                                  "hold different keys:");
+    for (int n = 0; n < nodes && off < len; n++)
+        off += (size_t)snprintf(msg + off, len - off, "%s node %d: %s",
+                                n ? ";" : "", n, r[n].message);
+    return OBD_E_CORRUPT;
 }
 
 /* Every node has reported: the same verdict everywhere. */
@@ -382,6 +460,8 @@ static void efop_progress(struct obd_op *op)
     char msg[1024];
     int status = obd_snapset_verdict(r, nodes, msg, sizeof(msg));
     int snap = e->kind == OBCOMM_KIND_SNAPSHOT_1BIT;
+    if (status == 0 && e->kind == OBCOMM_KIND_RESTORE_1BIT)
+        status = same_keys(r, nodes, msg, sizeof(msg));
     if (e->kind == OBCOMM_KIND_EXPORT_1BIT) {
         if (status == 0)
             obd_op_finish(op);
@@ -410,8 +490,6 @@ static void efop_progress(struct obd_op *op)
         obd_op_finish(op);
         return;
     }
-    if (snap && e->saved && e->state_dir[0] != '\0')
-        chore(e->d, 0, e->job, e->id); /* no node commits it */
     if (!snap)
         obd_efstore_reset_run(e->d, e->job, e->run,
                               "a snapshot could not be restored");
@@ -425,7 +503,13 @@ static void efop_progress(struct obd_op *op)
 static void efop_free(struct obd_op *op)
 {
     struct efop *e = op->coll;
+    /* A snapshot that failed, here or anywhere (a verdict, a lost node,
+     * the deadline): no node keeps its part. */
+    if (e->saved && !e->committed && e->state_dir[0] != '\0')
+        chore(e->d, 0, e->job, e->id);
     release_saved(e);
+    if (e->hold != NULL)
+        obd_efstore_memset_release(e->d, e->hold);
     free_list(e->list);
     free(e);
     op->coll = NULL;
@@ -469,6 +553,19 @@ const struct obd_algo obd_algo_onebit_export =
     EFOP_ALGO(OBCOMM_KIND_EXPORT_1BIT, "1-bit export", export_start);
 const struct obd_algo obd_algo_onebit_restore =
     EFOP_ALGO(OBCOMM_KIND_RESTORE_1BIT, "1-bit restore", restore_start);
+
+void obd_coll_efstate_failed_elsewhere(struct obd_daemon *d, const char *job,
+                                       uint64_t run, uint64_t seq)
+{
+    if (run == 0)
+        return; /* no op of the run was agreed: no snapshot was taken */
+    uint64_t id = obd_snapset_id(run, seq);
+    if (d->cfg.state_dir[0] != '\0') {
+        chore(d, 0, job, id);
+        return;
+    }
+    obd_efstore_memset_drop(d, job, id);
+}
 
 /* ---- reset ---- */
 

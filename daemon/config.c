@@ -132,14 +132,31 @@ static const struct row rows[] = {
     STR_ROW(state_dir, "",
             "Directory for the snapshot sets of 1-bit error feedback that "
             "checkpoints name (OneBitAdam.state_dict, obcomm_adam_save); "
-            "the newest 4 of each job are kept. One daemon's alone: it "
-            "holds state_dir/lock while it runs, and another daemon given "
-            "the same directory refuses to start. Empty: the newest set of "
+            "the newest 4 of each job are kept (and state_dir_max_bytes "
+            "bounds them all). One daemon's alone: it holds state_dir/lock "
+            "while it runs, and another daemon given the same directory "
+            "refuses to start. Empty: the newest set of "
             "each job is kept in memory only."),
     INT_ROW(ef_max_bytes, U_NONE, 0, INT64_C(1) << 50, "0",
-            "Most bytes of 1-bit error-feedback state (all keys "
-            "together); a new key past it fails. 0: a quarter of the "
-            "machine's memory."),
+            "Most bytes of 1-bit error-feedback state of live runs (all "
+            "keys together); a new key past it fails. Snapshot sets kept "
+            "in memory do not count (retained_sets_max_bytes). 0: a "
+            "quarter of the machine's memory."),
+    INT_ROW(retained_sets_max_bytes, U_NONE, 0, INT64_C(1) << 50, "0",
+            "Most bytes of the snapshot sets kept in memory without a "
+            "state_dir (the newest of each job), all jobs together: past "
+            "it the set of the job whose run ended first is dropped, and "
+            "a snapshot bigger than it fails. 0: the bound of "
+            "ef_max_bytes."),
+    INT_ROW(retained_sets_max_age_s, U_S, 0, INT64_C(1) << 31, "3600",
+            "A snapshot set kept in memory without a state_dir is dropped "
+            "this many seconds after its job's run ended on this node "
+            "(a checkpoint that exported it restores from its parts)."),
+    INT_ROW(state_dir_max_bytes, U_NONE, 0, INT64_C(1) << 60, "68719476736",
+            "Most bytes of the snapshot sets in state_dir, all jobs "
+            "together: past it every set of the job whose newest set is "
+            "the oldest is deleted, never the committing job's. 0: no "
+            "bound (each job still keeps its newest 4 sets)."),
     STR_ROW(socket_group, "",
             "Group (name or number) given the Unix socket, mode 0660: its "
             "members and the daemon's user may connect. Empty: the "

@@ -51,6 +51,9 @@ struct obd_config {
     char state_dir[4096];
     char trace_file[4096];
     int64_t ef_max_bytes;
+    int64_t retained_sets_max_bytes;
+    int64_t retained_sets_max_age_s;
+    int64_t state_dir_max_bytes;
     char socket_group[64];
     int64_t max_clients_per_uid;
     int64_t client_join_ms;

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lz4frame.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #include "hash.h"
 
 #define EF_MAGIC   "OBCMEF1"
-#define EF_VERSION 1
+#define EF_VERSION 2
 #define EF_ORDER   0x01020304u
 #define IO_CHUNK   (1 << 20)
 
@@ -29,6 +30,8 @@ struct ef_hdr {
     uint64_t count;
     uint64_t padded;
     char job[OBD_EF_JOB_MAX];
+    uint64_t run; /* the set the file belongs to (struct obd_ef_set) */
+    uint64_t set;
 };
 
 /* A state buffer: 64-byte aligned (codec.h), zeroed so that no byte of
@@ -207,8 +210,17 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+/* 0, or -1 with errno set; the bytes also go into the digest. */
+static int write_hashed(int fd, crypto_generichash_state *hs, const void *buf,
+                        size_t len)
+{
+    crypto_generichash_update(hs, buf, len);
+    return write_all(fd, buf, len);
+}
+
 int obd_ef_write(const char *path, const struct obd_ef *ef,
-                 const struct obd_ef_world *w, char *why, size_t whylen)
+                 const struct obd_ef_world *w, const struct obd_ef_set *set,
+                 uint8_t *digest, char *why, size_t whylen)
 {
     struct ef_hdr h;
     memset(&h, 0, sizeof(h));
@@ -222,6 +234,10 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     h.count = ef->count;
     h.padded = ef->padded;
     strcpy(h.job, ef->job);
+    h.run = set->run;
+    h.set = set->id;
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, OBD_EF_DIGEST_BYTES);
 
     /* The header, then each state's error, formed chunk by chunk into a
      * staging buffer (the file holds errors, whatever the mode). */
@@ -265,7 +281,7 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
     }
 
     size_t n = LZ4F_compressBegin(cctx, out, cap, &prefs);
-    if (LZ4F_isError(n) || write_all(fd, out, n) != 0)
+    if (LZ4F_isError(n) || write_hashed(fd, &hs, out, n) != 0)
         goto io;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
         const char *p = parts[i].p;
@@ -280,12 +296,12 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
                              (off + len) / sizeof(float));
             }
             n = LZ4F_compressUpdate(cctx, out, cap, src, len, NULL);
-            if (LZ4F_isError(n) || write_all(fd, out, n) != 0)
+            if (LZ4F_isError(n) || write_hashed(fd, &hs, out, n) != 0)
                 goto io;
         }
     }
     n = LZ4F_compressEnd(cctx, out, cap, NULL);
-    if (LZ4F_isError(n) || write_all(fd, out, n) != 0 || fsync(fd) != 0)
+    if (LZ4F_isError(n) || write_hashed(fd, &hs, out, n) != 0 || fsync(fd) != 0)
         goto io;
     close(fd);
     fd = -1;
@@ -293,6 +309,8 @@ int obd_ef_write(const char *path, const struct obd_ef *ef,
         rc = OBD_E_IO;
         snprintf(why, whylen, "rename %s: %s", path, strerror(errno));
         unlink(tmp);
+    } else if (digest != NULL) {
+        crypto_generichash_final(&hs, digest, OBD_EF_DIGEST_BYTES);
     }
     goto out;
 
@@ -335,8 +353,8 @@ static uint8_t *sink_at(struct sink *s, size_t *room)
 }
 
 int obd_ef_read(const char *path, const struct obd_ef_world *w,
-                uint64_t max_bytes, struct obd_ef **out, char *why,
-                size_t whylen)
+                const struct obd_ef_set *set, uint64_t max_bytes,
+                struct obd_ef **out, uint8_t *digest, char *why, size_t whylen)
 {
     /* O_NONBLOCK: a FIFO named like a snapshot must not block the daemon
      * in open; obd_ef_read_fd's fstat then keeps everything but a regular
@@ -346,15 +364,19 @@ int obd_ef_read(const char *path, const struct obd_ef_world *w,
         snprintf(why, whylen, "%s: %s", path, strerror(errno));
         return OBD_E_IO;
     }
-    int rc = obd_ef_read_fd(fd, path, w, max_bytes, out, why, whylen);
+    int rc =
+        obd_ef_read_fd(fd, path, w, set, max_bytes, out, digest, why, whylen);
     close(fd);
     return rc;
 }
 
 int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
-                   uint64_t max_bytes, struct obd_ef **out, char *why,
+                   const struct obd_ef_set *set, uint64_t max_bytes,
+                   struct obd_ef **out, uint8_t *digest, char *why,
                    size_t whylen)
 {
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, OBD_EF_DIGEST_BYTES);
     int rc = OBD_E_CORRUPT;
     struct sink s;
     memset(&s, 0, sizeof(s));
@@ -388,6 +410,7 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
         }
         if (got == 0)
             break;
+        crypto_generichash_update(&hs, in, (size_t)got);
         size_t off = 0;
         if (!header_checked) {
             /* obd_ef_write always sets the content checksum; without one a
@@ -471,6 +494,17 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
                         rc = OBD_E_OTHER_WORLD;
                         goto out;
                     }
+                    if (set != NULL &&
+                        (h->run != set->run || h->set != set->id)) {
+                        snprintf(why, whylen,
+                                 "%s: a file of set %016llx of run %016llx, "
+                                 "not of set %016llx of run %016llx",
+                                 path, (unsigned long long)h->set,
+                                 (unsigned long long)h->run,
+                                 (unsigned long long)set->id,
+                                 (unsigned long long)set->run);
+                        goto out;
+                    }
                     s.ef = obd_ef_new(h->job, h->key, h->count, (int)h->nodes);
                     if (s.ef == NULL) {
                         s.ef = &hdr_only;
@@ -493,6 +527,8 @@ int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
         goto out;
     }
     obd_ef_restored(s.ef);
+    if (digest != NULL)
+        crypto_generichash_final(&hs, digest, OBD_EF_DIGEST_BYTES);
     *out = s.ef;
     s.ef = &hdr_only;
     rc = 0;

@@ -15,10 +15,12 @@
  *
  * Snapshots: one file per (job, key) in a snapshot set (snapset.h), an LZ4
  * frame with block and content checksums holding a fixed header and both
- * error buffers, written to a temporary file and renamed into place. A
- * snapshot is loaded only if it is intact and was written by the same rank
- * of the same world (nodes and world fingerprint); otherwise its whole set
- * is unusable (snapset.h). Files are in the
+ * error buffers, written to a temporary file and renamed into place. The
+ * header, under the content checksum, names the file's set: job, the run
+ * that took it, the set's id, key, node and world. A snapshot is loaded
+ * only if it is intact, was written by the same rank of the same world
+ * (nodes and world fingerprint) and belongs to the set being read;
+ * otherwise its whole set is unusable (snapset.h). Files are in the
  * byte order of the machine (every platform obcomm runs on is
  * little-endian; the header records it).
  */
@@ -99,6 +101,15 @@ struct obd_ef_world {
     uint64_t fingerprint;
 };
 
+/* The set a snapshot file belongs to, named in its checked header. */
+struct obd_ef_set {
+    uint64_t run; /* the run that took the snapshot */
+    uint64_t id;  /* the set's id (obd_snapset_id) */
+};
+
+/* BLAKE2b-256 of a snapshot file's bytes, as a set's manifest holds it. */
+#define OBD_EF_DIGEST_BYTES 32
+
 /* A zeroed state, or NULL when out of memory. Caller frees with
  * obd_ef_free. */
 struct obd_ef *obd_ef_new(const char *job, uint64_t key, uint64_t count,
@@ -136,24 +147,30 @@ const struct obd_ef_work *obd_ef_work(struct obd_ef *ef, int rank);
 void obd_ef_path(const char *dir, const char *job, uint64_t key, char *buf,
                  size_t len);
 
-/* Writes ef atomically (temporary file, fsync, rename). Returns 0 or
- * OBD_E_IO, with a reason in why. */
+/* Writes ef as a file of set `set` atomically (temporary file, fsync,
+ * rename). Returns 0, with the digest of the file's bytes in digest
+ * (OBD_EF_DIGEST_BYTES; NULL: not wanted), or OBD_E_IO with a reason in
+ * why. */
 int obd_ef_write(const char *path, const struct obd_ef *ef,
-                 const struct obd_ef_world *w, char *why, size_t whylen);
+                 const struct obd_ef_world *w, const struct obd_ef_set *set,
+                 uint8_t *digest, char *why, size_t whylen);
 
 /* Reads a snapshot. Every length in the file is bounded by max_bytes before
- * anything is allocated. 0: *out is a new state (caller frees).
- * Otherwise *out is untouched, why says what was wrong and the result is
- * OBD_E_CORRUPT (damaged, truncated or not a snapshot), OBD_E_OTHER_WORLD
- * (intact, but written by another world) or OBD_E_IO. */
+ * anything is allocated. 0: *out is a new state (caller frees), and the
+ * digest of the file's bytes in digest (NULL: not wanted). Otherwise
+ * *out is untouched, why says what was wrong and the result is
+ * OBD_E_CORRUPT (damaged, truncated, not a snapshot, or a file of another
+ * set than `set`), OBD_E_OTHER_WORLD (intact, but written by another
+ * world) or OBD_E_IO. `set` NULL: a file of any set. */
 int obd_ef_read(const char *path, const struct obd_ef_world *w,
-                uint64_t max_bytes, struct obd_ef **out, char *why,
-                size_t whylen);
+                const struct obd_ef_set *set, uint64_t max_bytes,
+                struct obd_ef **out, uint8_t *digest, char *why, size_t whylen);
 
 /* The same from an open file: reads fd (borrowed, not closed) from its
  * current offset to its end; `path` only names it in why. */
 int obd_ef_read_fd(int fd, const char *path, const struct obd_ef_world *w,
-                   uint64_t max_bytes, struct obd_ef **out, char *why,
+                   const struct obd_ef_set *set, uint64_t max_bytes,
+                   struct obd_ef **out, uint8_t *digest, char *why,
                    size_t whylen);
 
 #endif

@@ -13,6 +13,12 @@ struct obd_memset {
     char job[OBD_EF_JOB_MAX];
     uint64_t id;
     struct obd_ef *list;
+    uint64_t bytes;
+    uint64_t put_ms;   /* when it was saved (uv_now) */
+    int ended;         /* its job's run ended here (none is on) */
+    uint64_t ended_ms; /* when */
+    int held;          /* pool tasks reading list (memset_find) */
+    int dropped;       /* out of d->memsets: freed by the last release */
     struct obd_memset *next;
 };
 
@@ -27,13 +33,13 @@ static void free_list(struct obd_ef *ef)
 
 void obd_efstore_account(struct obd_daemon *d)
 {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, retained = 0;
     for (struct obd_ef *ef = d->efs; ef; ef = ef->next)
         bytes += obd_ef_bytes(ef);
     for (struct obd_memset *m = d->memsets; m; m = m->next)
-        for (struct obd_ef *ef = m->list; ef; ef = ef->next)
-            bytes += obd_ef_bytes(ef);
+        retained += m->bytes;
     d->metrics.v[OBD_M_EF_STATE_BYTES] = bytes;
+    d->metrics.v[OBD_M_EF_RETAINED_BYTES] = retained;
 }
 
 static int same(const struct obd_ef *ef, const char *job, uint64_t run)
@@ -73,14 +79,16 @@ int obd_efstore_idle(const struct obd_daemon *d, const char *job, uint64_t run)
     return 1;
 }
 
-/* The bound on all states together: ef_max_bytes, or a quarter of the
- * machine's memory. */
+/* The bound on the live runs' states together: ef_max_bytes, or a
+ * quarter of the machine's memory. */
 static uint64_t limit_of(const struct obd_daemon *d)
 {
     if (d->cfg.ef_max_bytes > 0)
         return (uint64_t)d->cfg.ef_max_bytes;
     return uv_get_total_memory() / 4;
 }
+
+static void expire(struct obd_daemon *d, const struct obd_memset *keep);
 
 int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
                     uint64_t key, uint64_t count, struct obd_ef **out,
@@ -99,6 +107,7 @@ int obd_efstore_get(struct obd_daemon *d, const char *job, uint64_t run,
         *out = ef;
         return 0;
     }
+    expire(d, NULL);
     uint64_t need = obd_ef_bytes_for(count, d->cfg.nodes);
     uint64_t used = d->metrics.v[OBD_M_EF_STATE_BYTES];
     uint64_t limit = limit_of(d);
@@ -212,8 +221,16 @@ void obd_efstore_reset_run(struct obd_daemon *d, const char *job, uint64_t run,
                  job, n, why);
 }
 
+static struct obd_memset **memset_of(struct obd_daemon *d, const char *job);
+
 void obd_efstore_run_end(struct obd_daemon *d, const char *job, uint64_t run)
 {
+    struct obd_memset *m = *memset_of(d, job);
+    if (m != NULL) {
+        m->ended = 1;
+        m->ended_ms = uv_now(&d->loop);
+    }
+    expire(d, NULL);
     int n = forget_run(d, job, run);
     if (n > 0)
         obd_log_info(&d->log,
@@ -293,34 +310,122 @@ static struct obd_memset **memset_of(struct obd_daemon *d, const char *job)
     return pp;
 }
 
+/* Takes the set at *pp out of d->memsets: freed now, or by the last
+ * release of a pool task still reading it. */
+static void memset_free(struct obd_daemon *d, struct obd_memset **pp,
+                        const char *why)
+{
+    struct obd_memset *m = *pp;
+    *pp = m->next;
+    m->next = NULL;
+    if (why != NULL)
+        obd_log_info(&d->log,
+                     "job %s: snapshot %016" PRIx64 " (%llu bytes in memory) "
+                     "dropped: %s",
+                     m->job, m->id, (unsigned long long)m->bytes, why);
+    if (m->held > 0) {
+        m->dropped = 1;
+        return;
+    }
+    free_list(m->list);
+    free(m);
+}
+
+uint64_t obd_efstore_retained_limit(const struct obd_daemon *d)
+{
+    if (d->cfg.retained_sets_max_bytes > 0)
+        return (uint64_t)d->cfg.retained_sets_max_bytes;
+    return limit_of(d);
+}
+
+/* The in-memory sets whose job's run ended retained_sets_max_age_s ago
+ * go; then, while all together pass obd_efstore_retained_limit, the one
+ * whose run ended first goes, then the oldest of live runs; `keep` and the
+ * sets a pool task reads stay. */
+static void expire(struct obd_daemon *d, const struct obd_memset *keep)
+{
+    uint64_t now = uv_now(&d->loop);
+    uint64_t age_ms = (uint64_t)d->cfg.retained_sets_max_age_s * 1000;
+    uint64_t total = 0;
+    for (struct obd_memset **pp = &d->memsets; *pp;) {
+        struct obd_memset *m = *pp;
+        if (m != keep && m->held == 0 && m->ended &&
+            now - m->ended_ms >= age_ms) {
+            memset_free(d, pp, "its job ended retained_sets_max_age_s ago");
+            continue;
+        }
+        total += m->bytes;
+        pp = &m->next;
+    }
+    uint64_t limit = obd_efstore_retained_limit(d);
+    while (total > limit) {
+        struct obd_memset **victim = NULL;
+        for (struct obd_memset **pp = &d->memsets; *pp; pp = &(*pp)->next) {
+            const struct obd_memset *m = *pp, *v = victim ? *victim : NULL;
+            if (m == keep || m->held > 0)
+                continue; /* a pool task reads it */
+            /* Ended before live; among ended the earliest end, among live
+             * the oldest save. */
+            if (v == NULL || (m->ended && !v->ended) ||
+                (m->ended && v->ended && m->ended_ms < v->ended_ms) ||
+                (!m->ended && !v->ended && m->put_ms < v->put_ms))
+                victim = pp;
+        }
+        if (victim == NULL)
+            break;
+        total -= (*victim)->bytes;
+        memset_free(d, victim,
+                    "the sets in memory passed retained_sets_max_bytes");
+    }
+    obd_efstore_account(d);
+}
+
 void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
                             struct obd_ef *list)
 {
     struct obd_memset **pp = memset_of(d, job);
-    struct obd_memset *m = *pp;
-    if (m == NULL && strlen(job) < OBD_EF_JOB_MAX &&
-        (m = calloc(1, sizeof(*m))) != NULL) {
-        strcpy(m->job, job);
-        m->next = d->memsets;
-        d->memsets = m;
-    }
+    if (*pp != NULL)
+        memset_free(d, pp, NULL); /* the job's previous set */
+    struct obd_memset *m = NULL;
+    if (strlen(job) < OBD_EF_JOB_MAX)
+        m = calloc(1, sizeof(*m));
     if (m == NULL) {
         free_list(list);
+        obd_efstore_account(d);
         return;
     }
-    free_list(m->list);
+    strcpy(m->job, job);
     m->list = list;
     m->id = id;
-    obd_efstore_account(d);
+    for (const struct obd_ef *ef = list; ef; ef = ef->next)
+        m->bytes += obd_ef_bytes(ef);
+    m->put_ms = uv_now(&d->loop);
+    m->next = d->memsets;
+    d->memsets = m;
+    expire(d, m);
 }
 
 const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
                                              const char *job, uint64_t id,
-                                             int *found)
+                                             struct obd_memset **hold)
 {
+    expire(d, NULL);
     struct obd_memset *m = *memset_of(d, job);
-    *found = m != NULL && m->id == id;
-    return *found ? m->list : NULL;
+    if (m == NULL || m->id != id)
+        return NULL;
+    m->ended = 0; /* a live run uses it */
+    m->held++;
+    *hold = m;
+    return m->list;
+}
+
+void obd_efstore_memset_release(struct obd_daemon *d, struct obd_memset *hold)
+{
+    (void)d;
+    if (--hold->held > 0 || !hold->dropped)
+        return;
+    free_list(hold->list);
+    free(hold);
 }
 
 void obd_efstore_memset_drop(struct obd_daemon *d, const char *job, uint64_t id)
@@ -329,9 +434,7 @@ void obd_efstore_memset_drop(struct obd_daemon *d, const char *job, uint64_t id)
     struct obd_memset *m = *pp;
     if (m == NULL || m->id != id)
         return;
-    *pp = m->next;
-    free_list(m->list);
-    free(m);
+    memset_free(d, pp, "its snapshot op failed on another node");
     obd_efstore_account(d);
 }
 

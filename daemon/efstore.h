@@ -13,7 +13,13 @@
  *
  * Snapshot sets (snapset.h) hold a run's states under an id. With a
  * state_dir they are files; without one the daemon keeps the newest set
- * of each job in memory here (lost when the daemon stops).
+ * of each job in memory here (lost when the daemon stops). Those sets are
+ * bounded apart from the live runs' states (which ef_max_bytes bounds):
+ * a set whose job's run ended here retained_sets_max_age_s ago is
+ * dropped, and all of them together stay within retained_sets_max_bytes
+ * (sets of ended runs go first, the earliest ended first). The bounds
+ * are applied whenever a set is saved or looked up, a run ends or a new
+ * state is made.
  *
  * Everything here runs on the loop thread and does no file I/O. */
 #ifndef OBD_EFSTORE_H
@@ -82,14 +88,22 @@ void obd_efstore_install(struct obd_daemon *d, const char *job, uint64_t run,
                          struct obd_ef *list, uint64_t origin, uint64_t seq);
 
 /* Without a state_dir: the newest set of a job, in memory. put takes
- * ownership of `list` (copies, linked by next) and frees the job's
- * previous set; find returns the set's states, or NULL (not held). */
+ * ownership of `list` (copies, linked by next), drops the job's previous
+ * set and applies the bounds (never to the set just put). find returns
+ * set `id`'s states and *hold, or NULL (not held here; *hold untouched);
+ * the states stay valid, even if the set is dropped meanwhile, until
+ * obd_efstore_memset_release(d, *hold) (a pool task reads them). */
 void obd_efstore_memset_put(struct obd_daemon *d, const char *job, uint64_t id,
                             struct obd_ef *list);
 const struct obd_ef *obd_efstore_memset_find(struct obd_daemon *d,
                                              const char *job, uint64_t id,
-                                             int *found);
-/* Forgets set `id` of `job` (a snapshot that did not complete). */
+                                             struct obd_memset **hold);
+void obd_efstore_memset_release(struct obd_daemon *d, struct obd_memset *hold);
+/* The bound on every in-memory set together: retained_sets_max_bytes, or
+ * without it the live states' bound (ef_max_bytes, or a quarter of the
+ * machine's memory). */
+uint64_t obd_efstore_retained_limit(const struct obd_daemon *d);
+/* Forgets set `id` of `job` (a snapshot that failed on another node). */
 void obd_efstore_memset_drop(struct obd_daemon *d, const char *job,
                              uint64_t id);
 

@@ -1463,6 +1463,9 @@ static void on_announce(struct obd_daemon *d, int from,
     obd_runq_post(&d->runq, &job->ready); /* frees a job made in vain */
     if (op != NULL && a.status != 0 && m->agreed)
         op->failed_agreed = 1; /* also when it failed here before */
+    if ((op == NULL || !obd_op_open(op)) && a.status != 0 &&
+        m->seq < job->next_seq)
+        obd_coll_efstate_failed_elsewhere(d, job->name, job->run, m->seq);
     if (op == NULL || !obd_op_open(op))
         return;
     if (a.status != 0) {

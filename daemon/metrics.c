@@ -84,7 +84,14 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
                                     "allreduces covered",
                                     "counter"},
     [OBD_M_EF_STATE_BYTES] = {"ef_state_bytes",
-                              "Memory held by 1-bit error feedback", "gauge"},
+                              "Memory held by the 1-bit error feedback of "
+                              "live runs (bounded by ef_max_bytes)",
+                              "gauge"},
+    [OBD_M_EF_RETAINED_BYTES] = {"ef_retained_bytes",
+                                 "Memory held by snapshot sets kept in "
+                                 "memory without a state_dir (bounded by "
+                                 "retained_sets_max_bytes)",
+                                 "gauge"},
     [OBD_M_EF_RESTORED] = {"ef_restored",
                            "Error-feedback states restored from snapshot sets",
                            "counter"},

@@ -4,11 +4,14 @@
  * it and every node can go back to it together.
  *
  * On disk: state_dir/set-<job in hex>-<id in 16 hex digits>/ holds one
- * efstate.h file per key. A set is written into <dir>.tmp and renamed: a
- * node holds the set once the rename is done (and the directory is
- * fsync'd). A set is usable only whole: one file damaged, of another
- * world or of another job makes the whole set unusable (read fails), and
- * the op that asked fails on every node (obd_snapset_verdict).
+ * efstate.h file per key, each naming its set in its checked header, and
+ * a manifest: the set's job, run, id, node and world, and every key with
+ * its count and the BLAKE2b-256 digest of its file, under a digest of its
+ * own. A set is written into <dir>.tmp and renamed: a node holds the set
+ * once the rename is done (and the directory is fsync'd). A set is usable
+ * only whole: a file missing, added, damaged, or of another set, run,
+ * world or job makes the whole set unusable (read fails), and the op that
+ * asked fails on every node (obd_snapset_verdict).
  *
  * Pure file I/O and arithmetic, no libuv: the daemon runs every call
  * that touches the disk on its worker pool, never on the loop thread.
@@ -26,19 +29,25 @@
 #define OBD_SNAP_KEEP 4
 
 /* Writes states efs[0..n) (all of one job, none torn, none changed by
- * anyone meanwhile) as set `id` of `job`: the temporary directory, every
- * file fsync'd, rename, the state_dir fsync'd. Returns 0 or OBD_E_IO with
- * why. */
-int obd_snapset_write(const char *state_dir, const char *job, uint64_t id,
-                      struct obd_ef *const *efs, int n,
-                      const struct obd_ef_world *w, char *why, size_t whylen);
+ * anyone meanwhile) as set `set` of `job`: the temporary directory, every
+ * file, then the manifest, each fsync'd, rename, the state_dir fsync'd.
+ * Returns 0 or OBD_E_IO with why. */
+int obd_snapset_write(const char *state_dir, const char *job,
+                      const struct obd_ef_set *set, struct obd_ef *const *efs,
+                      int n, const struct obd_ef_world *w, char *why,
+                      size_t whylen);
 
-/* Reads every state of set `id` of `job`; each length is bounded by
- * max_bytes before allocation. 0: *out is a list (linked by next) of new
- * states (caller frees each with obd_ef_free), possibly empty; otherwise
- * OBD_E_MISSING (this node holds no set of that id), OBD_E_CORRUPT (a
- * file damaged, truncated, or of another world or job) or OBD_E_IO (the
- * set could not be read) with why, and *out untouched. */
+/* Reads every state of set `id` of `job`, checking all of it before
+ * returning any: the manifest (of this set, job, node and world, intact),
+ * no file it does not name, and every file it names present, intact, of
+ * this set, run, job, key, node and world, with the digest it lists.
+ * Each length is bounded by max_bytes before allocation. 0: *out is a
+ * list (linked by next) of new states (caller frees each with
+ * obd_ef_free), possibly empty; otherwise OBD_E_MISSING (this node holds
+ * no set of that id), OBD_E_CORRUPT ("damaged: <file>: what is wrong":
+ * a file missing, added, damaged, truncated, or of another set, world or
+ * job) or OBD_E_IO (the set could not be read) with why, and *out
+ * untouched. */
 int obd_snapset_read(const char *state_dir, const char *job, uint64_t id,
                      const struct obd_ef_world *w, uint64_t max_bytes,
                      struct obd_ef **out, char *why, size_t whylen);
@@ -48,9 +57,12 @@ void obd_snapset_delete(const char *state_dir, const char *job, uint64_t id);
 
 /* Set `id` of `job` was committed on every node: marks it the newest
  * (its directory's time) and deletes all but `keep` sets of the job: set
- * `id` itself, whatever the clock says, and the newest others. */
+ * `id` itself, whatever the clock says, and the newest others. Then, with
+ * max_bytes > 0, the sets of all jobs in state_dir together stay within
+ * it: every set of the job whose newest set is the oldest goes first,
+ * never those of `job`. */
 void obd_snapset_commit(const char *state_dir, const char *job, uint64_t id,
-                        int keep);
+                        int keep, uint64_t max_bytes);
 
 /* Whether state_dir will do: a directory of uid `uid` that nobody else
  * may write and this process may write (-1 with why otherwise). With

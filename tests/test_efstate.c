@@ -20,6 +20,7 @@ static char dir[64];
 static char path[256];
 static char why[512];
 static const struct obd_ef_world world = {3, 1, 0x1234567890abcdefull};
+static const struct obd_ef_set set = {0x5151, 0x7777};
 
 static void setup(void)
 {
@@ -58,9 +59,11 @@ START_TEST(round_trip_is_exact)
     static const uint64_t counts[] = {1, 9, 1000003};
     for (size_t k = 0; k < 3; k++) {
         struct obd_ef *ef = sample(counts[k]), *back = NULL;
-        ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
         ck_assert_int_eq(
-            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
+            obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
+        ck_assert_int_eq(obd_ef_read(path, &world, &set, 1 << 30, &back, NULL,
+                                     why, sizeof(why)),
+                         0);
         ck_assert_str_eq(back->job, "job/with slash");
         ck_assert_uint_eq(back->key, 42);
         ck_assert_uint_eq(back->count, counts[k]);
@@ -105,9 +108,11 @@ START_TEST(lazy_step_snapshots_its_error)
     ck_assert_int_eq(memcmp(&got, &want, sizeof(float)), 0);
     ck_assert_int_eq(memcmp(bits, want_bits, N / 8), 0);
 
-    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
+        obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
+        0);
     ck_assert_int_eq(back->wl.mode, OBD_CODEC_LAZY_EAGER);
     ck_assert_int_eq(memcmp(back->werr, e, N * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(back->serr, se, C * sizeof(float)), 0);
@@ -117,9 +122,11 @@ START_TEST(lazy_step_snapshots_its_error)
     obd_ef_abort(ef);
     ck_assert_int_eq(ef->wl.mode, OBD_CODEC_LAZY_ZERO);
     ck_assert_int_eq(ef->sl.mode, OBD_CODEC_LAZY_ZERO);
-    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
+        obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
+        0);
     float *zero = calloc(N, sizeof(float)); /* +0.0f */
     ck_assert_int_eq(memcmp(back->werr, zero, N * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(back->serr, zero, C * sizeof(float)), 0);
@@ -137,7 +144,8 @@ END_TEST
 START_TEST(damaged_files_are_rejected)
 {
     struct obd_ef *ef = sample(100000), *back = NULL;
-    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
     long size = file_size();
 
     /* A flipped byte in the middle: the block checksum catches it. */
@@ -148,7 +156,7 @@ START_TEST(damaged_files_are_rejected)
     ck_assert_int_eq(pwrite(fd, &byte, 1, size / 2), 1);
     close(fd);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
         OBD_E_CORRUPT);
     ck_assert_ptr_null(back);
     ck_assert_ptr_nonnull(strstr(why, "not an intact snapshot"));
@@ -156,10 +164,12 @@ START_TEST(damaged_files_are_rejected)
     /* Truncated at several points. */
     static const double cuts[] = {0.0, 0.01, 0.5, 0.99};
     for (size_t i = 0; i < 4; i++) {
-        ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+        ck_assert_int_eq(
+            obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
         ck_assert_int_eq(truncate(path, (off_t)(size * cuts[i])), 0);
-        ck_assert_int_ne(
-            obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
+        ck_assert_int_ne(obd_ef_read(path, &world, &set, 1 << 30, &back, NULL,
+                                     why, sizeof(why)),
+                         0);
         ck_assert_ptr_null(back);
     }
 
@@ -168,7 +178,7 @@ START_TEST(damaged_files_are_rejected)
     fputs("this is not an lz4 frame", f);
     fclose(f);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)),
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
         OBD_E_CORRUPT);
     obd_ef_free(ef);
 }
@@ -181,7 +191,8 @@ START_TEST(only_regular_files_are_read)
     struct obd_ef *back = NULL;
     ck_assert_int_eq(mkfifo(path, 0600), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_E_IO);
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
+        OBD_E_IO);
     ck_assert_ptr_null(back);
     ck_assert_ptr_nonnull(strstr(why, "not a regular file"));
     unlink(path);
@@ -189,10 +200,12 @@ START_TEST(only_regular_files_are_read)
     char real[300];
     snprintf(real, sizeof(real), "%s/real", dir);
     struct obd_ef *ef = sample(9);
-    ck_assert_int_eq(obd_ef_write(real, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_write(real, ef, &world, &set, NULL, why, sizeof(why)), 0);
     ck_assert_int_eq(symlink(real, path), 0);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), OBD_E_IO);
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
+        OBD_E_IO);
     ck_assert_ptr_null(back);
     unlink(path);
     unlink(real);
@@ -213,13 +226,15 @@ START_TEST(planted_temp_symlink_is_not_followed)
     fclose(f);
     ck_assert_int_eq(symlink(victim, tmp), 0);
     struct obd_ef *ef = sample(9), *back = NULL;
-    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
     struct stat st;
     ck_assert_int_eq(stat(victim, &st), 0);
     ck_assert_int_eq(st.st_size, 8); /* untouched */
     ck_assert_int_eq(lstat(tmp, &st), -1);
     ck_assert_int_eq(
-        obd_ef_read(path, &world, 1 << 30, &back, why, sizeof(why)), 0);
+        obd_ef_read(path, &world, &set, 1 << 30, &back, NULL, why, sizeof(why)),
+        0);
     ck_assert_mem_eq(back->werr, ef->werr, ef->padded * sizeof(float));
     obd_ef_free(back);
     obd_ef_free(ef);
@@ -230,30 +245,68 @@ END_TEST
 START_TEST(other_world_and_bound)
 {
     struct obd_ef *ef = sample(1000), *back = NULL;
-    ck_assert_int_eq(obd_ef_write(path, ef, &world, why, sizeof(why)), 0);
+    ck_assert_int_eq(
+        obd_ef_write(path, ef, &world, &set, NULL, why, sizeof(why)), 0);
 
     struct obd_ef_world other = world;
     other.nodes = 4;
     ck_assert_int_eq(
-        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        obd_ef_read(path, &other, &set, 1 << 30, &back, NULL, why, sizeof(why)),
         OBD_E_OTHER_WORLD);
     ck_assert_ptr_nonnull(strstr(why, "rank 1 of a 3-node world"));
     other = world;
     other.rank = 2;
     ck_assert_int_eq(
-        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        obd_ef_read(path, &other, &set, 1 << 30, &back, NULL, why, sizeof(why)),
         OBD_E_OTHER_WORLD);
     other = world;
     other.fingerprint++;
     ck_assert_int_eq(
-        obd_ef_read(path, &other, 1 << 30, &back, why, sizeof(why)),
+        obd_ef_read(path, &other, &set, 1 << 30, &back, NULL, why, sizeof(why)),
         OBD_E_OTHER_WORLD);
 
     /* The header announces more than the bound: refused before any
      * allocation of that size. */
-    ck_assert_int_eq(obd_ef_read(path, &world, 1000, &back, why, sizeof(why)),
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, &set, 1000, &back, NULL, why, sizeof(why)),
+        OBD_E_CORRUPT);
+    ck_assert_ptr_null(back);
+    obd_ef_free(ef);
+}
+END_TEST
+
+/* A file names its set in its checked header: read as a file of another
+ * set or run it is refused; the digest is that of the file's bytes, the
+ * same when written and when read. */
+START_TEST(a_file_names_its_set)
+{
+    struct obd_ef *ef = sample(500), *back = NULL;
+    uint8_t wrote[OBD_EF_DIGEST_BYTES], read[OBD_EF_DIGEST_BYTES];
+    ck_assert_int_eq(
+        obd_ef_write(path, ef, &world, &set, wrote, why, sizeof(why)), 0);
+    struct obd_ef_set other = {set.run, set.id + 1};
+    ck_assert_int_eq(obd_ef_read(path, &world, &other, 1 << 30, &back, NULL,
+                                 why, sizeof(why)),
+                     OBD_E_CORRUPT);
+    ck_assert_ptr_nonnull(
+        strstr(why, "a file of set 0000000000007777 of run 0000000000005151, "
+                    "not of set 0000000000007778"));
+    other = (struct obd_ef_set){set.run + 1, set.id};
+    ck_assert_int_eq(obd_ef_read(path, &world, &other, 1 << 30, &back, NULL,
+                                 why, sizeof(why)),
                      OBD_E_CORRUPT);
     ck_assert_ptr_null(back);
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, &set, 1 << 30, &back, read, why, sizeof(why)),
+        0);
+    ck_assert_mem_eq(read, wrote, sizeof(read));
+    obd_ef_free(back);
+    back = NULL;
+    /* NULL: a file of any set. */
+    ck_assert_int_eq(
+        obd_ef_read(path, &world, NULL, 1 << 30, &back, NULL, why, sizeof(why)),
+        0);
+    obd_ef_free(back);
     obd_ef_free(ef);
 }
 END_TEST
@@ -269,6 +322,7 @@ int main(void)
     tcase_add_test(tc, other_world_and_bound);
     tcase_add_test(tc, only_regular_files_are_read);
     tcase_add_test(tc, planted_temp_symlink_is_not_followed);
+    tcase_add_test(tc, a_file_names_its_set);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

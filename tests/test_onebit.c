@@ -21,7 +21,9 @@
 
 #include "ck_run.h"
 #include <errno.h>
+#include <glob.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -875,6 +877,252 @@ START_TEST(one_daemon_restarts_both_go_back_to_the_snapshot)
 }
 END_TEST
 
+/* The file of key `key` in set `id` of job "tamper" in state_dir sd. */
+static void tamper_file(const char *sd, uint64_t id, uint64_t key, char *buf,
+                        size_t len)
+{
+    char pat[512];
+    /* "tamper" in hex */
+    snprintf(pat, sizeof(pat), "%s/set-74616d706572-%016llx/ef-*-%016llx.lz4",
+             sd, (unsigned long long)id, (unsigned long long)key);
+    glob_t g;
+    ck_assert_int_eq(glob(pat, 0, NULL, &g), 0);
+    ck_assert_uint_eq(g.gl_pathc, 1);
+    snprintf(buf, len, "%s", g.gl_pathv[0]);
+    globfree(&g);
+}
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    ck_assert_msg(system(cmd) == 0, "%s", cmd);
+}
+
+/* Waits (every 20 ms, at most 10 s) until no trainer is connected to any
+ * daemon (obcommctl's own connection is the one left): the trainers of
+ * the last run are gone everywhere before the next run of the job
+ * starts, so that no late departure of one of them meets the new run. */
+static void settle(const struct hx_cluster *cl)
+{
+    for (int i = 0; i < cl->nodes; i++) {
+        long long n = hx_metric(cl, i, "clients");
+        for (int t = 0; t < 500 && n > 1; t++) {
+            usleep(20 * 1000);
+            n = hx_metric(cl, i, "clients");
+        }
+        ck_assert_int_le(n, 1);
+    }
+}
+
+/* Real files of a real set tampered with on node 1, each way a partial
+ * restore of a backup or a slip of the hand leaves them: one key's file
+ * from an older set of the job, one key's file gone, a file added, a byte
+ * damaged. Each time the restore fails on every rank naming node 1 and
+ * the file, no node uses the set, and the next run starts at zero and is
+ * exact. Put back whole, the set restores exactly. */
+START_TEST(tampered_sets_are_refused_naming_node_and_file)
+{
+    char base[] = "/tmp/obcomm-tamper-XXXXXX";
+    char sd[2][64];
+    const char *flags[2][3];
+    const char *const *each[2];
+    state_dirs(base, sd, flags, each, 2);
+    volatile uint64_t *id = shared_id();
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 2, each), 0);
+
+    /* Set X after step 2 of one run, set Y after step 4 of another. */
+    struct plan px = {.ls = 2, .steps = 4, .snapshot_after = 2, .snapshot = id};
+    ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &px),
+                     0);
+    uint64_t x = *id;
+    struct plan py = {.ls = 2, .steps = 6, .snapshot_after = 4, .snapshot = id};
+    settle(&cl);
+    ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &py),
+                     0);
+    uint64_t y = *id;
+    ck_assert_uint_ne(x, y);
+    char ydir[256], keep[256], file[512], xfile[512];
+    snprintf(ydir, sizeof(ydir), "%s/set-74616d706572-%016llx", sd[1],
+             (unsigned long long)y);
+    snprintf(keep, sizeof(keep), "%s/y-whole", base);
+    sh("cp -a %s %s", ydir, keep);
+
+    struct plan fails = {.ls = 2,
+                         .snapshot = id,
+                         .restore = 1,
+                         .restore_fails = 1,
+                         .restore_fails_with = OBCOMM_E_CORRUPT};
+    struct plan zero = {.ls = 2, .steps = 2};
+    char naming[1024];
+    for (int way = 0; way < 4; way++) {
+        sh("rm -rf %s && cp -a %s %s", ydir, keep, ydir);
+        tamper_file(sd[1], y, 100 + (uint64_t)way % 3, file, sizeof(file));
+        switch (way) {
+        case 0: /* key 100's file of set X in set Y */
+            tamper_file(sd[1], x, 100, xfile, sizeof(xfile));
+            sh("cp -f %s %s", xfile, file);
+            snprintf(naming, sizeof(naming),
+                     "node 1: damaged: %s: a file of set", file);
+            break;
+        case 1:
+            sh("rm -f %s", file);
+            snprintf(naming, sizeof(naming),
+                     "node 1: damaged: %s: missing (named in the set's "
+                     "manifest)",
+                     file);
+            break;
+        case 2:
+            snprintf(file, sizeof(file),
+                     "%s/ef-0000000000000000-00000000000000ff.lz4", ydir);
+            sh("cp -f %s/manifest %s", ydir, file);
+            snprintf(naming, sizeof(naming),
+                     "node 1: damaged: "
+                     "%s/ef-0000000000000000-00000000000000ff.lz4: not in "
+                     "the set's manifest",
+                     ydir);
+            break;
+        default:
+            sh("printf '\\377' | dd of=%s bs=1 seek=200 conv=notrunc "
+               "status=none",
+               file);
+            snprintf(naming, sizeof(naming), "node 1: damaged: %s: ", file);
+            break;
+        }
+        *id = y;
+        fails.restore_fails_naming = naming;
+        settle(&cl);
+        ck_assert_int_eq(
+            hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &fails), 0);
+        settle(&cl);
+        ck_assert_int_eq(
+            hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &zero), 0);
+    }
+    ck_assert_int_eq(hx_metric(&cl, 1, "ef_rejected"), 4);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_rejected"), 0);
+    ck_assert_int_eq(hx_metric(&cl, 0, "ef_restored"), 0);
+
+    /* Put back whole: Y restores exactly, and so does X. */
+    sh("rm -rf %s && cp -a %s %s", ydir, keep, ydir);
+    *id = y;
+    struct plan ry = {.ls = 2,
+                      .first_step = 5,
+                      .steps = 2,
+                      .sim_steps_before = 5,
+                      .snapshot = id,
+                      .restore = 1};
+    settle(&cl);
+    ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &ry),
+                     0);
+    *id = x;
+    struct plan rx = {.ls = 2,
+                      .first_step = 3,
+                      .steps = 2,
+                      .sim_steps_before = 3,
+                      .snapshot = id,
+                      .restore = 1};
+    settle(&cl);
+    ck_assert_int_eq(hx_run(&cl, 2, "tamper", 60000, 300, trainer_onebit, &rx),
+                     0);
+    ck_assert_int_eq(hx_metric(&cl, 1, "ef_restored"), 2 * NKEYS);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    sh("rm -rf %s", base);
+    munmap((void *)id, 4096);
+}
+END_TEST
+
+/* A big key, two 1-bit steps, then a snapshot: the test kills node 2's
+ * daemon while the nodes write their parts. */
+#define BIG_COUNT ((size_t)8 << 20)
+
+static int trainer_snapshot_dies(obcomm_t *c, void *arg)
+{
+    (void)arg;
+    float *x;
+    if (obcomm_alloc(c, BIG_COUNT * sizeof(float), (void **)&x))
+        return hx_fail(c, "alloc");
+    for (int st = 0; st < 2; st++) {
+        for (size_t i = 0; i < BIG_COUNT; i++)
+            x[i] = input(obcomm_rank(c), st, 0, i);
+        if (obcomm_allreduce_1bit(c, 7, x, BIG_COUNT))
+            return hx_fail(c, "step %d: %s", st, obcomm_last_error(c));
+    }
+    uint64_t id = 0;
+    int rc = obcomm_save_1bit(c, &id);
+    if (obcomm_rank(c) == 2)
+        return 0; /* its daemon is gone */
+    if (rc == 0)
+        return hx_fail(c, "the snapshot succeeded although node 2 died");
+    return 0;
+}
+
+/* Sets in sd once they settle (a failed op's part is dropped by a pool
+ * task after the op is freed): polls every 50 ms for at most 5 s. */
+static int settled_sets(const char *sd, int want)
+{
+    int n = count_sets(sd);
+    for (int t = 0; t < 100 && n != want; t++) {
+        usleep(50 * 1000);
+        n = count_sets(sd);
+    }
+    return n;
+}
+
+/* A snapshot op that fails because a node dies while the nodes write
+ * their parts (the op fails on the others with the node lost, before any
+ * verdict) leaves no set on any node; the next run starts at zero and is
+ * exact. */
+START_TEST(a_snapshot_failed_by_a_lost_node_leaves_no_set)
+{
+    char base[] = "/tmp/obcomm-snaplost-XXXXXX";
+    char sd[3][64];
+    const char *flags[3][3];
+    const char *const *each[3];
+    state_dirs(base, sd, flags, each, 3);
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 3, each), 0);
+    pid_t t[3];
+    for (int n = 0; n < 3; n++)
+        t[n] =
+            hx_spawn(&cl, n, 0, 1, "lost", 60000, trainer_snapshot_dies, NULL);
+    /* Node 0 writes its part: its temporary directory is there. */
+    char pat[128];
+    snprintf(pat, sizeof(pat), "%s/set-*.tmp", sd[0]);
+    int seen = 0;
+    for (int i = 0; i < 120000 && !seen; i++) {
+        glob_t g;
+        seen = glob(pat, 0, NULL, &g) == 0;
+        globfree(&g);
+        if (!seen)
+            usleep(500);
+    }
+    ck_assert(seen);
+    ck_assert_int_eq(kill(cl.daemon[2], SIGKILL), 0);
+    for (int n = 0; n < 3; n++) {
+        int st = hx_wait(t[n], 120000);
+        if (n < 2)
+            ck_assert_msg(st == 0, "trainer of node %d: status %d", n, st);
+    }
+    ck_assert_int_eq(settled_sets(sd[0], 0), 0);
+    ck_assert_int_eq(settled_sets(sd[1], 0), 0);
+    /* Node 2 died in the middle of its write: its start removes the
+     * unfinished part. */
+    ck_assert_int_eq(hx_restart_node(&cl, 2, SIGKILL), 0);
+    ck_assert_int_eq(count_sets(sd[2]), 0);
+    struct plan zero = {.ls = 1, .steps = 2};
+    settle(&cl);
+    ck_assert_int_eq(hx_run(&cl, 1, "lost", 60000, 300, trainer_onebit, &zero),
+                     0);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    sh("rm -rf %s", base);
+}
+END_TEST
+
 Suite *onebit_suite(void)
 {
     Suite *s = suite_create("onebit");
@@ -891,6 +1139,8 @@ Suite *onebit_suite(void)
     tcase_add_test(snap, snapshots_restore_reset_and_reject);
     tcase_add_test(snap, failed_snapshot_keeps_the_previous_set);
     tcase_add_test(snap, one_daemon_restarts_both_go_back_to_the_snapshot);
+    tcase_add_test(snap, tampered_sets_are_refused_naming_node_and_file);
+    tcase_add_test(snap, a_snapshot_failed_by_a_lost_node_leaves_no_set);
     suite_add_tcase(s, snap);
     /* CK_RUN_CASE=one_node runs these alone. */
     TCase *one = tcase_create("one_node");

@@ -21,6 +21,8 @@
 #include "snapset.h"
 
 static const struct obd_ef_world world = {2, 1, 0x1234};
+/* Set `id` of run 0x77. */
+#define SET(id) (&(const struct obd_ef_set){0x77, (id)})
 
 /* A state of `count` elements with distinct errors. */
 static struct obd_ef *state(const char *job, uint64_t key, uint64_t count)
@@ -107,7 +109,8 @@ START_TEST(set_round_trip_exact)
                              state("j", 3, 4097)};
     char why[512];
     ck_assert_int_eq(
-        obd_snapset_write(dir, "j", 42, efs, 3, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "j", SET(42), efs, 3, &world, why, sizeof(why)),
+        0);
     struct obd_ef *list = NULL;
     ck_assert_int_eq(obd_snapset_read(dir, "j", 42, &world, 1 << 30, &list, why,
                                       sizeof(why)),
@@ -118,7 +121,8 @@ START_TEST(set_round_trip_exact)
     free_list(list);
     /* An empty set is a set too: a run with no 1-bit key yet. */
     ck_assert_int_eq(
-        obd_snapset_write(dir, "j", 43, efs, 0, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "j", SET(43), efs, 0, &world, why, sizeof(why)),
+        0);
     list = NULL;
     ck_assert_int_eq(obd_snapset_read(dir, "j", 43, &world, 1 << 30, &list, why,
                                       sizeof(why)),
@@ -139,7 +143,8 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     char why[512], path[512];
     struct obd_ef *list = (struct obd_ef *)0x1;
     ck_assert_int_eq(
-        obd_snapset_write(dir, "j", 7, efs, 2, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "j", SET(7), efs, 2, &world, why, sizeof(why)),
+        0);
     file_of(7, 2, path, sizeof(path));
     FILE *f = fopen(path, "r+b");
     ck_assert_ptr_nonnull(f);
@@ -157,7 +162,8 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
     ck_assert_ptr_nonnull(strstr(why, "damaged"));
 
     ck_assert_int_eq(
-        obd_snapset_write(dir, "j", 8, efs, 2, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "j", SET(8), efs, 2, &world, why, sizeof(why)),
+        0);
     file_of(8, 1, path, sizeof(path));
     ck_assert_int_eq(truncate(path, 40), 0);
     ck_assert_int_eq(
@@ -165,7 +171,8 @@ START_TEST(a_damaged_file_spoils_the_whole_set)
         OBD_E_CORRUPT);
 
     ck_assert_int_eq(
-        obd_snapset_write(dir, "j", 9, efs, 2, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "j", SET(9), efs, 2, &world, why, sizeof(why)),
+        0);
     struct obd_ef_world other = world;
     other.rank = 0;
     ck_assert_int_eq(
@@ -205,10 +212,10 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     struct obd_ef *efs[1] = {state("j", 1, 100)};
     char why[512], path[512];
     for (uint64_t id = 1; id <= 6; id++) {
-        ck_assert_int_eq(
-            obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
-            0);
-        obd_snapset_commit(dir, "j", id, 3);
+        ck_assert_int_eq(obd_snapset_write(dir, "j", SET(id), efs, 1, &world,
+                                           why, sizeof(why)),
+                         0);
+        obd_snapset_commit(dir, "j", id, 3, 0);
         /* Commit stamps the set with the current time; within one clock
          * tick sets would tie. Each set gets its own time instead, in
          * commit order and all in the past, so the next commit's "now"
@@ -217,9 +224,10 @@ START_TEST(commit_prunes_and_start_removes_unfinished)
     }
     struct obd_ef *kefs[1] = {state("k", 1, 100)};
     ck_assert_int_eq(
-        obd_snapset_write(dir, "k", 1, kefs, 1, &world, why, sizeof(why)), 0);
+        obd_snapset_write(dir, "k", SET(1), kefs, 1, &world, why, sizeof(why)),
+        0);
     obd_ef_free(kefs[0]);
-    obd_snapset_commit(dir, "k", 1, 3);
+    obd_snapset_commit(dir, "k", 1, 3, 0);
     struct obd_ef *list;
     for (uint64_t id = 1; id <= 6; id++) {
         list = NULL;
@@ -297,13 +305,13 @@ START_TEST(commit_keeps_the_committed_set_whatever_the_clock)
     struct obd_ef *efs[1] = {state("j", 1, 100)};
     char why[512];
     for (uint64_t id = 1; id <= 5; id++) {
-        ck_assert_int_eq(
-            obd_snapset_write(dir, "j", id, efs, 1, &world, why, sizeof(why)),
-            0);
+        ck_assert_int_eq(obd_snapset_write(dir, "j", SET(id), efs, 1, &world,
+                                           why, sizeof(why)),
+                         0);
         if (id < 5)
             set_time(id, (time_t)4000000000 + (time_t)id); /* year 2096 */
     }
-    obd_snapset_commit(dir, "j", 5, 3);
+    obd_snapset_commit(dir, "j", 5, 3, 0);
     for (uint64_t id = 1; id <= 5; id++) {
         struct obd_ef *list = NULL;
         int rc = obd_snapset_read(dir, "j", id, &world, 1 << 30, &list, why,
@@ -414,6 +422,229 @@ START_TEST(versions_compare_every_field)
 }
 END_TEST
 
+static void copy_file(const char *from, const char *to)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "cp -f '%s' '%s'", from, to);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Reads set `id` of "j", which must be refused as damaged with why
+ * naming `file` and `what`; no state comes back. */
+static void refused(uint64_t id, const char *file, const char *what)
+{
+    char why[1024];
+    struct obd_ef *list = (struct obd_ef *)0x1;
+    int rc = obd_snapset_read(dir, "j", id, &world, 1 << 30, &list, why,
+                              sizeof(why));
+    ck_assert_msg(rc == OBD_E_CORRUPT, "rc %d: %s", rc, why);
+    ck_assert_ptr_eq(list, (struct obd_ef *)0x1);
+    char want[1200];
+    snprintf(want, sizeof(want), "damaged: %s: %s", file, what);
+    ck_assert_msg(strstr(why, want) != NULL, "got \"%s\", want \"%s\"", why,
+                  want);
+}
+
+/* Writes set `id` of "j" with keys 1-3, their errors shifted by `salt`. */
+static void write_set(uint64_t id, float salt)
+{
+    struct obd_ef *efs[3];
+    for (int k = 0; k < 3; k++) {
+        efs[k] = state("j", (uint64_t)k + 1, 3000);
+        efs[k]->werr[0] = salt;
+        obd_ef_restored(efs[k]);
+    }
+    char why[512];
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "j", SET(id), efs, 3, &world, why, sizeof(why)),
+        0);
+    for (int k = 0; k < 3; k++)
+        obd_ef_free(efs[k]);
+}
+
+/* A set is whole and of one snapshot, or refused naming the file: one
+ * key's file from another set of the job (as a partial restore of a
+ * backup leaves it), another set's manifest, a file of the same set id
+ * written another time, a file missing, a file added, the manifest
+ * missing or damaged. The untouched set reads back. */
+START_TEST(a_set_is_whole_and_of_one_snapshot_or_refused)
+{
+    make_dir();
+    char x[512], y[512], aside[512], path[600];
+    write_set(20, 1.5f);
+    file_of(20, 2, x, sizeof(x));
+    file_of(21, 2, y, sizeof(y));
+    char ydir[300];
+    snprintf(ydir, sizeof(ydir), "%s/set-6a-%016llx", dir, 21ull);
+
+    write_set(21, 2.5f);
+    copy_file(x, y);
+    refused(21, y,
+            "a file of set 0000000000000014 of run 0000000000000077, not of "
+            "set 0000000000000015");
+
+    write_set(21, 2.5f);
+    snprintf(path, sizeof(path), "%s/manifest", ydir);
+    char xman[600];
+    snprintf(xman, sizeof(xman), "%s/set-6a-%016llx/manifest", dir, 20ull);
+    copy_file(xman, path);
+    refused(21, path, "the manifest of set 0000000000000014");
+
+    /* Set 21 written twice: the first time's file of key 2 has the right
+     * header but is not the file the second manifest lists. */
+    write_set(21, 7.5f);
+    snprintf(aside, sizeof(aside), "%s/key2-aside", dir);
+    copy_file(y, aside);
+    write_set(21, 2.5f);
+    copy_file(aside, y);
+    refused(21, y, "not the file the set was written with");
+
+    write_set(21, 2.5f);
+    file_of(21, 3, path, sizeof(path));
+    ck_assert_int_eq(unlink(path), 0);
+    refused(21, path, "missing (named in the set's manifest)");
+
+    write_set(21, 2.5f);
+    snprintf(path, sizeof(path), "%s/ef-extra.lz4", ydir);
+    copy_file(y, path);
+    refused(21, path, "not in the set's manifest");
+
+    write_set(21, 2.5f);
+    snprintf(path, sizeof(path), "%s/manifest", ydir);
+    ck_assert_int_eq(unlink(path), 0);
+    refused(21, path, "missing (every set holds one)");
+
+    write_set(21, 2.5f);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 100, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    refused(21, path, "its digest does not match");
+
+    /* Another node's manifest (and files): refused as such. */
+    write_set(21, 2.5f);
+    struct obd_ef_world node0 = world;
+    node0.rank = 0;
+    char why[512];
+    struct obd_ef *list = NULL;
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 21, &node0, 1 << 30, &list, why,
+                                      sizeof(why)),
+                     OBD_E_CORRUPT);
+    ck_assert_ptr_nonnull(strstr(why, "of node 1 of a 2-node world"));
+
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 21, &world, 1 << 30, &list, why,
+                                      sizeof(why)),
+                     0);
+    ck_assert_int_eq(count_list(list), 3);
+    for (struct obd_ef *ef = list; ef; ef = ef->next) {
+        float e;
+        obd_ef_error(ef, 0, &e, 0, 1);
+        ck_assert_float_eq(e, 2.5f);
+    }
+    free_list(list);
+    list = NULL;
+    ck_assert_int_eq(obd_snapset_read(dir, "j", 20, &world, 1 << 30, &list, why,
+                                      sizeof(why)),
+                     0);
+    ck_assert_int_eq(count_list(list), 3);
+    free_list(list);
+    remove_dir();
+}
+END_TEST
+
+/* The time of set `id` of the job whose name is `hex` in hex. */
+static void set_time_of(const char *hex, uint64_t id, time_t sec)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/set-%s-%016llx", dir, hex,
+             (unsigned long long)id);
+    struct timespec when[2] = {{sec, 0}, {sec, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, when, 0), 0);
+}
+
+static int sets_in_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "ls -d %s/set-* 2>/dev/null | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* state_dir is bounded across jobs: past max_bytes the jobs whose newest
+ * set is oldest go, whole; the committing job stays even when it is the
+ * oldest; each job still keeps its newest `keep`. */
+START_TEST(commit_bounds_every_job_together)
+{
+    make_dir();
+    struct obd_ef *efs[1] = {state("a", 1, 1000)};
+    char why[512], job[2] = "a", hex[3];
+    /* One set's bytes: its files. */
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "a", SET(1), efs, 1, &world, why, sizeof(why)),
+        0);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "du -sb --apparent-size %s/set-61-*/* | "
+             "awk '{s += $1} END {print s}'",
+             dir);
+    FILE *p = popen(cmd, "r");
+    long one = 0;
+    ck_assert_int_eq(fscanf(p, "%ld", &one), 1);
+    pclose(p);
+    ck_assert_int_gt(one, 0);
+    obd_snapset_delete(dir, "a", 1);
+    obd_ef_free(efs[0]);
+    /* 100 job names, one set each, every set's name and files distinct:
+     * at most 3 sets' bytes stay, the newest jobs'. */
+    uint64_t bound = (uint64_t)one * 3 + (uint64_t)one / 2;
+    for (int j = 0; j < 100; j++) {
+        char name[8];
+        snprintf(name, sizeof(name), "job%02d", j);
+        struct obd_ef *e[1] = {state(name, 1, 1000)};
+        ck_assert_int_eq(obd_snapset_write(dir, name, SET(1), e, 1, &world, why,
+                                           sizeof(why)),
+                         0);
+        obd_ef_free(e[0]);
+        obd_snapset_commit(dir, name, 1, 4, bound);
+        char h[16];
+        snprintf(h, sizeof(h), "6a6f62%02x%02x", name[3], name[4]);
+        set_time_of(h, 1, (time_t)(1000000000 + j));
+        ck_assert_int_le(sets_in_dir(), 3);
+    }
+    for (int j = 0; j < 100; j++) {
+        char name[8];
+        snprintf(name, sizeof(name), "job%02d", j);
+        struct obd_ef *list = NULL;
+        int rc = obd_snapset_read(dir, name, 1, &world, 1 << 30, &list, why,
+                                  sizeof(why));
+        ck_assert_int_eq(rc, j >= 97 ? 0 : OBD_E_MISSING);
+        free_list(list);
+    }
+    /* The oldest job commits: it stays, the others make room. */
+    struct obd_ef *e[1] = {state("job00", 1, 1000)};
+    ck_assert_int_eq(
+        obd_snapset_write(dir, "job00", SET(2), e, 1, &world, why, sizeof(why)),
+        0);
+    obd_ef_free(e[0]);
+    set_time_of("6a6f623030", 2, (time_t)999999999);
+    obd_snapset_commit(dir, "job00", 2, 4, bound);
+    struct obd_ef *list = NULL;
+    ck_assert_int_eq(obd_snapset_read(dir, "job00", 2, &world, 1 << 30, &list,
+                                      why, sizeof(why)),
+                     0);
+    free_list(list);
+    ck_assert_int_le(sets_in_dir(), 3);
+    (void)job;
+    (void)hex;
+    remove_dir();
+}
+END_TEST
+
 static Suite *snapset_suite(void)
 {
     Suite *s = suite_create("snapset");
@@ -424,6 +655,8 @@ static Suite *snapset_suite(void)
     tcase_add_test(tc, a_second_owner_is_refused_naming_the_first);
     tcase_add_test(tc, commit_keeps_the_committed_set_whatever_the_clock);
     tcase_add_test(tc, part_round_trip_and_refusals);
+    tcase_add_test(tc, a_set_is_whole_and_of_one_snapshot_or_refused);
+    tcase_add_test(tc, commit_bounds_every_job_together);
     tcase_add_test(tc, verdict_names_every_failing_node);
     tcase_add_test(tc, ids_agree_and_differ);
     tcase_add_test(tc, versions_compare_every_field);

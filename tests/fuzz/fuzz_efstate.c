@@ -18,7 +18,7 @@
 /* Reads allocate at most 1.5 x this (both error buffers). */
 #define MAX_BYTES (UINT64_C(4) << 20)
 /* sizeof(struct ef_hdr) in efstate.c. */
-#define EF_HDR_BYTES 120
+#define EF_HDR_BYTES 136
 
 static const struct obd_ef_world world = {
     .nodes = FUZZ_EF_NODES,
@@ -54,8 +54,8 @@ static void read_file(const uint8_t *data, size_t size)
     FUZZ_CHECK(fd >= 0);
     struct obd_ef *ef = NULL;
     char why[512] = "";
-    int rc = obd_ef_read_fd(fd, "snapshot", &world, MAX_BYTES, &ef, why,
-                            sizeof(why));
+    int rc = obd_ef_read_fd(fd, "snapshot", &world, NULL, MAX_BYTES, &ef, NULL,
+                            why, sizeof(why));
     if (rc != 0) {
         FUZZ_CHECK(rc == OBD_E_CORRUPT || rc == OBD_E_OTHER_WORLD);
         FUZZ_CHECK(ef == NULL && why[0] != '\0');

@@ -455,6 +455,7 @@ static uint8_t *snapshot(const char *job, uint64_t count, uint64_t fp,
 {
     struct obd_ef *ef = obd_ef_new(job, 5, count, FUZZ_EF_NODES);
     struct obd_ef_world w = {FUZZ_EF_NODES, FUZZ_EF_RANK, fp};
+    const struct obd_ef_set set = {1, 2};
     for (size_t i = 0; i < ef->padded; i++)
         ef->werr[i] = i < count ? (float)((i * 37) % 101) / 64.0f - 0.75f : 0;
     for (size_t i = 0; i < ef->padded / FUZZ_EF_NODES; i++)
@@ -462,7 +463,7 @@ static uint8_t *snapshot(const char *job, uint64_t count, uint64_t fp,
     char path[] = "/tmp/obd-fuzz-seed-XXXXXX";
     int fd = mkstemp(path);
     char why[256];
-    if (fd < 0 || obd_ef_write(path, ef, &w, why, sizeof(why)) != 0)
+    if (fd < 0 || obd_ef_write(path, ef, &w, &set, NULL, why, sizeof(why)) != 0)
         exit(EXIT_FAILURE);
     close(fd);
     uint8_t *buf = slurp(path, len);
@@ -526,17 +527,18 @@ static void gen_efstate(void)
     put("efstate", "content-100-short", c, clen - 4);
     memcpy(c + clen, "\0\0\0\0", 4);
     put("efstate", "content-100-long", c, clen + 4);
-    put("efstate", "content-header-only", c, 1 + 120);
+    put("efstate", "content-header-only", c, 1 + 136);
 
     /* Header fields (after the mode byte): magic 8, version 4, order 4,
-     * nodes 4, rank 4, fingerprint 8, key 8, count 8, padded 8, job 64. */
+     * nodes 4, rank 4, fingerprint 8, key 8, count 8, padded 8, job 64,
+     * run 8, set 8. */
     static const struct {
         const char *name;
         size_t at;
         uint64_t val;
         size_t size;
     } edits[] = {
-        {"content-bad-version", 9, 2, 4},
+        {"content-bad-version", 9, 1, 4},
         {"content-bad-order", 13, 0x04030201, 4},
         {"content-zero-nodes", 17, 0, 4},
         {"content-other-rank", 21, 0, 4},

@@ -20,9 +20,11 @@ yardstick is one uninterrupted run of another job on other daemons
 (`whole`), compared through per-step sha256 digests of the parameters.
 """
 
+import hashlib
 import os
 import shutil
 import signal
+import struct
 import subprocess
 
 import pytest
@@ -194,7 +196,8 @@ def test_state_dict_names_its_snapshot(make_cluster, tmp_path):
     """state_dict() (a collective) returns torch's dict plus a top-level
     "obcomm" dict with "snapshot" (an int id, the same on every rank) and
     "job" (the job's name); with state_dir, every node holds that set as
-    <state_dir>/set-<job name in hex>-<id as %016x>/ with ef-*.lz4 in it."""
+    <state_dir>/set-<job name in hex>-<id as %016x>/ with ef-*.lz4 and its
+    manifest in it."""
     cl = make_2x2(make_cluster, tmp_path, state_dir=True)
     job = "named"
     res = train(cl, job, SAVE, save={SAVE: str(tmp_path / "ck")})
@@ -213,8 +216,9 @@ def test_state_dict_names_its_snapshot(make_cluster, tmp_path):
         d = set_dir(str(tmp_path / f"state{n}"), job, snap)
         assert os.path.isdir(d), (d, os.listdir(tmp_path / f"state{n}"))
         files = os.listdir(d)
-        assert files and all(f.startswith("ef-") and f.endswith(".lz4")
-                             for f in files), files
+        assert "manifest" in files and len(files) > 1 and \
+            all(f.startswith("ef-") and f.endswith(".lz4")
+                for f in files if f != "manifest"), files
 
 
 def test_resume_same_daemons_state_dir(make_cluster, tmp_path, whole):
@@ -304,41 +308,87 @@ def test_rank0_checkpoint_after_restart_fails_everywhere(make_cluster,
             r["load_error"]["str"]
 
 
-# -- 3. a damaged or missing set on one node ----------------------------------
+# -- 3. a damaged, missing, incomplete or mixed set on one node --------------
 
 
-@pytest.mark.parametrize("harm", ["damaged", "missing"])
+def drop_from_manifest(set_dir, key):
+    """Rewrites a set's manifest without `key`, digest and all, as a set
+    complete in itself but of fewer keys: header (magic 8, version, nodes,
+    rank, nkeys as u32; fingerprint, run, id as u64; job 64), then per key
+    (key, count as u64; digest 32), then BLAKE2b-256 of all that."""
+    path = os.path.join(set_dir, "manifest")
+    with open(path, "rb") as f:
+        raw = f.read()
+    head, body = raw[:112], raw[112:-32]
+    nkeys = struct.unpack_from("<I", head, 20)[0]
+    entries = [body[i * 48:(i + 1) * 48] for i in range(nkeys)]
+    kept = [e for e in entries if struct.unpack_from("<Q", e)[0] != key]
+    assert len(kept) == nkeys - 1, (key, nkeys)
+    head = head[:20] + struct.pack("<I", nkeys - 1) + head[24:]
+    out = head + b"".join(kept)
+    out += hashlib.blake2b(out, digest_size=32).digest()
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+@pytest.mark.parametrize("harm", ["damaged", "missing", "mixed",
+                                  "file-missing", "extra", "forged"])
 def test_bad_snapshot_on_one_node_fails_everywhere(make_cluster, tmp_path,
                                                    whole, harm):
-    """Daemons with state_dir. Run 1 saves at step 10. Then node 1's set
-    of that snapshot is harmed on disk: "damaged" flips one byte in the
-    middle of one of its ef-*.lz4 files, "missing" deletes the set. A new
-    run's load_state_dict raises ObcommError on every one of the 4 ranks,
-    the message naming node 1 and saying "damaged" or "missing". After
-    that failed load, a fresh run of the same job (no load) trains from
-    zero: it equals the uninterrupted run."""
+    """Daemons with state_dir. Run 1 saves at steps 9 and 10. Then node 1's
+    set of the step-10 snapshot is harmed on disk: "damaged" flips one
+    byte in the middle of one of its ef-*.lz4 files, "missing" deletes the
+    set, "mixed" puts the step-9 set's file of one key in its place (as a
+    partial restore of a backup would), "file-missing" deletes one key's
+    file, "extra" adds a file, "forged" deletes one key's file and
+    rewrites the manifest without it (a part whole in itself, of fewer
+    keys than node 0's). A new run's load_state_dict raises
+    ObcommError on every one of the 4 ranks, the message naming node 1,
+    the file where one is at fault, and what is wrong. After that failed
+    load, a fresh run of the same job (no load) trains from zero: it
+    equals the uninterrupted run."""
     cl = make_2x2(make_cluster, tmp_path, state_dir=True,
                   timeout_ms=FAIL_MS)
     job = "harm-" + harm
-    ck = str(tmp_path / "ck")
-    res = train(cl, job, SAVE, save={SAVE: ck})
+    ck, ck9 = str(tmp_path / "ck"), str(tmp_path / "ck9")
+    res = train(cl, job, SAVE + 1, save={SAVE - 1: ck9, SAVE: ck})
     snap = snapshot_id(res, SAVE)
     d = set_dir(str(tmp_path / "state1"), job, snap)
+    d9 = set_dir(str(tmp_path / "state1"), job, snapshot_id(res, SAVE - 1))
     assert os.path.isdir(d), (d, os.listdir(tmp_path / "state1"))
+    assert os.path.isdir(d9), (d9, os.listdir(tmp_path / "state1"))
+    files = sorted(f for f in os.listdir(d) if f.startswith("ef-"))
+    assert files, os.listdir(d)
+    path = os.path.join(d, files[0])
+    expect = [harm, "node 1"]
     if harm == "damaged":
-        files = sorted(f for f in os.listdir(d) if f.startswith("ef-"))
-        assert files, os.listdir(d)
-        path = os.path.join(d, files[0])
         with open(path, "r+b") as f:
             raw = bytearray(f.read())
             raw[len(raw) // 2] ^= 0xFF
             f.seek(0)
             f.write(raw)
-    else:
+    elif harm == "missing":
         shutil.rmtree(d)
+    elif harm == "mixed":
+        assert files[0] in os.listdir(d9), (files, os.listdir(d9))
+        shutil.copyfile(os.path.join(d9, files[0]), path)
+        expect = [f"node 1: damaged: {path}: a file of set"]
+    elif harm == "file-missing":
+        os.unlink(path)
+        expect = [f"node 1: damaged: {path}: missing (named in the set's "
+                  "manifest)"]
+    elif harm == "forged":
+        os.unlink(path)
+        drop_from_manifest(d, int(files[0].split("-")[2][:16], 16))
+        expect = ["the nodes' parts of the set hold different keys",
+                  "node 0: keys", "node 1: keys"]
+    else:
+        extra = os.path.join(d, "ef-extra.lz4")
+        shutil.copyfile(path, extra)
+        expect = [f"node 1: damaged: {extra}: not in the set's manifest"]
     res = train(cl, job, STEPS, load=ck, stop_after_load=True,
                 timeout_ms=FAIL_MS)
-    assert_failed_everywhere(res, "load_error", [harm, "node 1"])
+    assert_failed_everywhere(res, "load_error", expect)
     res = train(cl, job, FRESH)
     assert_same_as_whole(res, whole, 0, FRESH,
                          f"a fresh run after the failed load ({harm})")
