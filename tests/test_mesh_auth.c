@@ -585,8 +585,9 @@ static int become_node1(const struct hx_cluster *cl)
     ck_assert_int_ge(fd, 0);
     Obcomm__Hello h = OBCOMM__HELLO__INIT;
     Obcomm__PeerMsg m = OBCOMM__PEER_MSG__INIT;
-    Obcomm__Option o1 = OBCOMM__OPTION__INIT, o2 = OBCOMM__OPTION__INIT;
-    Obcomm__Option *opts[] = {&o1, &o2};
+    Obcomm__Option o1 = OBCOMM__OPTION__INIT, o2 = OBCOMM__OPTION__INIT,
+                   o3 = OBCOMM__OPTION__INIT;
+    Obcomm__Option *opts[] = {&o1, &o2, &o3};
     uint8_t nonce[32], buf[4096];
     size_t len;
     obd_auth_random(nonce, sizeof(nonce));
@@ -594,6 +595,8 @@ static int become_node1(const struct hx_cluster *cl)
     o1.value = "1048576";
     o2.name = "wire_protection";
     o2.value = "none";
+    o3.name = "owner_identity";
+    o3.value = "uid";
     h.proto_version = OBCOMM_PROTO_VERSION;
     h.cluster = cfg.cluster;
     h.rank = 1;
@@ -601,7 +604,7 @@ static int become_node1(const struct hx_cluster *cl)
     h.world_fingerprint = cfg.fingerprint;
     h.nonce.data = nonce;
     h.nonce.len = sizeof(nonce);
-    h.n_options = 2;
+    h.n_options = 3;
     h.options = opts;
     h.peer_rank = 0;
     m.body_case = OBCOMM__PEER_MSG__BODY_HELLO;
