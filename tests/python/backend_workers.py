@@ -168,8 +168,8 @@ def killed_trainer(args):
     try:
         w.get_future().wait()
         out["future"] = None
-    except obcomm.ObcommError as e:
-        out["future"] = _error(e)
+    except RuntimeError as e:
+        out["future"] = {"type": type(e).__name__, "message": str(e)}
     try:
         grads_of(model, rank, 0).backward()
         out["ddp"] = None
