@@ -102,8 +102,8 @@ def compiled_ddp(args):
     torch.manual_seed(0)
     base = Net()
     eager_m, comp_m = copy.deepcopy(base), copy.deepcopy(base)
-    eager = DDP(eager_m, bucket_cap_mb=0.01)
-    comp = torch.compile(DDP(comp_m, bucket_cap_mb=0.01),
+    eager = DDP(eager_m)
+    comp = torch.compile(DDP(comp_m),
                          backend=args["backend"])
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
             for m in (eager_m, comp_m)]

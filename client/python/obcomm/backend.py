@@ -25,7 +25,6 @@ it as the RuntimeError torch makes of it ("... ObcommError: ...").
 """
 
 import json
-import sys
 import time
 from datetime import timedelta
 
@@ -66,9 +65,9 @@ class Work(dist.Work):
     the daemon failed one. get_future()'s value is `value` (the tensors
     torch expects); when an op failed, its wait() raises the RuntimeError
     torch makes of a failed future, whose message names the ObcommError
-    ("... ObcommError: [code] ..."), for C++ and Python callers alike. A
-    callback on the future runs on the progress thread and must not wait
-    for another obcomm op."""
+    ("... ObcommError: <what failed>: ..."), for C++ and Python callers
+    alike. A callback on the future runs on the progress thread and must
+    not wait for another obcomm op."""
 
     def __init__(self, ops, value):
         super().__init__()
@@ -227,6 +226,46 @@ class ProcessGroupObcomm(dist.ProcessGroup):
     def barrier(self, opts=None):
         return _work(lambda: self.comm._ibarrier([]), [])
 
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """Rank root's output_tensors[0] gets every rank's tensor: an
+        allgather whose other ranks keep nothing (gather_object and
+        torch.distributed.checkpoint use it)."""
+        t = _single(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        if self.rank() == root:
+            outs = _single(output_tensors, "gather")
+        else:
+            outs = [torch.empty_like(t) for _ in range(self.size())]
+        return _work(lambda: self.comm._iallgather(outs, t, output_tensors),
+                     output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """Rank r's output_tensors[0] gets rank root's input_tensors[0][r]:
+        a broadcast of root's tensors, each rank keeping its own. It
+        completes before it returns (scatter_object_list, its caller in
+        torch, waits at once)."""
+        out = _single(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        size, n = self.size(), out.numel()
+        if self.rank() == root:
+            ins = _single(input_tensors, "scatter")
+            if len(ins) != size or any(i.numel() != n or i.dtype != out.dtype
+                                       for i in ins):
+                raise ValueError(
+                    f"obcomm: scatter: want {size} input tensors of {n} "
+                    f"{out.dtype} elements, got "
+                    f"{[(i.numel(), i.dtype) for i in ins]}")
+            flat = torch.cat([i.reshape(-1) for i in ins])
+        else:
+            flat = torch.empty(size * n, dtype=out.dtype)
+        op = _start(lambda: self.comm._ibroadcast(flat, root, [flat]),
+                    [flat])
+        op.event.wait()
+        if op.error is None:
+            r = self.rank()
+            out.copy_(flat[r * n:(r + 1) * n].view_as(out))
+        return Work([op], output_tensors)
+
     # torch 2's names for the one-tensor forms (dist.all_gather_into_tensor
     # and dist.reduce_scatter_tensor call these).
     all_gather_single = _allgather_base
@@ -298,6 +337,20 @@ class ProcessGroupObcomm(dist.ProcessGroup):
     def __repr__(self):
         return (f"<obcomm.ProcessGroupObcomm rank {self.comm.rank} of "
                 f"{self.comm.size}, job {self.comm.job!r}>")
+
+
+# torch.compile runs the collectives as they are: TorchDynamo would trace
+# into these methods and stop at the group, an object it cannot look
+# into.
+for _name in ("allreduce", "broadcast", "allgather", "_allgather_base",
+              "all_gather_single", "reduce_scatter", "_reduce_scatter_base",
+              "reduce_scatter_single", "barrier", "gather", "scatter",
+              "all_gather_single_coalesced",
+              "reduce_scatter_single_coalesced", "allreduce_coalesced",
+              "allgather_into_tensor_coalesced",
+              "reduce_scatter_tensor_coalesced"):
+    setattr(ProcessGroupObcomm, _name,
+            torch.compiler.disable(getattr(ProcessGroupObcomm, _name)))
 
 
 def _create(store, rank, size, timeout):
