@@ -144,8 +144,8 @@ def killed_trainer(args):
     is in shared memory and the op may complete before its death reaches
     the daemons, which is a right answer too.) Returns, per
     survivor, the error of wait() (with the seconds it took), of the
-    future, of a DDP backward after it (Works made in C++) and of a later
-    op."""
+    future, of a DDP backward after it (its reducer waits in C++) and of
+    a later op."""
     dist.init_process_group("obcomm")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

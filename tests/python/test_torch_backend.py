@@ -118,10 +118,10 @@ def test_ddp_matches_gloo(make_cluster):
 
 def test_killed_trainer_fails_works(make_cluster):
     """The last trainer is SIGKILLed while the others have an all_reduce
-    in flight that it never joins: on the others, wait() and the future
-    raise ObcommError (peer lost) well
-    before the op's 60 s deadline, DDP's backward raises too, and later
-    ops fail at once."""
+    in flight that it never joins: on the others, wait() raises
+    ObcommError (peer lost) well before the op's 60 s deadline, the
+    future and DDP's backward raise torch's RuntimeError naming it, and
+    later ops fail at once."""
     import obcomm
     cl = make_cluster(NODES, timeout_ms=60000)
     res = run(cl, "tkill", "killed_trainer", {"count": 1 << 22},
