@@ -11,9 +11,9 @@ packages=(
     iptables  # iptables-legacy: fault injection of tests/chaos/
     libjson-c-dev python3
     prometheus man-db groff-base  # promtool and man -l for the tests
-    # The Python package and its tests (Debian's /usr/bin/python3 with
-    # torch; no PyPI).
-    python3-torch python3-numpy python3-pytest
+    # The Python package runs in the project's virtualenv (deploy/venv.sh
+    # puts torch, numpy and pytest there from PyPI).
+    python3-venv
 )
 # Extra packages a caller asks for (benchmarks, datasets): bootstrap.sh PKG...
 packages+=("$@")

@@ -30,8 +30,9 @@
 # different nodes, read by rank 0 before the process group closes
 # (client/python/examples/wire.py).
 #
-# torchrun gets --redirects 1 --tee 2: Debian's torch 1.13 on Python 3.11
-# crashes with its default "0" (Std.from_str finds no IntFlag member 0).
+# The trainers run under the project's virtualenv (.venv, torch 2.13.0;
+# deploy/build.sh makes it); the report's plot under Debian's python3
+# with python3-matplotlib.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd)
@@ -50,9 +51,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-py=/usr/bin/python3
-deploy/build.sh dataset-fashion-mnist python3-torch python3-numpy \
-    python3-matplotlib
+py=$top/.venv/bin/python
+deploy/build.sh dataset-fashion-mnist python3-matplotlib
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export OBCOMM_LIBRARY=$top/build/client/libobcomm.so.0
@@ -83,7 +83,6 @@ run() { # tag mode flags...
             "$py" -m torch.distributed.run --nnodes 2 --nproc_per_node 2 \
             --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$rdzv" \
             --rdzv_id "cnn-$tag-$$" --max_restarts 0 \
-            --redirects 1 --tee 2 --log_dir "$dir/torchrun$n" \
             client/python/examples/cnn_fmnist.py --mode "$mode" --tag "$tag" \
             --steps "$steps" --out "$out" "$@" "${extra[@]}" \
             >>"$out/$tag.log" 2>&1 &
@@ -139,4 +138,4 @@ fi
 for r in adam onebit powersgd onebit-nomask onebit-bc zeroone lamb; do
     [ -f "$out/$r.json" ] || exit 0
 done
-"$py" client/python/examples/cnn_report.py "$out" "$steps"
+/usr/bin/python3 client/python/examples/cnn_report.py "$out" "$steps"

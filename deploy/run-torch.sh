@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The PyTorch demo: installs what is missing (Debian packages, including
-# python3-torch), builds, starts a local 2-node obcomm cluster (two obcommd
+# The PyTorch demo: installs what is missing (Debian packages, the
+# project's virtualenv .venv with torch 2.13.0), builds, starts a local
+# 2-node obcomm cluster (two obcommd
 # on loopback), runs one torchrun per node with 2 trainers each training a
 # small CNN on Fashion-MNIST with obcomm.torch.OneBitAdam (DeepSpeed's
 # defaults, eps 1e-8), prints the test accuracy and the bytes 1-bit Adam
@@ -30,7 +31,7 @@ fi
 deploy/cnn-compare.sh --runs onebit --steps "$steps" --out "$dir" \
     -- "${extra[@]}"
 
-/usr/bin/python3 - "$dir/onebit.json" <<'PY'
+.venv/bin/python - "$dir/onebit.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 steps, fs = r["steps"], r["freeze_step"]

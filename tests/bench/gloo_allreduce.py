@@ -21,7 +21,7 @@ reduce-scatter.
 Gloo binds to DEV (GLOO_SOCKET_IFNAME) so it uses the shaped link. Bytes each
 node sends per op: tx_bytes of DEV in /proc/net/dev of the process's network
 namespace over the timed repeats (barriers included). One JSON line per size
-on stdout. Needs Debian's python3-torch: run with /usr/bin/python3.
+on stdout. Needs torch: run with the project's .venv/bin/python.
 """
 import argparse
 import json

@@ -23,7 +23,7 @@
 #   mpi_ring = the same with coll_tuned forced to the ring allreduce (4) and
 #   ring allgather (4); it skips reduce-scatter (no ring algorithm for
 #   MPI_Reduce_scatter_block);
-#   gloo = gloo_allreduce.py (Debian python3-torch, /usr/bin/python3),
+#   gloo = gloo_allreduce.py (torch 2.13 in the project's .venv),
 #   allreduce and allgather (Gloo has no reduce-scatter in torch 1.13).
 #   With mpi or mpi_ring, Open MPI is installed first (deploy/bootstrap.sh
 #   openmpi-bin libopenmpi-dev, a benchmark-only need) and meson
@@ -58,7 +58,7 @@ trainer=""
 wire=""
 quick=0
 per_run_timeout=${BENCH_TIMEOUT:-3600}
-py=/usr/bin/python3
+py=$here/../../.venv/bin/python   # torch (deploy/venv.sh)
 
 usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
@@ -277,5 +277,6 @@ fi
 meta="ops: $ops; nodes: $nodes; sizes MiB: $sizes; repeats $repeats (+$warmup warm-up); rate $rate; \
 obcommd flags: ${daemon_flags[*]:-(defaults)}; $(nproc) CPUs, $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); \
 load average (1/5/15 min) and CPU time (busy, stolen by the host) per node count: $(tr '\n' ';' <"$raw/load.txt")"
-"$py" "$here/report.py" "$raw" "$out" "$rate" "$meta"
+# The report and its plot: Debian's python3 with python3-matplotlib.
+/usr/bin/python3 "$here/report.py" "$raw" "$out" "$rate" "$meta"
 exit $failed

@@ -36,7 +36,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 build=${BUILD:-$top/build}
 cluster=$top/deploy/netns-cluster.sh
-py=/usr/bin/python3
+py=$top/.venv/bin/python   # torch 2.13 (deploy/venv.sh)
 nodes="2 4"
 models="mlp transformer"
 contenders="floor ddp-gloo ddp-powersgd ddp-obcomm onebit"
@@ -180,9 +180,8 @@ for k in $nodes; do
     done
 done
 
-# torch's matrix products run on whatever BLAS it was built with: Debian's
-# python3-torch uses the system libblas (BLAS_INFO=generic), by default the
-# reference implementation, which sets the compute floor.
+# torch's matrix products run on whatever BLAS it was built with (the
+# BLAS_INFO the report records), which sets the compute floor.
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 blas=$("$py" -c 'import re, torch; m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()); print(m.group(1) if m else "?")')
 libblas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo "?")

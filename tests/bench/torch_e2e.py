@@ -67,7 +67,7 @@ daemon) at the loop's start, at the warm-up's end and at its end, and
 "status" ("ok", "diverged" with the step, or "error" with the exception).
 `report` merges the lines of RAWDIR/*.jsonl (one file per contender, model
 and node count) into OUTDIR/e2e.jsonl and OUTDIR/e2e.md. Needs Debian's
-python3-torch: run with /usr/bin/python3.
+torch: run with the project's .venv/bin/python.
 """
 
 import argparse

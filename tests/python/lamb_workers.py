@@ -8,7 +8,7 @@ import torch
 
 import obcomm
 import obcomm.torch
-from workers import Net, SimulatedRanks, resume_and_train, serve
+from workers import Net, SimulatedRanks, resume_and_train, serve, sqrt
 
 torch.set_num_threads(1)
 
@@ -60,7 +60,7 @@ class Reference(SimulatedRanks):
                 self.v[i] = b2 * self.v[i] + (1 - b2) * g * g
                 if self.t == FREEZE:
                     self.fresh[i] = self.v[i].clone()
-                upd = self.m[0][i] / (self.v[i].sqrt() + eps) + \
+                upd = self.m[0][i] / (sqrt(self.v[i]) + eps) + \
                     wd * self.params[0][i]
                 w = self.params[0][i].norm().item()
                 un = upd.norm().item()
@@ -94,10 +94,10 @@ class Reference(SimulatedRanks):
                 self.m[r][i] = m
             rec = (m - last_m * b1) / (1 - b1)
             self.fresh[i] = b2 * self.fresh[i] + (1 - b2) * rec * rec
-            denom = self.v[i].sqrt() + eps
+            denom = sqrt(self.v[i]) + eps
             pre = m / denom
             upd = pre + wd * self.params[0][i]
-            factor = (denom / (self.fresh[i].sqrt() + eps)).max().item()
+            factor = (denom / (sqrt(self.fresh[i]) + eps)).max().item()
             ratio = min(1.0, pre.norm().item() / upd.norm().item())
             factor = factor * ratio + (1 - ratio)
             th = self.lamb["factor_threshold"]

@@ -11,7 +11,7 @@ import obcomm
 import obcomm.torch
 
 from overlap_workers import _log_starts
-from workers import serve
+from workers import serve, sqrt
 
 WORKERS = os.path.abspath(__file__)
 
@@ -192,7 +192,7 @@ def clip_reference(args):
             for j, (p, m, v) in enumerate(zip(model.parameters(), ms, vs)):
                 moms = [f1 * m + c1 * (g[j] * c) for g, c in zip(gs, coefs)]
                 m.copy_((moms[0] + moms[1]) / 2)
-                d = 1 / (v.sqrt() + eps)  # frozen: the C library's factor
+                d = 1 / (sqrt(v) + eps)  # frozen: the C library's factor
                 want.append(p.detach() - lr * (m * d))
         else:
             avg = [(a + b) / 2 for a, b in zip(*gs)]
@@ -202,7 +202,7 @@ def clip_reference(args):
                 g = g * coef if coef != 1.0 else g
                 m.copy_(f1 * m + c1 * g)
                 v.copy_(f2 * v + (c2 * g) * g)
-                want.append(p.detach() - lr * (m / (v.sqrt() + eps)))
+                want.append(p.detach() - lr * (m / (sqrt(v) + eps)))
         opt.zero_grad()
         loss_of(model, comm.rank, step).backward()
         opt.step()

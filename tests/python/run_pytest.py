@@ -1,6 +1,6 @@
 """Runs one pytest file for meson test: exit 77 (skipped) when pytest or
-torch is missing (deploy/bootstrap.sh installs python3-pytest and
-python3-torch), else pytest's status."""
+torch is missing (deploy/venv.sh installs both into .venv), else pytest's
+status."""
 import sys
 
 try:

@@ -11,7 +11,7 @@ import obcomm
 import obcomm.torch
 import cluster
 from workers import (Net, SimulatedRanks, grads_of, resume_and_train,
-                     serve)
+                     serve, sqrt)
 
 torch.set_num_threads(1)
 
@@ -76,9 +76,9 @@ class Reference(SimulatedRanks):
                 for r in range(self.size):
                     m = self.m[r][i] = b1 * self.m[r][i] + c1 * g
                     p = self.params[r][i]
-                    p -= lr * (m / (self.v[i].sqrt() + eps) + wd * p)
+                    p -= lr * (m / (sqrt(self.v[i]) + eps) + wd * p)
                 continue
-            d = self.v[i].sqrt() + eps
+            d = sqrt(self.v[i]) + eps
             for r in range(self.size):
                 m = self.m[r][i] = b1 * self.m[r][i] + c1 * grads[r][i]
                 self.lrsum[r][i] += lr

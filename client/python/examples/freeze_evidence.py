@@ -6,7 +6,7 @@ coordinates there are and how far the first compressed step moved them.
 
     deploy/train.sh --mode onebit --steps 3000 --out /tmp/r --tag nomask \\
         -- --mask off --dump-freeze /tmp/r/nomask
-    /usr/bin/python3 client/python/examples/freeze_evidence.py /tmp/r/nomask
+    .venv/bin/python client/python/examples/freeze_evidence.py /tmp/r/nomask
 """
 import os
 import sys

@@ -17,5 +17,28 @@ from .comm import Communicator, ObcommError, strerror  # noqa: F401
 from ._lib import path as library_path  # noqa: F401
 from . import torch  # noqa: F401,E402  (obcomm.torch.OneBitAdam)
 
-__version__ = "0.1.0"
+
+def _version():
+    """meson.build's project version: an installed package has it in
+    _build_config.py (meson or pip wrote it), the source tree in
+    meson.build itself."""
+    try:
+        from ._build_config import VERSION
+        return VERSION
+    except ImportError:
+        pass
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        with open(os.path.join(root, "meson.build")) as f:
+            m = re.search(r"project\([^)]*?version\s*:\s*'([^']+)'",
+                          f.read())
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+__version__ = _version()
 __all__ = ["Communicator", "ObcommError", "strerror", "torch"]

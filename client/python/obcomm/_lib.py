@@ -3,7 +3,7 @@
 The library is found, in this order, at
   1. $OBCOMM_LIBRARY (a path; the build tree's build/client/libobcomm.so.0),
   2. the directory meson installed it to (recorded in _build_config.py at
-     install time),
+     install time; for pip, where pkg-config found it at build time),
   3. wherever the dynamic linker finds "libobcomm" (ctypes.util).
 ctypes releases the GIL around every call, so a blocking collective does
 not stop the interpreter's other threads.
@@ -204,7 +204,8 @@ def _candidates():
         return
     try:
         from . import _build_config
-        yield os.path.join(_build_config.LIBDIR, "libobcomm.so.0")
+        if _build_config.LIBDIR:
+            yield os.path.join(_build_config.LIBDIR, "libobcomm.so.0")
     except ImportError:
         pass
     found = ctypes.util.find_library("obcomm")

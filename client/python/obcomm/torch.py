@@ -20,7 +20,7 @@ from torch.autograd import Variable
 
 from ._lib import lib, AdamConfig
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
-from .backend import ProcessGroupObcomm, process_group
+from .backend import ProcessGroupObcomm, _value_or_raise, process_group
 from ._flat import check_adam_args, with_hint, freeze_hint
 from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
@@ -1005,4 +1005,6 @@ def allreduce_hook(state, bucket):
     comm = _hook_comm(state)
     _claims.check_hook_bucket(bucket)
     t = bucket.buffer()
-    return comm._iallreduce(t, "avg", t).future
+    # Chained so that a failed op fails the future DDP's reducer reads
+    # (a future failed with set_exception() would read as a result).
+    return comm._iallreduce(t, "avg", t).future.then(_value_or_raise)
