@@ -237,11 +237,19 @@ static void idle_child(const char *sock, int n, int up, int down)
     send_byte(up);
     wait_byte(down);
     int closed = 0;
+    /* The daemon says goodbye before it closes: read to the end. */
     for (int i = 0; i < n; i++) {
-        struct pollfd p = {.fd = fd[i], .events = POLLIN};
-        char b;
-        if (poll(&p, 1, 60000) == 1 && read(fd[i], &b, 1) == 0)
-            closed++;
+        char b[256];
+        for (;;) {
+            struct pollfd p = {.fd = fd[i], .events = POLLIN};
+            if (poll(&p, 1, 60000) != 1)
+                break;
+            ssize_t r = read(fd[i], b, sizeof(b));
+            if (r == 0)
+                closed++;
+            if (r <= 0)
+                break;
+        }
     }
     fprintf(stderr, "%d of %d idle connections closed by the daemon\n", closed,
             n);
