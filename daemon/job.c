@@ -3,7 +3,6 @@
 
 #include <obcomm.h>
 
-#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "coll.h"
 #include "efstore.h"
+#include "enforce.h"
 #include "hash.h"
 #include "ops.h"
 #include "reduce.h"
@@ -265,7 +265,8 @@ int obd_job_join(struct obd_daemon *d, struct obd_client *c, int pid, uid_t uid,
 
 /* ---- ops: states, references and the ready queue ---- */
 
-/* legal[from][to]: the transitions of job.h's life of an op. */
+/* legal[from][to]: the transitions of job.h's life of an op, checked at
+ * every change in every build. */
 static const unsigned char legal[OBD_OP_STATES][OBD_OP_STATES] = {
     [OBD_OP_COLLECT] = {[OBD_OP_LOCAL] = 1, [OBD_OP_DONE] = 1},
     [OBD_OP_LOCAL] = {[OBD_OP_AGREED] = 1, [OBD_OP_DONE] = 1},
@@ -277,7 +278,8 @@ static const unsigned char legal[OBD_OP_STATES][OBD_OP_STATES] = {
 
 static void op_enter(struct obd_op *op, enum obd_op_state to)
 {
-    assert(legal[op->state][to]);
+    OBD_ENFORCE(legal[op->state][to], "op %llu: state %d to %d",
+                (unsigned long long)op->seq, (int)op->state, (int)to);
     op->state = to;
 }
 

@@ -25,9 +25,7 @@ run_suite() { # build dir
 
 run_suite build
 
-[ -f build-asan/build.ninja ] ||
-    meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-        >/dev/null
+deploy/setup.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan >/dev/null
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
