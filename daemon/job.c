@@ -77,6 +77,7 @@ static void *svc_segbuf_get(struct obd_op *op, size_t bytes)
     struct obd_daemon *d = op->job->d;
     if (d->nsegbufs > 0 && d->segbuf_bytes == bytes)
         return d->segbufs[--d->nsegbufs];
+    obd_metric_add(&d->metrics, OBD_M_SEGBUFS_ALLOCATED, 1);
     return malloc(bytes ? bytes : 1);
 }
 

@@ -34,12 +34,6 @@
 
 static char keydir[64];
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* A key file of len bytes with the given mode; returns its path (static
  * storage per name). */
 static const char *make_key(const char *name, size_t len, mode_t mode,
@@ -330,7 +324,7 @@ START_TEST(intruders_are_refused_and_the_job_runs_on)
     ck_assert_int_gt(t0, 0);
     ck_assert_int_gt(t1, 0);
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "allreduce_ops") < 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_ge(hx_metric(&cl, 0, "allreduce_ops"), 1);
 
     uint8_t rec[4096], wrong[OBD_AUTH_KEY];
@@ -361,7 +355,7 @@ START_TEST(intruders_are_refused_and_the_job_runs_on)
     int ops_during = (int)hx_metric(&cl, 0, "allreduce_ops");
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "allreduce_ops") <= ops_during;
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     fd = open(stop, O_WRONLY | O_CREAT, 0600);
     close(fd);
     int s0 = hx_wait(t0, 60000), s1 = hx_wait(t1, 60000);
@@ -434,7 +428,7 @@ START_TEST(idle_connections_lock_nobody_out)
     /* The mesh first: then every connection from 127.0.0.1 is the
      * flood's own. */
     for (int i = 0; i < 250 && hx_metric(&cl, 0, "links_up") != 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 1);
     static int fds[300];
     for (int i = 0; i < 300; i++) {
@@ -442,7 +436,7 @@ START_TEST(idle_connections_lock_nobody_out)
         ck_assert_int_ge(fds[i], 0);
     }
     for (int i = 0; i < 200 && hx_metric(&cl, 0, "unauth_closed") < 292; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_eq(hx_metric(&cl, 0, "unauth_closed"), 292);
 
     /* Node 1 crashes and comes back: it must get through to node 0. */
@@ -475,7 +469,7 @@ START_TEST(different_segment_sizes_are_refused_by_name)
     for (int i = 0; i < 250 && !(hx_log_contains(&cl, 0, at0) &&
                                  hx_log_contains(&cl, 1, at1));
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert(hx_log_contains(&cl, 0, at0));
     ck_assert(hx_log_contains(&cl, 1, at1));
     ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 0);
@@ -530,7 +524,7 @@ START_TEST(out_of_descriptors_pauses_accepting)
      * pauses. The counter is read after the descriptors are free again. */
     for (int i = 0; i < 500 && !hx_log_contains(&cl, 0, "Too many open files");
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_msg(hx_log_contains(&cl, 0, "Too many open files"),
                   "node 0 never ran out of descriptors");
     for (int i = 0; i < n; i++)
@@ -538,7 +532,7 @@ START_TEST(out_of_descriptors_pauses_accepting)
     long long pauses = -1;
     for (int i = 0; i < 100 && pauses < 1; i++) {
         pauses = hx_metric(&cl, 0, "accept_pauses");
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     ck_assert_int_ge(pauses, 1);
     ck_assert_int_le(count_lines(&cl, 0, "Too many open files"), 3);
@@ -572,7 +566,7 @@ static int run_daemon(const char *const *args, char *out, size_t outlen)
         if (waitpid(pid, &status, WNOHANG) == pid)
             break;
         status = -1;
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     if (status == -1) {
         kill(pid, SIGTERM);
