@@ -5,8 +5,8 @@
 # integration tests of suite `asan` there. Tests run in parallel where they
 # can (tests/meson.build). Prints the ten slowest tests, then "tests: N
 # passed, N failed" last. The long runs (every torture round, the chaos
-# test, the fuzz corpora, the rest of the integration suite under the
-# sanitizers) are deploy/test-slow.sh, which CI runs after this.
+# test, the rest of the integration suite under the sanitizers) are
+# deploy/test-slow.sh, which CI runs after this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dataset is for the training smoke test (tests that need it would
