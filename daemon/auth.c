@@ -189,9 +189,9 @@ int obd_auth_proof_check(const uint8_t key[OBD_AUTH_KEY],
 {
     uint8_t want[OBD_AUTH_PROOF];
     if (len != OBD_AUTH_PROOF)
-        return -1;
+        return OBD_E_PROTO;
     obd_auth_proof(key, role, t, want);
-    int rc = crypto_verify_32(want, proof) == 0 ? 0 : -1;
+    int rc = crypto_verify_32(want, proof) == 0 ? 0 : OBD_E_PROTO;
     sodium_memzero(want, sizeof(want));
     return rc;
 }
@@ -274,7 +274,7 @@ int obd_auth_mac_check(struct obd_auth_mac *m, const uint8_t tag[OBD_AUTH_TAG])
 {
     uint8_t want[OBD_AUTH_TAG];
     obd_auth_mac_final(m, want);
-    return crypto_verify_16(want, tag) == 0 ? 0 : -1;
+    return crypto_verify_16(want, tag) == 0 ? 0 : OBD_E_PROTO;
 }
 
 void obd_auth_encrypt(const uint8_t key[OBD_AUTH_KEY], uint64_t counter,

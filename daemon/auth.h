@@ -76,7 +76,8 @@ void obd_auth_proof(const uint8_t key[OBD_AUTH_KEY], enum obd_auth_role role,
                     const uint8_t t[OBD_AUTH_TRANSCRIPT],
                     uint8_t proof[OBD_AUTH_PROOF]);
 
-/* 0 when `proof` (of len bytes) is role's proof for t, in constant time. */
+/* 0 when `proof` (of len bytes) is role's proof for t, in constant time;
+ * OBD_E_PROTO otherwise. */
 int obd_auth_proof_check(const uint8_t key[OBD_AUTH_KEY],
                          enum obd_auth_role role,
                          const uint8_t t[OBD_AUTH_TRANSCRIPT],
@@ -103,7 +104,8 @@ void obd_auth_mac_begin(struct obd_auth_mac *m, const uint8_t key[OBD_AUTH_KEY],
 /* Feeds payload bytes, as sent or received (ciphertext when encrypted). */
 void obd_auth_mac_update(struct obd_auth_mac *m, const void *p, size_t len);
 void obd_auth_mac_final(struct obd_auth_mac *m, uint8_t tag[OBD_AUTH_TAG]);
-/* Finishes and compares with tag in constant time: 0 when equal. */
+/* Finishes and compares with tag in constant time: 0 when equal,
+ * OBD_E_PROTO otherwise. */
 int obd_auth_mac_check(struct obd_auth_mac *m, const uint8_t tag[OBD_AUTH_TAG]);
 
 /* Encrypts len bytes of `in` into `out` (may be in == out) for frame

@@ -1308,9 +1308,13 @@ void obd_config_print_help(FILE *out, int as_config_file,
             char text[1024];
             snprintf(text, sizeof(text), "%s%s", r->help, bounds);
             print_comment(out, text);
+            /* The default always, commented out, so that the example
+             * alone says every default (deploy/man/gen-options.sh reads
+             * obcommd(8)'s OPTIONS from it); then the value set, if any. */
             if (cfg->src_line[i] == 0) {
                 fprintf(out, "# %s = %s\n\n", r->name, r->def);
             } else {
+                fprintf(out, "# %s = %s\n", r->name, r->def);
                 const char *field = (const char *)cfg + r->offset;
                 if (r->type == T_STR) {
                     fprintf(out, "%s = %s\n\n", r->name, field);

@@ -153,8 +153,9 @@ int obd_config_socket_gid(const char *group, gid_t *gid, char *why, size_t len);
 void obd_config_print(const struct obd_config *cfg, FILE *out);
 
 /* Prints every option with its default, bounds and help (for --help and
- * deploy/obcommd.conf.example). As a config file, the options cfg got from
- * flags or a file are set lines, the others commented-out defaults. */
+ * deploy/obcommd.conf.example). As a config file, every option has its
+ * commented-out default, and the options cfg got from flags or a file
+ * follow it as set lines. */
 void obd_config_print_help(FILE *out, int as_config_file,
                            const struct obd_config *cfg);
 

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "err.h"
 #include "hash.h"
 #include "wire.h"
 
@@ -53,15 +54,15 @@ int obd_frame_decode(const uint8_t in[OBD_FRAME_HDR], uint32_t max_ctrl,
 {
     if (get32(in) != OBD_FRAME_MAGIC) {
         *why = "bad magic";
-        return -1;
+        return OBD_E_PROTO;
     }
     if (in[4] != OBCOMM_PROTO_VERSION) {
         *why = "unsupported frame version";
-        return -1;
+        return OBD_E_VERSION;
     }
     if (in[6] != 0 || in[7] != 0 || get32(in + 44) != 0) {
         *why = "reserved header bytes are not zero";
-        return -1;
+        return OBD_E_PROTO;
     }
     f->version = in[4];
     f->type = in[5];
@@ -77,18 +78,18 @@ int obd_frame_decode(const uint8_t in[OBD_FRAME_HDR], uint32_t max_ctrl,
     case OBD_FRAME_CTRL:
         if (f->len == 0 || f->len > max_ctrl) {
             *why = "control payload length out of bounds";
-            return -1;
+            return OBD_E_PROTO;
         }
         return 0;
     case OBD_FRAME_DATA:
         if (f->len > max_data) {
             *why = "data payload longer than a segment";
-            return -1;
+            return OBD_E_PROTO;
         }
         return 0;
     default:
         *why = "unknown frame type";
-        return -1;
+        return OBD_E_PROTO;
     }
 }
 

@@ -45,7 +45,8 @@ struct obd_frame {
 void obd_frame_encode(const struct obd_frame *f, uint8_t out[OBD_FRAME_HDR]);
 
 /* Decodes and validates a header: magic, version, type, reserved bytes and
- * the payload bound for its type. Returns 0, or -1 with a reason in *why. */
+ * the payload bound for its type. Returns 0, OBD_E_VERSION for another
+ * frame version, or OBD_E_PROTO; a reason in *why either way. */
 int obd_frame_decode(const uint8_t in[OBD_FRAME_HDR], uint32_t max_ctrl,
                      uint32_t max_data, struct obd_frame *f, const char **why);
 

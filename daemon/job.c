@@ -3,7 +3,6 @@
 
 #include <obcomm.h>
 
-#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "coll.h"
 #include "efstore.h"
+#include "enforce.h"
 #include "hash.h"
 #include "ops.h"
 #include "reduce.h"
@@ -78,6 +78,7 @@ static void *svc_segbuf_get(struct obd_op *op, size_t bytes)
     struct obd_daemon *d = op->job->d;
     if (d->nsegbufs > 0 && d->segbuf_bytes == bytes)
         return d->segbufs[--d->nsegbufs];
+    obd_metric_add(&d->metrics, OBD_M_SEGBUFS_ALLOCATED, 1);
     return malloc(bytes ? bytes : 1);
 }
 
@@ -391,7 +392,8 @@ static struct obd_job *job_route(struct obd_daemon *d, int from,
 
 /* ---- ops: states, references and the ready queue ---- */
 
-/* legal[from][to]: the transitions of job.h's life of an op. */
+/* legal[from][to]: the transitions of job.h's life of an op, checked at
+ * every change in every build. */
 static const unsigned char legal[OBD_OP_STATES][OBD_OP_STATES] = {
     [OBD_OP_COLLECT] = {[OBD_OP_LOCAL] = 1, [OBD_OP_DONE] = 1},
     [OBD_OP_LOCAL] = {[OBD_OP_AGREED] = 1, [OBD_OP_DONE] = 1},
@@ -403,7 +405,8 @@ static const unsigned char legal[OBD_OP_STATES][OBD_OP_STATES] = {
 
 static void op_enter(struct obd_op *op, enum obd_op_state to)
 {
-    assert(legal[op->state][to]);
+    OBD_ENFORCE(legal[op->state][to], "op %llu: state %d to %d",
+                (unsigned long long)op->seq, (int)op->state, (int)to);
     op->state = to;
 }
 

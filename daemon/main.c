@@ -9,6 +9,7 @@
 #include "codec.h"
 #include "config.h"
 #include "daemon.h"
+#include "err.h"
 #include "wire.h"
 
 static void usage(FILE *out)
@@ -30,19 +31,24 @@ static void nothing(uv_work_t *req)
 /* Starts libuv's worker pool now, on a loop of its own: the pool is one
  * per process, so the daemon's loop finds it running with `threads`
  * workers, and a failure to create them shows at start, not in the middle
- * of the first op. */
-static int start_pool(void)
+ * of the first op. 0, or OBD_E_SYS with libuv's reason on stderr. */
+static int start_pool(long long threads)
 {
     uv_loop_t loop;
     uv_work_t req;
     int rc = uv_loop_init(&loop);
-    if (rc)
-        return rc;
-    rc = uv_queue_work(&loop, &req, nothing, NULL);
+    if (rc == 0) {
+        rc = uv_queue_work(&loop, &req, nothing, NULL);
+        if (rc == 0)
+            rc = uv_run(&loop, UV_RUN_DEFAULT);
+        int close_rc = uv_loop_close(&loop);
+        rc = rc ? rc : close_rc;
+    }
     if (rc == 0)
-        rc = uv_run(&loop, UV_RUN_DEFAULT);
-    int close_rc = uv_loop_close(&loop);
-    return rc ? rc : close_rc;
+        return 0;
+    fprintf(stderr, "obcommd: starting %lld worker threads: %s\n", threads,
+            uv_strerror(rc));
+    return OBD_E_SYS;
 }
 
 static void version(void)
@@ -105,12 +111,8 @@ int main(int argc, char **argv)
         perror("obcommd: setenv UV_THREADPOOL_SIZE");
         return 1;
     }
-    int prc = start_pool();
-    if (prc != 0) {
-        fprintf(stderr, "obcommd: starting %lld worker threads: %s\n",
-                (long long)cfg.threads, uv_strerror(prc));
+    if (start_pool((long long)cfg.threads) != 0)
         return 1;
-    }
 
     struct obd_daemon d;
     int rc = obd_daemon_init(&d, &cfg);

@@ -134,6 +134,10 @@ const struct obd_metric_desc obd_metric_descs[OBD_M_COUNT] = {
          "collectives' loads, reductions, stores, divisions and copies, and "
          "the one-node 1-bit average (none for an allreduce over one rank)",
          "counter"},
+    [OBD_M_SEGBUFS_ALLOCATED] = {"segment_buffers_allocated",
+                                 "Segment buffers allocated afresh (not "
+                                 "reused from an earlier op)",
+                                 "counter"},
 };
 
 const struct obd_metric_desc obd_hist_desc = {

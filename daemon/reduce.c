@@ -12,9 +12,9 @@
  */
 #include "reduce.h"
 
-#include <assert.h>
 #include <string.h>
 
+#include "enforce.h"
 #include "half.h"
 
 /* Elements per block of a multi-source load or a multi-destination store. */
@@ -290,12 +290,12 @@ const char *obd_op_name(obcomm_op_t op)
     return obd_op_valid((int)op) ? op_names[op] : "invalid";
 }
 
-/* The row of a dtype, or NULL (after a failed assert) if it is invalid. */
+/* The row of a dtype. Callers validated dtype and op (reduce.h). */
 static const struct dtype_row *row_of(obcomm_dtype_t dtype, obcomm_op_t op)
 {
-    int ok = obd_dtype_valid((int)dtype) && obd_op_valid((int)op);
-    assert(ok && "invalid dtype or op");
-    return ok ? &rows[dtype] : NULL;
+    OBD_ENFORCE(obd_dtype_valid((int)dtype) && obd_op_valid((int)op),
+                "dtype %d op %d", (int)dtype, (int)op);
+    return &rows[dtype];
 }
 
 static int op_class(obcomm_op_t op)
@@ -316,8 +316,8 @@ void obd_reduce_load(obcomm_dtype_t dtype, obcomm_op_t op, void *acc,
                      const void *const *src, int nsrc, size_t count)
 {
     const struct dtype_row *row = row_of(dtype, op);
-    assert(nsrc >= 1);
-    if (row == NULL || nsrc < 1 || count == 0) {
+    OBD_ENFORCE(nsrc >= 1, "nsrc %d", nsrc);
+    if (count == 0) {
         return;
     }
     if (nsrc == 1 && row->size == row->acc_size) {
@@ -336,7 +336,7 @@ void obd_reduce_acc(obcomm_dtype_t dtype, obcomm_op_t op, void *acc,
                     const void *in, size_t count)
 {
     const struct dtype_row *row = row_of(dtype, op);
-    if (row == NULL || count == 0) {
+    if (count == 0) {
         return;
     }
     row->acc[op_class(op)](acc, in, count);
@@ -367,13 +367,10 @@ void obd_reduce_store_many(obcomm_dtype_t dtype, obcomm_op_t op,
 {
     const struct dtype_row *row = row_of(dtype, op);
     int avg = op == OBCOMM_AVG;
-    assert(ndst >= 1);
-    assert(!avg || divisor >= 1);
-    if (row == NULL || ndst < 1 || count == 0) {
+    OBD_ENFORCE(ndst >= 1, "ndst %d", ndst);
+    OBD_ENFORCE(!avg || divisor >= 1, "divisor %d", divisor);
+    if (count == 0) {
         return;
-    }
-    if (avg && divisor < 1) {
-        divisor = 1; /* never divide by zero in a release build */
     }
     if (ndst == 1) {
         store_range(row, avg, dst[0], acc, 0, count, divisor);

@@ -31,7 +31,8 @@
  *     Widening to fp32 is exact and also quiets NaN.
  *
  * dtype and op must be valid (obd_dtype_valid, obd_op_valid); passing
- * anything else to a reduction is a programming error caught by assert().
+ * anything else to a reduction is a broken invariant: the daemon logs it
+ * and aborts (OBD_ENFORCE, daemon/enforce.h), in every build.
  * All pointers are borrowed for the duration of the call only. Counts are
  * in elements. Nothing allocates and nothing can fail.
  */

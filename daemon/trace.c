@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "err.h"
 
 int obd_trace_open(struct obd_daemon *d, char *why, size_t whylen)
 {
@@ -24,7 +25,7 @@ int obd_trace_open(struct obd_daemon *d, char *why, size_t whylen)
             close(fd);
         snprintf(why, whylen, "trace_file %s: %s", d->cfg.trace_file,
                  strerror(err));
-        return -err;
+        return OBD_E_IO;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -30,8 +30,8 @@ struct obd_trace {
 
 struct obd_daemon;
 
-/* Opens cfg.trace_file when set (0 otherwise); a negative code with why
- * when it cannot be created. */
+/* Opens cfg.trace_file when set (0 otherwise); OBD_E_IO with why (the
+ * path and the system's reason) when it cannot be created. */
 int obd_trace_open(struct obd_daemon *d, char *why, size_t whylen);
 void obd_trace_close(struct obd_daemon *d);
 

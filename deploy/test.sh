@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, runs every test, then
-# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs
-# every test there too. Prints "N passed, N failed" last.
+# The test command: installs what is missing, builds, runs the unit and
+# integration suites, then builds again with AddressSanitizer +
+# UndefinedBehaviorSanitizer and runs the unit suite and the representative
+# integration tests of suite `asan` there. Tests run in parallel where they
+# can (tests/meson.build). Prints the ten slowest tests, then "tests: N
+# passed, N failed" last. The long runs (every torture round, the chaos
+# test, the rest of the integration suite under the sanitizers) are
+# deploy/test-slow.sh, which CI runs after this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dataset is for the training smoke test (tests that need it would
@@ -9,29 +14,14 @@ cd "$(dirname "$0")/.."
 # pytest under /usr/bin/python3) run in the normal build only: the ASan
 # build's libobcomm cannot be loaded into an uninstrumented python.
 deploy/build.sh dataset-fashion-mnist
+. deploy/testlib.sh
 
-passed=0
-failed=0
-run_suite() { # build dir
-    local dir=$1 rc=0
-    meson test -C "$dir" --print-errorlogs --num-processes 1 || rc=$?
-    local p f
-    p=$(grep -c '"result": "OK"' "$dir/meson-logs/testlog.json" || true)
-    f=$(grep -vcE '"result": "(OK|SKIP)"' "$dir/meson-logs/testlog.json" || true)
-    passed=$((passed + p))
-    failed=$((failed + f))
-    return 0
-}
+run_suite build --suite unit --suite integration
 
-run_suite build
-
-[ -f build-asan/build.ninja ] ||
-    meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-        >/dev/null
+deploy/setup.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan >/dev/null
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-run_suite build-asan
+run_suite build-asan --suite unit --suite asan
 
-echo "tests: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -11,9 +11,11 @@ header declared it. The friend pairs below are one module split in two
 files on purpose and count as one. Pure files (no event loop) must not
 include uv.h. The daemon has one error type (daemon/err.h): no file but
 err.h and err.c names a public OBCOMM_E_* code (outside a string: the
-help may name the code a trainer sees) or returns -errno. Prints
-every circle with the symbols that make it, and every stray code; exits 1
-if there is one.
+help may name the code a trainer sees) or returns -errno; no function
+returns -<variable> (a negated errno or libuv code: OBD_E_* codes are
+negative already); and a function that returns a status (an int function
+with a `return OBD_E_...`) never returns -1. Prints every circle with the
+symbols that make it, and every stray code; exits 1 if there is one.
 """
 import collections
 import os
@@ -83,6 +85,32 @@ def circles(edges):
     return found
 
 
+FUNC = re.compile(r"^(?:static\s+)?(?:inline\s+)?int\s+\**(\w+)\([^;]*?$",
+                  re.M)
+MINUS_ONE = re.compile(r"\breturn\s+-\s*1\b")
+MINUS_VAR = re.compile(r"\breturn\s+-\s*(?!OBD_E_)[A-Za-z_]\w*\s*;")
+
+
+def stray_returns(text):
+    """(line, function, statement) for each `return -var`, and each
+    `return -1` in a function that returns OBD_E_* codes elsewhere."""
+    lines = text.splitlines()
+    out = []
+    for m in FUNC.finditer(text):
+        start = text.count("\n", 0, m.start())
+        end = start
+        while end < len(lines) and lines[end] != "}":
+            end += 1
+        body = [re.sub(r'"(?:\\.|[^"\\])*"', '""', l)
+                for l in lines[start:end + 1]]
+        status = any(re.search(r"\breturn\b[^;]*\bOBD_E_[A-Z]", b)
+                     for b in body)
+        for k, b in enumerate(body):
+            if MINUS_VAR.search(b) or (status and MINUS_ONE.search(b)):
+                out.append((start + k + 1, m.group(1), b.strip()))
+    return out
+
+
 def main():
     archive, src = sys.argv[1], sys.argv[2]
     bad = 0
@@ -118,6 +146,11 @@ def main():
                     bad = 1
                     print(f"check_layers: {f}:{n}: not an OBD_E_* code "
                           f"(daemon/err.h): {line.strip()}", file=sys.stderr)
+            for n, func, stmt in stray_returns(text):
+                bad = 1
+                print(f"check_layers: {f}:{n}: {func} returns a status, "
+                      f"not an OBD_E_* code (daemon/err.h): {stmt}",
+                      file=sys.stderr)
         if f in PURE and re.search(r"^#include <uv\.h>", text, re.M):
             bad = 1
             print(f"check_layers: {f} includes uv.h but is pure",

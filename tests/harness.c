@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -18,6 +19,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "obcomm.pb-c.h"
+#include "sock.h"
 
 /* Ports for test daemons. Two things could take a port between the
  * moment a test picks it and the moment its daemon binds it (and, after
@@ -123,18 +127,7 @@ int hx_reserve_port(void)
     return -1;
 }
 
-static int socket_answers(const char *path)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
-static void sleep_ms(int ms)
+void hx_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
@@ -173,7 +166,7 @@ int hx_log_wait(const struct hx_cluster *c, int i, const char *s, int ms)
             return 1;
         if (waited >= ms)
             return 0;
-        sleep_ms(10);
+        hx_sleep_ms(10);
     }
 }
 
@@ -227,11 +220,63 @@ static int has_config(const char *const *flags)
     return 0;
 }
 
-/* Starts daemons lo..hi-1 and waits until their sockets answer. */
+/* The datagram socket daemon i says READY=1 on, bound at
+ * DIR/nodeI.notify; -1 on failure (message on stderr). */
+static int notify_open(const struct hx_cluster *c, int i, char *path,
+                       size_t len)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(path, len, "%s/node%d.notify", c->dir, i);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        fprintf(stderr, "harness: notify socket %s: %s\n", path,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Waits up to 30 s (a sanitizer build on a busy machine) for READY=1 on
+ * fd from daemon i; 0, or -1 when it exited or never said it. */
+static int notify_wait(struct hx_cluster *c, int i, int fd)
+{
+    for (int waited = 0; waited < 30000; waited += 100) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) == 1) {
+            char msg[512];
+            ssize_t n = recv(fd, msg, sizeof(msg) - 1, 0);
+            if (n > 0) {
+                msg[n] = '\0';
+                if (strncmp(msg, "READY=1", 7) == 0 || strstr(msg, "\nREADY=1"))
+                    return 0;
+            }
+        }
+        if (!hx_alive(c, i))
+            break;
+    }
+    fprintf(stderr, "harness: daemon %d did not come up\n", i);
+    return -1;
+}
+
+/* Starts daemons lo..hi-1 and waits for each one's READY=1. */
 static int spawn_range(struct hx_cluster *c, int lo, int hi)
 {
     const char *bin = getenv("OBCOMMD");
+    int notify[HX_MAX_NODES];
+    char npath[HX_MAX_NODES][160];
+    for (int i = lo; i < hi; i++)
+        notify[i] = -1;
+    int rc = 0;
     for (int i = lo; i < hi; i++) {
+        notify[i] = notify_open(c, i, npath[i], sizeof(npath[i]));
+        if (notify[i] < 0) {
+            rc = -1;
+            break;
+        }
         const char *argv[64];
         char rank[16];
         int n = 0;
@@ -262,6 +307,7 @@ static int spawn_range(struct hx_cluster *c, int lo, int hi)
             int fd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
             if (fd >= 0)
                 dup2(fd, 2);
+            setenv("NOTIFY_SOCKET", npath[i], 1);
             execv(bin, (char *const *)argv);
             _exit(127);
         }
@@ -271,16 +317,14 @@ static int spawn_range(struct hx_cluster *c, int lo, int hi)
     }
 
     for (int i = lo; i < hi; i++) {
-        int tries = 0;
-        while (!socket_answers(c->sock[i])) {
-            if (++tries > 500 || !hx_alive(c, i)) {
-                fprintf(stderr, "harness: daemon %d did not come up\n", i);
-                return -1;
-            }
-            sleep_ms(20);
+        if (rc == 0)
+            rc = c->daemon[i] > 0 ? notify_wait(c, i, notify[i]) : -1;
+        if (notify[i] >= 0) {
+            close(notify[i]);
+            unlink(npath[i]);
         }
     }
-    return 0;
+    return rc;
 }
 
 int hx_restart(struct hx_cluster *c)
@@ -295,33 +339,74 @@ int hx_crash_restart(struct hx_cluster *c, int i)
 
 int hx_restart_node(struct hx_cluster *c, int i, int sig)
 {
+    /* A node whose link to i is down fails a new op that needs i at once
+     * with PEER_LOST, so the mesh must be whole again before the caller
+     * starts trainers: the others first see daemon i go (a node with a
+     * full mesh has nodes - 1 links, then fewer), and after the new
+     * daemon's READY=1 every one of them has its nodes - 1 links back. */
+    long long before[HX_MAX_NODES];
+    for (int j = 0; j < c->nodes; j++)
+        before[j] = j != i && hx_alive(c, j) ? hx_metric(c, j, "links_up") : -1;
     if (c->daemon[i] > 0 && !c->exited[i]) {
         kill(c->daemon[i], sig);
         waitpid(c->daemon[i], &c->status[i], 0);
     }
+    for (int j = 0; j < c->nodes; j++)
+        for (int t = 0; before[j] == c->nodes - 1 && t < 10000; t += 10) {
+            if (hx_metric(c, j, "links_up") < before[j])
+                break;
+            hx_sleep_ms(10);
+        }
     c->daemon[i] = 0;
     c->exited[i] = 0;
     unlink(c->sock[i]);
-    return spawn_range(c, i, i + 1);
+    if (spawn_range(c, i, i + 1) != 0)
+        return -1;
+    for (int j = 0; j < c->nodes; j++)
+        for (int t = 0; before[j] == c->nodes - 1; t += 10) {
+            if (hx_metric(c, j, "links_up") == before[j])
+                break;
+            if (t >= 20000) {
+                fprintf(stderr, "harness: node %d has not its %d links back\n",
+                        j, c->nodes - 1);
+                return -1;
+            }
+            hx_sleep_ms(10);
+        }
+    return 0;
 }
 
 long long hx_metric(const struct hx_cluster *c, int i, const char *name)
 {
-    const char *ctl = getenv("OBCOMMCTL");
-    char cmd[512], needle[96], out[16384];
-    if (ctl == NULL)
+    char err[512];
+    int fd = obc_sock_connect(c->sock[i], err, sizeof(err));
+    if (fd < 0) {
+        fprintf(stderr, "harness: metric %s of daemon %d: %s\n", name, i, err);
         return -1;
-    snprintf(cmd, sizeof(cmd), "%s -s %s --json metrics", ctl, c->sock[i]);
-    FILE *p = popen(cmd, "r");
-    if (p == NULL)
-        return -1;
-    size_t n = fread(out, 1, sizeof(out) - 1, p);
-    out[n] = '\0';
-    pclose(p);
-    snprintf(needle, sizeof(needle), "\"name\":\"%s\"", name);
-    const char *at = strstr(out, needle);
-    const char *v = at ? strstr(at, "\"value\":") : NULL;
-    return v ? atoll(v + 8) : -1;
+    }
+    Obcomm__StatusRequest req = OBCOMM__STATUS_REQUEST__INIT;
+    Obcomm__ClientMsg msg = OBCOMM__CLIENT_MSG__INIT;
+    msg.body_case = OBCOMM__CLIENT_MSG__BODY_STATUS;
+    msg.status = &req;
+    int64_t deadline = obc_now_ms() + 10000;
+    Obcomm__DaemonMsg *reply = NULL;
+    int rc = obc_sock_send(fd, &msg, -1, deadline, 10000, err, sizeof(err));
+    if (rc == 0)
+        rc = obc_sock_recv(fd, deadline, 10000, &reply, err, sizeof(err));
+    close(fd);
+    long long v = -1;
+    if (rc == 0 && reply->body_case == OBCOMM__DAEMON_MSG__BODY_STATUS) {
+        const Obcomm__StatusReply *r = reply->status;
+        for (size_t k = 0; k < r->n_metrics; k++)
+            if (strcmp(r->metrics[k]->name, name) == 0)
+                v = (long long)r->metrics[k]->value;
+    } else {
+        fprintf(stderr, "harness: metric %s of daemon %d: %s\n", name, i,
+                rc ? err : "not a StatusReply");
+    }
+    if (reply)
+        obcomm__daemon_msg__free_unpacked(reply, NULL);
+    return v;
 }
 
 int hx_alive(struct hx_cluster *c, int i)
@@ -354,7 +439,7 @@ int hx_halt(struct hx_cluster *c, int sig)
                 bad++;
                 break;
             }
-            sleep_ms(20);
+            hx_sleep_ms(20);
         }
         int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (sig == SIGTERM && !clean) {
@@ -437,7 +522,7 @@ int hx_wait(pid_t pid, int wait_ms)
             return -1;
         if (t >= wait_ms)
             break;
-        sleep_ms(5);
+        hx_sleep_ms(5);
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
@@ -471,7 +556,7 @@ int hx_run(struct hx_cluster *c, int per_node, const char *job, int timeout_ms,
             }
         }
         if (left > 0)
-            sleep_ms(20);
+            hx_sleep_ms(20);
     }
     for (int i = 0; i < total; i++)
         if (pids[i] > 0) {

@@ -29,10 +29,15 @@ struct hx_cluster {
  * be handed to some connection before the daemon binds it. */
 int hx_reserve_port(void);
 
+/* Sleeps ms milliseconds (the one sleep of the tests). */
+void hx_sleep_ms(int ms);
+
 /* Starts `nodes` daemons (binary from $OBCOMMD) on 127.0.0.1 with ports
  * from hx_reserve_port, each with its own socket, plus `extra` flags (may be
- * NULL), and waits until every socket answers. Returns 0 or -1 (message on
- * stderr). Daemons log at info, unless their flags name a config file
+ * NULL), and waits until every daemon says READY=1 on the NOTIFY_SOCKET
+ * the harness gives it (as systemd's Type=notify does: the daemon says it
+ * once its sockets listen). Returns 0 or -1 (message on stderr). Daemons log at
+ * info, unless their flags name a config file
  * (-c/--config): then the file decides (a flag would override it, also on
  * reload). */
 int hx_start(struct hx_cluster *c, int nodes, const char *const *extra);
@@ -61,13 +66,16 @@ int hx_restart(struct hx_cluster *c);
  * port, socket, flags and log while the others keep running. */
 int hx_crash_restart(struct hx_cluster *c, int i);
 
-/* Stops daemon i alone with sig (SIGKILL: a crash), reaps it and starts
- * it again with the same port, socket and flags; waits until its socket
- * answers. Returns 0 or -1. */
+/* Stops daemon i alone with sig (SIGKILL: a crash), reaps it, waits (up to
+ * 10 s) until every other daemon that had a full mesh has seen its link
+ * to i go (links_up), and starts it again with the same port, socket and
+ * flags; waits for its READY=1 and then until those daemons have their
+ * full mesh back (a node whose link to i is down fails a new op at once).
+ * Returns 0 or -1. */
 int hx_restart_node(struct hx_cluster *c, int i, int sig);
 
-/* A counter of daemon i as obcommctl ($OBCOMMCTL) reports it; -1 if
- * unavailable. */
+/* A counter of daemon i, from one StatusRequest over its socket (what
+ * obcommctl shows); -1 if unavailable (message on stderr). */
 long long hx_metric(const struct hx_cluster *c, int i, const char *name);
 
 /* 1 if daemon i is still running. */

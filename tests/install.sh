@@ -17,9 +17,14 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # A sanitizer build's library needs the sanitizer's runtime in every
 # program that links it: not what a package ships, and not what
-# `pkg-config --libs` alone can link.
+# `pkg-config --libs` alone can link. Meson before 1.8 says "none", later
+# ones an empty list.
 sanitize=$("$meson" introspect "$build" --buildoptions |
-    python3 -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"][0])')
+    python3 -c '
+import json, sys
+v = [o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"][0]
+v = ",".join(v) if isinstance(v, list) else v
+print(v or "none")')
 if [ "$sanitize" != none ]; then
     echo "SKIP: b_sanitize=$sanitize"
     exit 77

@@ -382,43 +382,20 @@ END_TEST
 /* Segment buffers outlive the op (job.c keeps them for the next): a
  * fresh buffer costs a page fault per 4 KiB of every reduce-scatter
  * segment received into it, which on a virtual machine took as much CPU
- * as the receive copies themselves (tests/bench/results-issue22). With
- * 40 MiB segments (a whole chunk of 2 nodes x 10 Mi floats) a fresh
- * buffer is always a new mapping (malloc maps anything over 32 MiB), so
- * each op would cost each daemon 10240 minor faults (in 4 KiB pages;
- * with transparent huge pages always on, too few for this test to see
- * fresh buffers); after two warm-up
- * ops, four more must cost both daemons together fewer faults per op
- * than one segment buffer has pages. Every result is exact. */
+ * as the receive copies themselves (tests/bench/results-issue22). The
+ * daemons count the buffers they allocate afresh
+ * (segment_buffers_allocated): the two warm-up ops allocate some on
+ * every node, the four ops after them none. Every result is exact. */
 enum {
-    REUSE_COUNT = 20 << 20,
+    REUSE_COUNT = 4 << 20,
     REUSE_OPS = 4,
-    REUSE_SEG_BYTES = REUSE_COUNT / 2 * 4,
-    REUSE_SEG_PAGES = REUSE_SEG_BYTES / 4096
+    REUSE_SEG_BYTES = REUSE_COUNT / 2 * 4
 };
-
-/* Minor faults of process pid so far (/proc/PID/stat field 10); -1 when
- * unreadable. */
-static long long minflt(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = '\0';
-    /* Fields after the command name, which ends at the last ')'. */
-    char *p = strrchr(buf, ')');
-    long long v = -1;
-    if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %lld", &v) != 1)
-        v = -1;
-    return v;
-}
 
 struct reuse {
     const struct hx_cluster *cl;
-    long long faults; /* rank 0's measurement, through shared memory */
+    /* rank 0's readings of every node, through shared memory */
+    long long warm[HX_MAX_NODES], after[HX_MAX_NODES];
 };
 
 static int trainer_reuse(obcomm_t *c, void *arg)
@@ -428,13 +405,12 @@ static int trainer_reuse(obcomm_t *c, void *arg)
     float *x;
     if (obcomm_alloc(c, REUSE_COUNT * sizeof(float), (void **)&x))
         return hx_fail(c, "alloc: %s", obcomm_last_error(c));
-    long long f0 = 0;
     for (int op = 0; op < 2 + REUSE_OPS; op++) {
         if (op == 2) {
             if (obcomm_barrier(c))
                 return hx_fail(c, "barrier: %s", obcomm_last_error(c));
-            for (int i = 0; i < ru->cl->nodes; i++)
-                f0 += minflt(ru->cl->daemon[i]);
+            for (int i = 0; rank == 0 && i < ru->cl->nodes; i++)
+                ru->warm[i] = hx_metric(ru->cl, i, "segment_buffers_allocated");
         }
         /* Small integers: every sum is exact in fp32. */
         for (size_t i = 0; i < REUSE_COUNT; i++)
@@ -452,12 +428,8 @@ static int trainer_reuse(obcomm_t *c, void *arg)
     }
     if (obcomm_barrier(c))
         return hx_fail(c, "barrier: %s", obcomm_last_error(c));
-    if (rank == 0) {
-        long long f1 = 0;
-        for (int i = 0; i < ru->cl->nodes; i++)
-            f1 += minflt(ru->cl->daemon[i]);
-        ru->faults = f0 < 0 || f1 < 0 ? -1 : f1 - f0;
-    }
+    for (int i = 0; rank == 0 && i < ru->cl->nodes; i++)
+        ru->after[i] = hx_metric(ru->cl, i, "segment_buffers_allocated");
     return 0;
 }
 
@@ -472,17 +444,21 @@ START_TEST(segment_buffers_are_reused_across_ops)
                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(ru != MAP_FAILED);
     ru->cl = &cl;
-    ru->faults = -2;
     int failed = hx_run(&cl, 1, "reuse", 60000, 300, trainer_reuse, ru);
-    long long faults = ru->faults;
+    struct reuse got = *ru;
     munmap(ru, sizeof(*ru));
     ck_assert_int_eq(hx_stop(&cl), 0);
     ck_assert_int_eq(failed, 0);
-    ck_assert_msg(faults >= 0, "no fault counts (%lld)", faults);
-    ck_assert_msg(faults < (long long)REUSE_OPS * REUSE_SEG_PAGES,
-                  "%lld minor faults in the daemons over %d ops: segment "
-                  "buffers are allocated afresh",
-                  faults, REUSE_OPS);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(got.warm[i] >= 1,
+                      "node %d: %lld segment buffers allocated by the "
+                      "warm-up ops",
+                      i, got.warm[i]);
+        ck_assert_msg(got.after[i] == got.warm[i],
+                      "node %d: %lld segment buffers allocated afresh over "
+                      "%d ops after the warm-up",
+                      i, got.after[i] - got.warm[i], REUSE_OPS);
+    }
 }
 END_TEST
 

@@ -32,12 +32,6 @@ static const char *const escaped[] = {
 };
 #define NJOBS (int)(sizeof(names) / sizeof(names[0]))
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Waits in a barrier that the job's second local trainer never joins. */
 static int trainer_wait(obcomm_t *c, void *arg)
 {
@@ -95,7 +89,7 @@ START_TEST(hostile_job_names_are_escaped)
         run(cmd, out, sizeof(out));
         listed = count(out, "barrier");
         if (listed < NJOBS)
-            sleep_ms(25);
+            hx_sleep_ms(25);
     }
     ck_assert_int_eq(listed, NJOBS);
     size_t n = run(cmd, out, sizeof(out));

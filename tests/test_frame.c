@@ -46,22 +46,27 @@ START_TEST(frame_round_trip_and_bounds)
     ck_assert_uint_eq(g.segment, f.segment);
     ck_assert_uint_eq(g.len, f.len);
 
-    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4095, &g, &why), -1);
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4095, &g, &why), OBD_E_PROTO);
     ck_assert_str_eq(why, "data payload longer than a segment");
     buf[0] ^= 1;
-    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), -1);
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), OBD_E_PROTO);
     ck_assert_str_eq(why, "bad magic");
     buf[0] ^= 1;
     buf[5] = 9;
-    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), -1);
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), OBD_E_PROTO);
     ck_assert_str_eq(why, "unknown frame type");
     buf[5] = OBD_FRAME_CTRL;
-    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), -1);
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), OBD_E_PROTO);
     ck_assert_str_eq(why, "control payload length out of bounds");
     buf[5] = OBD_FRAME_DATA;
     buf[47] = 1;
-    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), -1);
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why), OBD_E_PROTO);
     ck_assert_str_eq(why, "reserved header bytes are not zero");
+    buf[47] = 0;
+    buf[4] = OBCOMM_PROTO_VERSION + 1;
+    ck_assert_int_eq(obd_frame_decode(buf, 1024, 4096, &g, &why),
+                     OBD_E_VERSION);
+    ck_assert_str_eq(why, "unsupported frame version");
 }
 END_TEST
 

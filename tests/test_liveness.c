@@ -96,12 +96,6 @@ static int trainer_next_run(obcomm_t *c, void *arg)
     return 0;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Waits (bounded, generously) until every survivor has logged s. */
 static int survivors_logged(struct hx_cluster *cl, const char *s)
 {
@@ -112,7 +106,7 @@ static int survivors_logged(struct hx_cluster *cl, const char *s)
                 all = 0;
         if (all)
             return 1;
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     return 0;
 }
@@ -127,7 +121,7 @@ static int mesh_complete(struct hx_cluster *cl)
                 all = 0;
         if (all)
             return 1;
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     return 0;
 }

@@ -35,12 +35,6 @@
 
 static char keydir[64];
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* A key file of len bytes with the given mode; returns its path (static
  * storage per name). */
 static const char *make_key(const char *name, size_t len, mode_t mode,
@@ -334,7 +328,7 @@ START_TEST(intruders_are_refused_and_the_job_runs_on)
     ck_assert_int_gt(t0, 0);
     ck_assert_int_gt(t1, 0);
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "allreduce_ops") < 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_ge(hx_metric(&cl, 0, "allreduce_ops"), 1);
 
     uint8_t rec[4096], wrong[OBD_AUTH_KEY];
@@ -365,7 +359,7 @@ START_TEST(intruders_are_refused_and_the_job_runs_on)
     int ops_during = (int)hx_metric(&cl, 0, "allreduce_ops");
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "allreduce_ops") <= ops_during;
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     fd = open(stop, O_WRONLY | O_CREAT, 0600);
     close(fd);
     int s0 = hx_wait(t0, 60000), s1 = hx_wait(t1, 60000);
@@ -438,7 +432,7 @@ START_TEST(idle_connections_lock_nobody_out)
     /* The mesh first: then every connection from 127.0.0.1 is the
      * flood's own. */
     for (int i = 0; i < 250 && hx_metric(&cl, 0, "links_up") != 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 1);
     static int fds[300];
     for (int i = 0; i < 300; i++) {
@@ -446,7 +440,7 @@ START_TEST(idle_connections_lock_nobody_out)
         ck_assert_int_ge(fds[i], 0);
     }
     for (int i = 0; i < 200 && hx_metric(&cl, 0, "unauth_closed") < 292; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_eq(hx_metric(&cl, 0, "unauth_closed"), 292);
 
     /* Node 1 crashes and comes back: it must get through to node 0. */
@@ -508,7 +502,7 @@ START_TEST(wrong_key_is_counted_on_the_dialed_side)
     for (int i = 0; i < 500 && (hx_metric(&cl, 0, "auth_failures") < 1 ||
                                 hx_metric(&cl, 1, "auth_failures") < 1);
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_ge(hx_metric(&cl, 0, "auth_failures"), 1);
     ck_assert_int_ge(hx_metric(&cl, 1, "auth_failures"), 1);
     ck_assert(hx_log_contains(&cl, 0,
@@ -659,7 +653,7 @@ START_TEST(forged_frames_fail_the_op_at_once_everywhere)
     ck_assert_int_eq(obd_auth_init(), 0);
     ck_assert_int_eq(hx_start(&cl, 2, NULL), 0);
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "links_up") != 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     kill(cl.daemon[1], SIGKILL);
     int st;
     ck_assert_int_eq(waitpid(cl.daemon[1], &st, 0), cl.daemon[1]);
@@ -668,7 +662,7 @@ START_TEST(forged_frames_fail_the_op_at_once_everywhere)
     ck_assert(hx_log_wait(&cl, 0, "link to node 1 is down", 10000));
     int fd = become_node1(&cl);
     for (int i = 0; i < 500 && hx_metric(&cl, 0, "links_up") != 1; i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 1);
 
     alone_ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
@@ -751,7 +745,7 @@ START_TEST(different_segment_sizes_are_refused_by_name)
     for (int i = 0; i < 250 && !(hx_log_contains(&cl, 0, at0) &&
                                  hx_log_contains(&cl, 1, at1));
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert(hx_log_contains(&cl, 0, at0));
     ck_assert(hx_log_contains(&cl, 1, at1));
     ck_assert_int_eq(hx_metric(&cl, 0, "links_up"), 0);
@@ -806,7 +800,7 @@ START_TEST(out_of_descriptors_pauses_accepting)
      * pauses. The counter is read after the descriptors are free again. */
     for (int i = 0; i < 500 && !hx_log_contains(&cl, 0, "Too many open files");
          i++)
-        sleep_ms(20);
+        hx_sleep_ms(20);
     ck_assert_msg(hx_log_contains(&cl, 0, "Too many open files"),
                   "node 0 never ran out of descriptors");
     for (int i = 0; i < n; i++)
@@ -814,7 +808,7 @@ START_TEST(out_of_descriptors_pauses_accepting)
     long long pauses = -1;
     for (int i = 0; i < 100 && pauses < 1; i++) {
         pauses = hx_metric(&cl, 0, "accept_pauses");
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     ck_assert_int_ge(pauses, 1);
     ck_assert_int_le(count_lines(&cl, 0, "Too many open files"), 3);
@@ -848,7 +842,7 @@ static int run_daemon(const char *const *args, char *out, size_t outlen)
         if (waitpid(pid, &status, WNOHANG) == pid)
             break;
         status = -1;
-        sleep_ms(20);
+        hx_sleep_ms(20);
     }
     if (status == -1) {
         kill(pid, SIGTERM);

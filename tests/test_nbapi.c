@@ -957,7 +957,7 @@ static int trainer_scatter_deadline(obcomm_t *c, void *arg)
         return hx_fail(c, "alloc: %s", obcomm_last_error(c));
     if (obcomm_rank(c) == 1) { /* never submits */
         for (int i = 0; i < 6000 && access(done, F_OK) != 0; i++)
-            usleep(10000);
+            hx_sleep_ms(10);
         return access(done, F_OK) == 0 ? 0 : hx_fail(c, "rank 0 never done");
     }
     obcomm_request_t *r;

@@ -775,7 +775,7 @@ START_TEST(failed_snapshot_keeps_the_previous_set)
     for (int i = 0; i < 3; i++) {
         int sets = count_sets(sd[i]);
         for (int t = 0; t < 100 && sets != 1; t++) {
-            usleep(50 * 1000);
+            hx_sleep_ms(50);
             sets = count_sets(sd[i]);
         }
         ck_assert_int_eq(sets, 1);

@@ -48,12 +48,6 @@
 
 #define NOBODY 65534
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Becomes uid/gid 65534 with no supplementary groups; 0 on success. */
 static int drop_privileges(void)
 {
@@ -219,7 +213,7 @@ static long long wait_clients(struct hx_cluster *cl, long long want)
     for (int t = 0; t < 400 && n != want; t++) {
         n = hx_metric(cl, 0, "clients");
         if (n != want)
-            sleep_ms(50);
+            hx_sleep_ms(50);
     }
     return n;
 }

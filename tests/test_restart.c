@@ -46,12 +46,6 @@ struct shared {
 
 static struct shared *sh;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static long long now_ms(void)
 {
     struct timespec ts;
@@ -74,7 +68,7 @@ static int wait_flag(volatile int *flag, int wait_ms)
     for (int t = 0; t < wait_ms; t += 5) {
         if (*flag)
             return 0;
-        sleep_ms(5);
+        hx_sleep_ms(5);
     }
     return -1;
 }
@@ -119,7 +113,7 @@ static int first_run(obcomm_t *c, void *arg)
             return hx_fail(c, "first run, op %d: %s", k, obcomm_last_error(c));
     if (obcomm_rank(c) != NODES - 1)
         return 0;
-    sleep_ms(l->linger_ms);
+    hx_sleep_ms(l->linger_ms);
     long long t0 = now_ms();
     int rc = ones(c, x);
     sh->ms[7] = now_ms() - t0;
@@ -266,7 +260,7 @@ static int doomed_run(obcomm_t *c, void *arg)
     }
     sh->flag[r] = 1;
     while (!sh->go[r])
-        sleep_ms(2);
+        hx_sleep_ms(2);
     long long t0 = now_ms();
     int rc = obcomm_allreduce_1bit(c, 7, x, COUNT);
     sh->ms[r] = now_ms() - t0;

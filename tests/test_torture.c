@@ -77,12 +77,6 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* Records why a trainer failed for the test to print, and returns 1. */
 static int note(obcomm_t *c, struct shared *sh, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -365,7 +359,7 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
                 hx_wait(pid[j], 0);
             ROUND_FAIL(cl, "%s: trainers not ready after 30 s", where);
         }
-        sleep_ms(5);
+        hx_sleep_ms(5);
     }
 
     uint64_t r = splitmix(rng);
@@ -376,7 +370,7 @@ static int run_round(struct hx_cluster *cl, struct shared *sh, int ls,
         (victim[0] + 1 + (int)((r >> 16) % (uint64_t)(total - 1))) % total;
     /* Pacing, not synchronisation: the kill lands at a random moment of
      * the trainers' op stream, and that moment is what the round tests. */
-    sleep_ms((int)((r >> 32) % 400));
+    hx_sleep_ms((int)((r >> 32) % 400));
     for (int k = 0; k < kills; k++) {
         by_kind[sh->in_op[victim[k]]]++; /* filling or in the call */
         kill(pid[victim[k]], SIGKILL);

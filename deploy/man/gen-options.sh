@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Fills the OPTIONS section of obcommd(8) from the option table (and the
-# version and paths into the rest of the page): the blocks
-# of `obcommd --example-config` ("# help..." lines, then "# name = default")
-# become .TP entries, so the man page cannot drift from the parser.
-#   gen-options.sh OBCOMMD TEMPLATE OUTPUT SYSCONFDIR
+# Fills the OPTIONS section of obcommd(8) from the example configuration
+# (and the version and paths into the rest of the page): the blocks of
+# deploy/obcommd.conf.example ("# help..." lines, then "# name = default")
+# become .TP entries. The example is `obcommd --example-config` (the test
+# example_config holds the two equal), so the page cannot drift from the
+# option table, and no obcommd has to run on the build machine: a cross
+# build makes the same page.
+#   gen-options.sh EXAMPLE TEMPLATE OUTPUT SYSCONFDIR VERSION
 set -euo pipefail
-obcommd=$1 template=$2 output=$3 sysconfdir=$4
-options=$("$obcommd" --example-config | awk '
+example=$1 template=$2 output=$3 sysconfdir=$4 version=$5
+options=$(awk '
     function roff(s) {
         gsub(/\\/, "\\e", s)
         gsub(/-/, "\\-", s)
@@ -29,10 +32,9 @@ options=$("$obcommd" --example-config | awk '
         next
     }
     /^# / { sub(/^# /, ""); help = help == "" ? $0 : help " " $0; next }
-')
+' "$example")
 # Through the environment: awk -v would turn the \f of font changes into
 # form feeds.
-version=$("$obcommd" --version | awk 'NR == 1 { print $2 }')
 OPTS=$options ETC=$sysconfdir VERSION=$version awk '
     $0 == "@OPTIONS@" { print ENVIRON["OPTS"]; next }
     {
