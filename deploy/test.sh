@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dataset is for the training smoke test (tests that need it would
 # otherwise skip). The Python tests (tests/python, meson tests python_*,
-# pytest under /usr/bin/python3) run in the normal build only: the ASan
-# build's libobcomm cannot be loaded into an uninstrumented python.
+# pytest under the project's .venv with torch 2.13) run in the normal
+# build only.
 deploy/build.sh dataset-fashion-mnist
 . deploy/testlib.sh
 
