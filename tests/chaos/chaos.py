@@ -26,12 +26,13 @@ the node, the loss rate and the durations):
   snapshot-restart  the same, but every daemon is stopped (SIGTERM) before
                the byte is flipped and started again before the third run
   snapshot-partition  a run's trainers pause before a snapshot op
-               (obcomm_save_1bit); node 1 is cut off both ways as they
-               start it (the long mode also cuts 0-20 ms after they were
-               let go, while the nodes write their parts), for 5 s: the op fails on every rank, no node
-               keeps the set (state_dir, .tmp, in-memory bytes), a later
-               restore of its id is refused on every rank, and the run
-               after the heal is the reference from zero
+               (obcomm_save_1bit); node 1 is cut off both ways for 5 s
+               as soon as it begins writing its part (the long mode also
+               cuts before the op, or 0-20 ms after the trainers go): the
+               op fails on every rank, no node keeps the set (state_dir,
+               .tmp, in-memory bytes), a later restore of its id is
+               refused on every rank, and the run after the heal is the
+               reference from zero
   restart-alone  kill -9 of node 1's trainer during the stream and a new
                trainer on node 1 at once, alone: the other ranks' next op
                fails at once naming it; once they restart, the new run is
@@ -821,14 +822,15 @@ class Driver:
         with no 1-bit op succeeding; the run after that is the reference
         from zero (3). A rank whose node saw every report before the cut
         and committed, though the op failed elsewhere, is the leftover of
-        docs/design.md ("A leftover set"): reported, allowed only on the
+        docs/design.md ("A leftover set is never used"): reported, allowed only on the
         nodes whose rank succeeded, and the restore must be refused all
         the same."""
         p = self.params(name)
         v = p["node"]
         job = f"chaos-{idx:02d}-{name}"
         sdir = os.path.join(self.work, f"{idx:02d}-{name}")
-        adir, bdir = os.path.join(sdir, "a-cut"), os.path.join(sdir, "b-restore")
+        adir = os.path.join(sdir, "a-cut")
+        bdir = os.path.join(sdir, "b-restore")
         res = {"name": name, "job": job, "params": p, "checks": {},
                "notes": []}
         say(f"\n== {idx:02d} {name} {json.dumps(p, sort_keys=True)}")
@@ -881,15 +883,20 @@ class Driver:
         open(go, "w").close()
         t_go = time.time()
         if p["cut"] == "write" and sid is not None:
-            # The cut node's part begins as a .tmp directory.
-            tmp = os.path.join(self.cl.state_dir(v),
-                               f"set-{job.encode().hex()}-{sid}.tmp")
+            # The cut node's part begins as a .tmp directory, renamed
+            # when written.
+            final = os.path.join(self.cl.state_dir(v),
+                                 f"set-{job.encode().hex()}-{sid}")
             until = time.monotonic() + 10
-            while not os.path.exists(tmp) and time.monotonic() < until:
+            while time.monotonic() < until and not any(
+                    os.path.exists(d) for d in (final + ".tmp", final)):
                 time.sleep(0.0005)
-            if not os.path.exists(tmp):
-                res["notes"].append(f"node {v}'s part ({tmp}) was not seen "
-                                    f"being written within 10 s")
+            if os.path.exists(final):
+                res["notes"].append(f"node {v}'s part was written before "
+                                    f"the cut")
+            elif not os.path.exists(final + ".tmp"):
+                res["notes"].append(f"node {v}'s part was not seen being "
+                                    f"written within 10 s")
         elif p["cut"] != "before":
             time.sleep(p["cut"] / 1000)
         if p["cut"] != "before":
