@@ -382,10 +382,15 @@ int main(int argc, char **argv)
         case 'X':
             a.snapshot = 1;
             break;
-        case 'I':
-            a.restore_id = strtoull(optarg, NULL, 16);
+        case 'I': {
+            char *end;
+            errno = 0;
+            a.restore_id = strtoull(optarg, &end, 16);
+            if (errno != 0 || end == optarg || *end != '\0')
+                return usage();
             a.has_restore_id = 1;
             break;
+        }
         default:
             return usage();
         }
