@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Long chaos run: builds obcomm, then repeats random fault scenarios of the
 # chaos test (tests/chaos/chaos.py: loss, one-way drops, partitions of 5 s
-# and 60 s, a flapping link, kill -9 of a daemon, damaged snapshots) on 3
-# obcomm nodes in network namespaces until SECONDS pass, checking the
-# failure contract of docs/design.md, "The 1-bit state's lifecycle and
-# failures", after each. Prints a summary per scenario and at the end;
+# and 60 s, a flapping link, kill -9 of a daemon, damaged snapshots, a
+# partition during a snapshot op, a trainer restarted alone, a lingering
+# node) on 3 obcomm nodes in network namespaces until SECONDS pass,
+# checking the failure contract of docs/design.md, "The 1-bit state's
+# lifecycle and failures", after each. Prints a summary per scenario and at the end;
 # exit 0 only when every check passed. Needs root.
 #
 #   deploy/chaos.sh SECONDS [--seed S] [--keep] [--workdir DIR]

@@ -1123,6 +1123,67 @@ START_TEST(a_snapshot_failed_by_a_lost_node_leaves_no_set)
 }
 END_TEST
 
+/* A leftover set: a node that saw every report of a snapshot op and
+ * committed the set, while the op failed on the others (a link that went
+ * down between the reports and the verdict: the others' failure never
+ * reaches it), keeps its part; the others dropped theirs when their op
+ * failed. Here the set is saved on every node of job "left", then
+ * nodes 0 and 1 drop their parts as a failed op does. A restore of it
+ * fails on every rank naming the nodes that lack it, no node installs
+ * it, the next run starts at zero, and the node's later commits prune it
+ * like any older set of the job (the newest 4 are kept). */
+START_TEST(a_leftover_set_is_never_used)
+{
+    char base[] = "/tmp/obcomm-leftover-XXXXXX";
+    char sd[3][64];
+    const char *flags[3][3];
+    const char *const *each[3];
+    state_dirs(base, sd, flags, each, 3);
+    volatile uint64_t *id = shared_id();
+    struct hx_cluster cl;
+    ck_assert_int_eq(hx_start_each(&cl, 3, each), 0);
+    struct plan a = {.ls = 1, .steps = 7, .snapshot_after = 4, .snapshot = id};
+    ck_assert_int_eq(hx_run(&cl, 1, "left", 60000, 300, trainer_onebit, &a), 0);
+    uint64_t left = *id;
+    ck_assert_uint_ne(left, 0);
+    char leftover[128];
+    snprintf(leftover, sizeof(leftover), "%s/set-%s-%016llx", sd[2], "6c656674",
+             (unsigned long long)left);
+    ck_assert_int_eq(access(leftover, F_OK), 0);
+    sh("rm -rf %s/set-* %s/set-*", sd[0], sd[1]);
+
+    struct plan b = {.ls = 1,
+                     .snapshot = id,
+                     .restore = 1,
+                     .restore_fails = 1,
+                     .restore_fails_with = OBCOMM_E_STATE,
+                     .restore_fails_naming = "could not be restored: node 0: "
+                                             "missing"};
+    ck_assert_int_eq(hx_run(&cl, 1, "left", 60000, 300, trainer_onebit, &b), 0);
+    b.restore_fails_naming = "; node 1: missing";
+    ck_assert_int_eq(hx_run(&cl, 1, "left", 60000, 300, trainer_onebit, &b), 0);
+    for (int n = 0; n < 3; n++)
+        ck_assert_int_eq(hx_metric(&cl, n, "ef_restored"), 0);
+    /* The next run starts at zero: the simulation from step 0. */
+    struct plan c = {.ls = 1, .steps = 3};
+    ck_assert_int_eq(hx_run(&cl, 1, "left", 60000, 300, trainer_onebit, &c), 0);
+    /* Four later sets of the job: node 2 keeps the newest 4, so the
+     * leftover goes. */
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(access(leftover, F_OK), 0);
+        ck_assert_int_eq(hx_run(&cl, 1, "left", 60000, 300, trainer_onebit, &a),
+                         0);
+        ck_assert_uint_ne(*id, left);
+    }
+    ck_assert_int_ne(access(leftover, F_OK), 0);
+    for (int n = 0; n < 3; n++)
+        ck_assert_int_eq(count_sets(sd[n]), 4);
+    ck_assert_int_eq(hx_stop(&cl), 0);
+    sh("rm -rf %s", base);
+    munmap((void *)id, 4096);
+}
+END_TEST
+
 Suite *onebit_suite(void)
 {
     Suite *s = suite_create("onebit");
@@ -1141,6 +1202,7 @@ Suite *onebit_suite(void)
     tcase_add_test(snap, one_daemon_restarts_both_go_back_to_the_snapshot);
     tcase_add_test(snap, tampered_sets_are_refused_naming_node_and_file);
     tcase_add_test(snap, a_snapshot_failed_by_a_lost_node_leaves_no_set);
+    tcase_add_test(snap, a_leftover_set_is_never_used);
     suite_add_tcase(s, snap);
     /* CK_RUN_CASE=one_node runs these alone. */
     TCase *one = tcase_create("one_node");

@@ -25,6 +25,14 @@ the node, the loss rate and the durations):
                rank
   snapshot-restart  the same, but every daemon is stopped (SIGTERM) before
                the byte is flipped and started again before the third run
+  snapshot-partition  a run's trainers pause before a snapshot op
+               (obcomm_save_1bit); node 1 is cut off both ways for 5 s
+               as soon as it begins writing its part (the long mode also
+               cuts before the op, or 0-20 ms after the trainers go): the
+               op fails on every rank, no node keeps the set (state_dir,
+               .tmp, in-memory bytes), a later restore of its id is
+               refused on every rank, and the run after the heal is the
+               reference from zero
   restart-alone  kill -9 of node 1's trainer during the stream and a new
                trainer on node 1 at once, alone: the other ranks' next op
                fails at once naming it; once they restart, the new run is
@@ -77,11 +85,13 @@ VERIFY_OPS = 30       # the new run after the fault
 RESTART_POST_S = 0.5  # restart-alone: the old run's survivors go on this
                       # long after the kill, then restart
 SNAP_OPS = 30         # ops per run of the snapshot scenario
+SNAP_CUT_S = 5.0      # snapshot-partition: how long the node is cut off
 ONEBIT_KEYS = [11, 12]
 BIG = 10 ** 7
 
 ALL = ["loss", "oneway", "partition5", "partition60", "flap", "kill",
-       "snapshot", "snapshot-restart", "restart-alone", "linger"]
+       "snapshot", "snapshot-restart", "snapshot-partition", "restart-alone",
+       "linger"]
 
 
 class Interrupted(Exception):
@@ -380,6 +390,16 @@ class Driver:
         elif name == "kill":
             p["node"] = 1 if short else r.randrange(K)
             p["down"] = 2.0 if short else r.choice([0.5, 2.0, 5.0])
+        elif name == "snapshot-partition":
+            p["node"] = 1 if short else r.randrange(K)
+            # When the cut falls: "write" as soon as the cut node begins
+            # writing its part (every announce of the op is in, the
+            # nodes write and have not reported), "before" before the
+            # trainers are let go (the op's announces are cut), or a
+            # number of ms after they are let go (they start the op
+            # within 20 ms of it: they poll for it).
+            p["cut"] = "write" if short else r.choice(
+                ["write", "write", "before", 0, 10, 20])
         elif name.startswith("snapshot"):
             p["node"] = 1 if short else r.randrange(K)
         elif name == "restart-alone":
@@ -786,6 +806,202 @@ class Driver:
         res["secs"] = round(time.monotonic() - t_start, 1)
         return res
 
+    def set_dirs(self, node, job, sid):
+        """Node's directories of set sid of job, committed or .tmp."""
+        base = os.path.join(self.cl.state_dir(node),
+                            f"set-{job.encode().hex()}-{sid}")
+        return [d for d in (base, base + ".tmp") if os.path.exists(d)]
+
+    def snapshot_partition_scenario(self, idx, name):
+        """A partition during a snapshot op: the trainers of a run pause
+        before obcomm_save_1bit; the driver reads the id the op will
+        have (obd_snapset_id of the run and the op's seq), lets them go
+        and cuts node v off both ways. The op fails on every rank; once
+        the parts' deletions settle no node holds the set (on disk, .tmp
+        or in memory); a new run's restore of that id fails on every rank
+        with no 1-bit op succeeding; the run after that is the reference
+        from zero (3). A rank whose node saw every report before the cut
+        and committed, though the op failed elsewhere, is the leftover of
+        docs/design.md ("A leftover set is never used"): reported, allowed only on the
+        nodes whose rank succeeded, and the restore must be refused all
+        the same."""
+        p = self.params(name)
+        v = p["node"]
+        job = f"chaos-{idx:02d}-{name}"
+        sdir = os.path.join(self.work, f"{idx:02d}-{name}")
+        adir = os.path.join(sdir, "a-cut")
+        bdir = os.path.join(sdir, "b-restore")
+        res = {"name": name, "job": job, "params": p, "checks": {},
+               "notes": []}
+        say(f"\n== {idx:02d} {name} {json.dumps(p, sort_keys=True)}")
+        m0 = self.metrics_all()
+        t_start = time.monotonic()
+        pause = [os.path.join(adir, f"paused.{i}") for i in range(K)]
+        go = os.path.join(adir, "go")
+        os.makedirs(adir, exist_ok=True)
+        procs = []
+        for i in range(K):
+            argv = [os.path.join(adir, f"rank{i}.log"), "--timeout-ms",
+                    str(TIMEOUT_MS), "--ops", str(SNAP_OPS), "--snapshot",
+                    "--pause-file", pause[i], "--resume-file", go,
+                    "--wait-s", "60"]
+            q = self.cl.trainer(i, job, argv, self.env(),
+                                os.path.join(adir, f"rank{i}.out"))
+            procs.append(q)
+            self.trainers.append(q)
+        deadline = time.monotonic() + 60 + SNAP_OPS * TIMEOUT_MS / 1000
+        while time.monotonic() < deadline and not all(
+                os.path.exists(f) for f in pause):
+            if any(q.poll() is not None for q in procs):
+                break
+            time.sleep(0.05)
+        cut = {"ok": True, "problems": []}
+        res["checks"]["snapshot cut"] = cut
+        sid = None
+        try:
+            j, why = check.job_entry(self.cl.ctl(0, "status"), job)
+            if j is None:
+                raise RuntimeError(why)
+            # "run" is hex (obcommctl prints ids so), "next_seq" the seq
+            # the next op, the snapshot, takes.
+            sid = "%016x" % check.snapset_id(int(j["run"], 16),
+                                             int(j["next_seq"]))
+        except Exception as e:  # noqa: BLE001
+            cut["problems"].append(f"the snapshot's id: node 0's status: {e}")
+        res["set"] = sid
+        if not all(os.path.exists(f) for f in pause):
+            cut["problems"].append("the run never reached its pause before "
+                                   "the snapshot")
+        before = {i: self.sets_of(i, job) for i in range(K)}
+        if any(before.values()):
+            cut["problems"].append(f"sets of the job before its first "
+                                   f"snapshot: {before}")
+        if p["cut"] == "before":
+            res["fault_t"] = time.time()
+            self.cl.cut(v)
+            t_cut_done = time.time()
+        open(go, "w").close()
+        t_go = time.time()
+        if p["cut"] == "write" and sid is not None:
+            # The cut node's part begins as a .tmp directory, renamed
+            # when written.
+            final = os.path.join(self.cl.state_dir(v),
+                                 f"set-{job.encode().hex()}-{sid}")
+            until = time.monotonic() + 10
+            while time.monotonic() < until and not any(
+                    os.path.exists(d) for d in (final + ".tmp", final)):
+                time.sleep(0.0005)
+            if os.path.exists(final):
+                res["notes"].append(f"node {v}'s part was written before "
+                                    f"the cut")
+            elif not os.path.exists(final + ".tmp"):
+                res["notes"].append(f"node {v}'s part was not seen being "
+                                    f"written within 10 s")
+        elif p["cut"] != "before":
+            time.sleep(p["cut"] / 1000)
+        if p["cut"] != "before":
+            res["fault_t"] = time.time()
+            self.cl.cut(v)
+            t_cut_done = time.time()
+        time.sleep(SNAP_CUT_S / 2)
+        res["mid_peers"] = self.peers_all()
+        time.sleep(SNAP_CUT_S / 2)
+        for i in range(K):
+            self.cl.clear_rules(i)
+        t_clear = time.monotonic()
+        res["fault_s"] = SNAP_CUT_S
+        left = self.cl.rules_dump()
+        if any(left.values()):
+            raise RuntimeError(f"iptables rules left behind: {left}")
+        heal = self.heal_time(t_clear)
+        res["heal_s"] = None if heal is None else round(heal, 2)
+        probs = self.reap(procs, 2 * TIMEOUT_MS / 1000 + 10)
+        logs = self.logs(adir)
+        c1 = check.check_restore_ok(logs, self.ref, 0, SNAP_OPS)
+        res["checks"]["1 prefix"] = c1
+        c1["problems"] += probs
+        c1["ok"] = not c1["problems"]
+        snap = check.check_snapshot_cut(logs, sid, v,
+                                        strict=p["cut"] == "before")
+        cut["problems"] += snap["problems"]
+        res["snap_how"] = snap["how"]
+        starts = [e["t0"] for es in logs.values() for e in es
+                  if e.get("ev") == "snapshot"]
+        now = self.metrics_all()
+        saved = [now[i].get("ef_saved", 0) - m0[i].get("ef_saved", 0)
+                 for i in range(K)]
+        res["parts_saved"] = saved
+        if starts:
+            rel = 1000 * (res["fault_t"] - min(starts))
+            res["notes"].append(
+                f"the cut began {abs(rel):.0f} ms "
+                f"{'after' if rel >= 0 else 'before'} the first rank's "
+                f"snapshot call (its rules were in "
+                f"{1000 * (t_cut_done - res['fault_t']):.0f} ms; the go "
+                f"{1000 * (t_go - min(starts)):+.0f} ms from that call); "
+                f"states saved per node (ef_saved) {saved}")
+        succeeded = snap["succeeded"]
+        # The parts' deletions run on each daemon's pool after its op is
+        # freed: give them up to 5 s.
+        kept = {}
+        for _ in range(100):
+            kept = {i: self.set_dirs(i, job, sid) for i in range(K)} if sid \
+                else {}
+            if not any(kept.get(i) for i in range(K) if i not in succeeded):
+                break
+            time.sleep(0.05)
+        others = {i: [d for d in self.sets_of(i, job)
+                      if not d.endswith(f"-{sid}")] for i in range(K)}
+        keep = {"ok": True, "problems": []}
+        res["checks"]["no set kept"] = keep
+        for i in range(K):
+            if kept.get(i) and i not in succeeded:
+                keep["problems"].append(
+                    f"node {i}, whose rank's snapshot failed, keeps "
+                    f"{[os.path.basename(d) for d in kept[i]]}")
+            elif kept.get(i):
+                res["notes"].append(
+                    f"node {i} committed set {sid} (its rank succeeded) "
+                    f"while the op failed elsewhere: the leftover of "
+                    f"docs/design.md, which no restore may use")
+            if others[i]:
+                keep["problems"].append(f"node {i} holds other sets of the "
+                                        f"job: {others[i]}")
+        m1 = self.metrics_all()
+        for i in range(K):
+            rb = m1.get(i, {}).get("ef_retained_bytes")
+            if rb is None:
+                keep["problems"].append(f"node {i}: no ef_retained_bytes in "
+                                        f"its metrics")
+            elif rb != 0:
+                keep["problems"].append(f"node {i} holds {rb:.0f} bytes of "
+                                        f"sets in memory (ef_retained_bytes)")
+        keep["ok"] = not keep["problems"]
+        if sid is not None and len(succeeded) < K:
+            probs = self.snap_run(bdir, job, ["--restore-id", sid, "--ops",
+                                              "6"], 60 + 6 * TIMEOUT_MS / 1000)
+            cb = check.check_restore_fails(self.logs(bdir), self.ref, 0)
+            cb["problems"] += probs
+            cb["ok"] = not cb["problems"]
+            res["checks"]["restore refused"] = cb
+        elif sid is not None:
+            res["notes"].append("the op completed on every rank before the "
+                                "cut: no failed set to restore")
+        cut["ok"] = not cut["problems"]
+        self.daemons_alive(res)
+        if heal is None:
+            res["restarted"] = True
+            c4 = res["checks"]["4 daemons"]
+            c4["problems"] += self.reset_cluster(
+                f"no working allreduce within {self.heal_bound():.0f} s of "
+                f"the heal")
+            c4["ok"] = not c4["problems"]
+        self.verify_run(res, os.path.join(sdir, "verify"), job)
+        self.daemons_alive(res)
+        res["metrics_delta"] = self.metrics_delta(m0, self.metrics_all())
+        res["secs"] = round(time.monotonic() - t_start, 1)
+        return res
+
     # -- reporting --------------------------------------------------------------------------
 
     def summary(self, res):
@@ -821,8 +1037,12 @@ class Driver:
                     f" run (checked across ranks only)")
         if res.get("damaged"):
             say(f"   damaged: {res['damaged']}")
-        if "damaged restore fails" in cs and "how" in cs["damaged restore fails"]:
-            for r, h in cs["damaged restore fails"]["how"].items():
+        for cname in ("damaged restore fails", "restore refused"):
+            for r, h in cs.get(cname, {}).get("how", {}).items():
+                say(f"     rank {r}: {h}")
+        if res.get("snap_how"):
+            say(f"   snapshot op of set {res.get('set')}:")
+            for r, h in res["snap_how"].items():
                 say(f"     rank {r}: {h}")
         for n in res["notes"]:
             say(f"   note: {n}")
@@ -863,7 +1083,9 @@ class Driver:
                     break
                 name = self.rng.choice(ALL)
             idx += 1
-            if name.startswith("snapshot"):
+            if name == "snapshot-partition":
+                res = self.snapshot_partition_scenario(idx, name)
+            elif name.startswith("snapshot"):
                 res = self.snapshot_scenario(idx, name)
             elif name == "restart-alone":
                 res = self.restart_alone_scenario(idx, name)

@@ -180,6 +180,26 @@ class Cluster:
             if j != i:
                 self.rule(j, "INPUT", "-i", "ob0", "-s", addr(i), "-j", "DROP")
 
+    def cut(self, i):
+        """partition(i) with its rules added at once (one process per
+        rule, all started before any is waited for): in within ~10 ms,
+        not one after another."""
+        specs = [(i, ("INPUT", "-i", "ob0", "-j", "DROP"))]
+        specs += [(j, ("INPUT", "-i", "ob0", "-s", addr(i), "-j", "DROP"))
+                  for j in range(self.k) if j != i]
+        ps = [(j, spec, subprocess.Popen(
+            ["ip", "netns", "exec", ns(j), IPT, "-w", "5", "-A", *spec],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            for j, spec in specs]
+        errs = []
+        for j, spec, p in ps:
+            _, err = p.communicate(timeout=20)
+            self.rules.setdefault(j, []).append(spec)
+            if p.returncode != 0:
+                errs.append(f"node {j} {' '.join(spec)}: {err.strip()}")
+        if errs:
+            raise RuntimeError("; ".join(errs))
+
     def heal(self, i):
         for j in range(self.k):
             self.clear_rules(j)

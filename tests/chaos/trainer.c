@@ -4,9 +4,9 @@
  * one JSON line per op in a log.
  *
  *   chaos-trainer LOG --ops N [--start S] [--stop-file F] [--pace-ms M]
- *                 [--restore] [--save] [--save-dir D] [--verify
- *                 --pause-file F --resume-file F] [--timeout-ms T]
- *                 [--wait-s W] [--linger-ms L]
+ *                 [--restore] [--save] [--save-dir D] [--restore-id ID]
+ *                 [--verify | --snapshot] [--pause-file F --resume-file F]
+ *                 [--timeout-ms T] [--wait-s W] [--linger-ms L]
  *
  * The environment is torchrun's: OBCOMM_SOCKET, OBCOMM_JOB, LOCAL_RANK,
  * LOCAL_WORLD_SIZE (tests/python/cluster.py sets the same).
@@ -27,16 +27,23 @@
  *              the trainer there, as it would a real one
  *   --save     after the stream, obcomm_adam_save of those optimizers
  *              (--save-dir/rankR.keyK.adam, and obcomm_snapshot_1bit)
+ *   --restore-id ID  first obcomm_restore_1bit of snapshot set ID (hex),
+ *              logged as a "restore" line with key 0; the stream follows
+ *              whatever it returned
  *   --verify   after the stream a barrier, a pause with nothing in flight
  *              (--pause-file marks it) until --resume-file exists, then a
  *              second barrier: the driver reads every daemon's status
+ *   --snapshot after the stream a barrier, a pause as --verify's, then
+ *              obcomm_save_1bit, logged as a "snapshot" line with the id
+ *              ("" on failure): the driver cuts a node during that op
  *   --linger-ms  at the end, stay joined this long before leaving the job
  *              (a trainer whose exit is slow: its node's run is still
  *              leaving while the next run starts elsewhere)
  *
  * Log lines: {"ev": "start"|"op"|"stopped"|"save"|"restore"|"barrier"|
- * "end", ...}; "op" lines carry seq, kind, key, status (0 or the negative
- * obcomm code), name (obcomm_strerror), msg (obcomm_last_error), digest
+ * "snapshot"|"end", ...}; "op" lines carry seq, kind, key, status (0 or the
+ * negative obcomm code), name (obcomm_strerror), msg (obcomm_last_error),
+ * digest
  * ("" on failure), t0 and t1 (wall clock, seconds). Exit status 0 when the
  * trainer ran to its end whatever the ops returned, 2 on bad usage, 3 when
  * it could not join its daemon.
@@ -71,7 +78,9 @@ struct args {
     const char *log, *stop_file, *pause_file, *resume_file, *save_dir;
     long start, ops;
     double pace_ms, wait_s, linger_ms;
-    int restore, save, verify, timeout_ms;
+    int restore, save, verify, snapshot, timeout_ms;
+    int has_restore_id;
+    uint64_t restore_id;
 };
 
 static FILE *logf_;
@@ -246,6 +255,36 @@ static int adam_all(obcomm_t *c, const struct args *a, int load)
     return 0;
 }
 
+/* obcomm_restore_1bit of set `id`, logged. */
+static void restore_id(obcomm_t *c, uint64_t id)
+{
+    double t0 = now_s();
+    int rc = obcomm_restore_1bit(c, id);
+    log_begin("restore");
+    fprintf(logf_,
+            ", \"key\": 0, \"id\": \"%016llx\", \"t0\": %.6f, "
+            "\"t1\": %.6f",
+            (unsigned long long)id, t0, now_s());
+    log_status(rc, obcomm_last_error(c));
+    log_end();
+}
+
+/* obcomm_save_1bit, logged with the set's id ("" on failure). */
+static void save_1bit(obcomm_t *c)
+{
+    uint64_t id = 0;
+    double t0 = now_s();
+    int rc = obcomm_save_1bit(c, &id);
+    log_begin("snapshot");
+    if (rc == 0)
+        fprintf(logf_, ", \"id\": \"%016llx\"", (unsigned long long)id);
+    else
+        fputs(", \"id\": \"\"", logf_);
+    fprintf(logf_, ", \"t0\": %.6f, \"t1\": %.6f", t0, now_s());
+    log_status(rc, obcomm_last_error(c));
+    log_end();
+}
+
 static int barrier(obcomm_t *c)
 {
     int rc = obcomm_barrier(c);
@@ -265,8 +304,9 @@ static int usage(void)
 {
     fprintf(stderr, "usage: chaos-trainer LOG --ops N [--start S] "
                     "[--stop-file F] [--pace-ms M] [--restore] [--save] "
-                    "[--save-dir D] [--verify --pause-file F --resume-file "
-                    "F] [--timeout-ms T] [--wait-s W] [--linger-ms L]\n");
+                    "[--save-dir D] [--restore-id ID] [--verify | "
+                    "--snapshot] [--pause-file F --resume-file F] "
+                    "[--timeout-ms T] [--wait-s W] [--linger-ms L]\n");
     return 2;
 }
 
@@ -293,6 +333,8 @@ int main(int argc, char **argv)
         {"timeout-ms", required_argument, 0, 't'},
         {"wait-s", required_argument, 0, 'w'},
         {"linger-ms", required_argument, 0, 'L'},
+        {"snapshot", no_argument, 0, 'X'},
+        {"restore-id", required_argument, 0, 'I'},
         {0, 0, 0, 0},
     };
     int o;
@@ -337,13 +379,27 @@ int main(int argc, char **argv)
         case 'L':
             a.linger_ms = atof(optarg);
             break;
+        case 'X':
+            a.snapshot = 1;
+            break;
+        case 'I': {
+            char *end;
+            errno = 0;
+            a.restore_id = strtoull(optarg, &end, 16);
+            if (errno != 0 || end == optarg || *end != '\0')
+                return usage();
+            a.has_restore_id = 1;
+            break;
+        }
         default:
             return usage();
         }
     }
     if (optind != argc - 1 || a.ops < 0 ||
         ((a.restore || a.save) && a.save_dir == NULL) ||
-        (a.verify && (a.pause_file == NULL || a.resume_file == NULL)))
+        (a.verify && a.snapshot) ||
+        ((a.verify || a.snapshot) &&
+         (a.pause_file == NULL || a.resume_file == NULL)))
         return usage();
     a.log = argv[optind];
     if (sodium_init() < 0)
@@ -390,15 +446,20 @@ int main(int argc, char **argv)
 
     if (a.restore && adam_all(c, &a, 1) != 0)
         goto out;
+    if (a.has_restore_id)
+        restore_id(c, a.restore_id);
     stream(c, bufs, base, &a);
     if (a.save)
         adam_all(c, &a, 0);
-    if (a.verify && barrier(c) == 0) {
+    if ((a.verify || a.snapshot) && barrier(c) == 0) {
         touch(a.pause_file);
         double deadline = now_s() + a.wait_s;
         while (access(a.resume_file, F_OK) != 0 && now_s() < deadline)
             sleep_ms(20);
-        barrier(c);
+        if (a.verify)
+            barrier(c);
+        else
+            save_1bit(c);
     }
     if (a.linger_ms > 0)
         sleep_ms(a.linger_ms);
