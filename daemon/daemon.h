@@ -120,14 +120,14 @@ struct obd_hooks {
 /* Longest a shutdown waits for running ops to finish. */
 #define OBD_SHUTDOWN_GRACE_MS 5000
 
-/* Segment buffers the daemon keeps between ops (job.c): at most this
+/* Segment buffers the daemon keeps between ops (bufpool.c): at most this
  * many, and more than one only within OBD_SEGBUFS_KEPT_BYTES. A ring op
  * takes a few while the pool keeps pace with the wire (5 on 4 nodes at
  * 10 Gbit with the default 1 MiB segments). */
 #define OBD_SEGBUFS_KEPT       16
 #define OBD_SEGBUFS_KEPT_BYTES (64u << 20)
 
-/* Other nodes' ended runs the daemon remembers (job.c): a detached job
+/* Other nodes' ended runs the daemon remembers (registry.c): a detached job
  * adds one per node, the oldest go first. */
 #define OBD_RUNS_ENDED 512
 struct obd_stall;
@@ -159,7 +159,7 @@ struct obd_daemon {
     /* Posted by hooks.ops_changed: links parked on a frame of an op that
      * had not started look at it again (peers.c). */
     struct obd_ready links_resume;
-    /* Pool tasks in flight, all ops together (job.c counts them). */
+    /* Pool tasks in flight, all ops together (op.c counts them). */
     int pool_tasks;
 
     /* Unix socket for trainers and obcommctl (ctl.c). */
@@ -176,7 +176,7 @@ struct obd_daemon {
     /* Jobs and their ops (job.c). */
     struct obd_job *jobs;
     int njobs;
-    /* Other nodes' runs of jobs that ended here, newest last (job.c): a
+    /* Other nodes' runs of jobs that ended here, newest last (registry.c): a
      * late message of one is dropped, not taken for a new run. */
     struct obd_run_ended {
         uint32_t job;
@@ -213,11 +213,11 @@ struct obd_daemon {
 
     int threads;
 
-    /* An accumulation buffer kept between ops (job.c hands it to the
+    /* An accumulation buffer kept between ops (bufpool.c hands it to the
      * algorithms). */
     void *scratch;
     size_t scratch_bytes;
-    /* Segment buffers kept between ops, all of segbuf_bytes (job.c). */
+    /* Segment buffers kept between ops, all of segbuf_bytes (bufpool.c). */
     void *segbufs[OBD_SEGBUFS_KEPT];
     int nsegbufs;
     size_t segbuf_bytes;

@@ -1,9 +1,11 @@
 /* Jobs and their ops: matching every op across the local trainers and the
- * nodes, deadlines, completion and failure.
+ * nodes, deadlines, completion and failure. One module in several files
+ * (job.c, route.c, registry.c, match.c, op.c, bufpool.c; job_impl.h says
+ * which does what): other subsystems use this header only.
  *
  * An op is identified by (job, seq), seq being every trainer's own op
- * counter. Life of an op on a node (enum obd_op_state; job.c's table
- * `legal` holds every transition, op_enter checks it):
+ * counter. Life of an op on a node (enum obd_op_state; op.c's table
+ * `legal` holds every transition, obd_op_enter checks it):
  *   COLLECT  local trainers submit;
  *   LOCAL    all have, with the same descriptor: the node announces its
  *            view to every other node (a failure is announced instead);
