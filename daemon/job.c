@@ -417,6 +417,19 @@ int obd_job_busy(const struct obd_daemon *d)
     return busy;
 }
 
+struct obd_job *obd_job_next(struct obd_daemon *d, struct obd_job *prev)
+{
+    return prev == NULL ? d->jobs : prev->next;
+}
+
+struct obd_op *obd_job_next_open(struct obd_job *job, struct obd_op *prev)
+{
+    struct obd_op *o = prev == NULL ? job->ops : prev->next;
+    while (o != NULL && !obd_op_open(o))
+        o = o->next;
+    return o;
+}
+
 /* ops: for obcommctl's `ops`, who an open op waits for, in the words of
  * its timeout message. */
 void obd_job_op_waiting(const struct obd_op *op, char *buf, size_t len)

@@ -253,6 +253,14 @@ void obd_job_fail_all(struct obd_daemon *d, const char *reason);
 /* Ops not yet DONE plus pool tasks in flight: 0 when the daemon is quiet. */
 int obd_job_busy(const struct obd_daemon *d);
 
+/* The jobs of this node, one after another: the first when prev is NULL,
+ * NULL after the last. Borrowed: valid until the caller returns to the
+ * loop. Status and stall reports walk the jobs through it. */
+struct obd_job *obd_job_next(struct obd_daemon *d, struct obd_job *prev);
+/* The job's open ops (not DONE yet) in ascending seq: the first when prev
+ * is NULL, NULL after the last. Borrowed, as obd_job_next's. */
+struct obd_op *obd_job_next_open(struct obd_job *job, struct obd_op *prev);
+
 /* The op (job id, seq) this node knows, in any state, or NULL. */
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);
 
