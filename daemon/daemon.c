@@ -312,10 +312,7 @@ void obd_daemon_fini(struct obd_daemon *d)
     uv_loop_close(&d->loop);
     free(d->peers);
     d->peers = NULL;
-    free(d->scratch);
-    d->scratch = NULL;
-    while (d->nsegbufs > 0)
-        free(d->segbufs[--d->nsegbufs]);
+    obd_bufpool_fini(&d->bufpool);
     obd_efstore_fini(d);
     explicit_bzero(d->auth_key, sizeof(d->auth_key));
     if (d->state_lock_fd >= 0) {

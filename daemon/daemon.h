@@ -39,6 +39,7 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "bufpool.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -119,13 +120,6 @@ struct obd_hooks {
 
 /* Longest a shutdown waits for running ops to finish. */
 #define OBD_SHUTDOWN_GRACE_MS 5000
-
-/* Segment buffers the daemon keeps between ops (bufpool.c): at most this
- * many, and more than one only within OBD_SEGBUFS_KEPT_BYTES. A ring op
- * takes a few while the pool keeps pace with the wire (5 on 4 nodes at
- * 10 Gbit with the default 1 MiB segments). */
-#define OBD_SEGBUFS_KEPT       16
-#define OBD_SEGBUFS_KEPT_BYTES (64u << 20)
 
 /* Other nodes' ended runs the daemon remembers (registry.c): a detached job
  * adds one per node, the oldest go first. */
@@ -213,14 +207,8 @@ struct obd_daemon {
 
     int threads;
 
-    /* An accumulation buffer kept between ops (bufpool.c hands it to the
-     * algorithms). */
-    void *scratch;
-    size_t scratch_bytes;
-    /* Segment buffers kept between ops, all of segbuf_bytes (bufpool.c). */
-    void *segbufs[OBD_SEGBUFS_KEPT];
-    int nsegbufs;
-    size_t segbuf_bytes;
+    /* Buffers kept between ops, lent to the algorithms (bufpool.h). */
+    struct obd_bufpool bufpool;
 
     struct obd_metrics metrics;
 };

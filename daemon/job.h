@@ -1,6 +1,6 @@
 /* Jobs and their ops: matching every op across the local trainers and the
  * nodes, deadlines, completion and failure. One module in several files
- * (job.c, route.c, registry.c, match.c, op.c, bufpool.c; job_impl.h says
+ * (job.c, route.c, registry.c, match.c, op.c; job_impl.h says
  * which does what): other subsystems use this header only.
  *
  * An op is identified by (job, seq), seq being every trainer's own op

@@ -1,5 +1,5 @@
 /* The job module's own header: what its files (job.c, registry.c, op.c,
- * match.c, route.c, bufpool.c) call in each other. Not for other
+ * match.c, route.c) call in each other. Not for other
  * subsystems: they use job.h.
  *
  * The files call downwards only, so that no two of them go round:
@@ -8,10 +8,10 @@
  *   registry.c  the jobs of this node by name and id, their runs and turns;
  *   match.c     matching an op across trainers and nodes;
  *   op.c        an op's life: states, deadlines, answers, reports, failure,
- *               and the job's run of ops (stop, next seq, start next);
- *   bufpool.c   scratch and segment buffers kept between ops.
+ *               and the job's run of ops (stop, next seq, start next).
  * job.c may call every file below it, route.c registry.c and op.c,
- * registry.c match.c and op.c, match.c op.c, op.c bufpool.c.
+ * registry.c match.c and op.c, match.c op.c. The buffers the
+ * ops lend their algorithms are a module of their own (bufpool.h).
  */
 #ifndef OBD_JOB_IMPL_H
 #define OBD_JOB_IMPL_H
@@ -88,16 +88,5 @@ void obd_op_fail_open(struct obd_job *job, uint64_t from, int status,
  * counts and logs it. */
 void obd_op_stop_run(struct obd_job *job, uint64_t from, int status,
                      const char *what, int failure);
-
-/* ---- bufpool.c ---- */
-
-/* The algorithms' scratch and segment buffers (struct obd_opsvc): one
- * scratch buffer and up to OBD_SEGBUFS_KEPT segment buffers of one size
- * are kept between ops in the daemon. get returns a buffer the caller
- * owns (NULL out of memory); put takes ownership back (NULL is allowed). */
-void *obd_bufpool_scratch_get(struct obd_op *op, size_t bytes, size_t *cap);
-void obd_bufpool_scratch_put(struct obd_op *op, void *p, size_t cap);
-void *obd_bufpool_segbuf_get(struct obd_op *op, size_t bytes);
-void obd_bufpool_segbuf_put(struct obd_op *op, void *p, size_t bytes);
 
 #endif

@@ -358,6 +358,28 @@ static int svc_idle(const struct obd_op *op)
     return op->refs == 0;
 }
 
+/* The daemon's buffer pool, lent through the op (bufpool.h). */
+static void *svc_scratch_get(struct obd_op *op, size_t bytes, size_t *cap)
+{
+    return obd_bufpool_scratch_get(&op->job->d->bufpool, bytes, cap);
+}
+
+static void svc_scratch_put(struct obd_op *op, void *p, size_t cap)
+{
+    obd_bufpool_scratch_put(&op->job->d->bufpool, p, cap);
+}
+
+static void *svc_segbuf_get(struct obd_op *op, size_t bytes)
+{
+    struct obd_daemon *d = op->job->d;
+    return obd_bufpool_segbuf_get(&d->bufpool, &d->metrics, bytes);
+}
+
+static void svc_segbuf_put(struct obd_op *op, void *p, size_t bytes)
+{
+    obd_bufpool_segbuf_put(&op->job->d->bufpool, p, bytes);
+}
+
 static const struct obd_opsvc op_svc = {
     .idle = svc_idle,
     .fail = svc_fail,
@@ -367,10 +389,10 @@ static const struct obd_opsvc op_svc = {
     .task_end = op_task_end,
     .report = op_report,
     .all_reported = op_all_reported,
-    .scratch_get = obd_bufpool_scratch_get,
-    .scratch_put = obd_bufpool_scratch_put,
-    .segbuf_get = obd_bufpool_segbuf_get,
-    .segbuf_put = obd_bufpool_segbuf_put,
+    .scratch_get = svc_scratch_get,
+    .scratch_put = svc_scratch_put,
+    .segbuf_get = svc_segbuf_get,
+    .segbuf_put = svc_segbuf_put,
 };
 
 void obd_op_set_failed(struct obd_op *op, int status, int announce,

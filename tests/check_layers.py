@@ -38,7 +38,7 @@ FRIENDS = [("handshake", "peers")]
 # One module in several files that call only downwards among themselves
 # (daemon/job_impl.h): one unit for shared structs (they share job.h's),
 # each file on its own for calls.
-GROUPS = {"job": ("job", "route", "registry", "match", "op", "bufpool")}
+GROUPS = {"job": ("job", "route", "registry", "match", "op")}
 # Headers whose structs belong to another module than their name says.
 HEADER_OWNER = {"link": "peers", "job_impl": "job", "codec_impl": "codec"}
 # The modules still in a circle of three or more through struct
