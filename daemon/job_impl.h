@@ -1,6 +1,6 @@
 /* The job module's own header: what its files (job.c, registry.c, op.c,
- * match.c, route.c) call in each other. Not for other
- * subsystems: they use job.h.
+ * match.c, route.c) call in each other. Not for other subsystems: they
+ * use job.h.
  *
  * The files call downwards only, so that no two of them go round:
  *   job.c       entry points: join, submit, leave, peer messages and events;
@@ -20,10 +20,11 @@
 
 /* ---- registry.c ---- */
 
-/* A new job named `name` in *out, in the daemon's list and posted on its
- * turn; 0, or with why: OBD_E_INVAL (a name of no bytes or too many),
- * OBD_E_EXISTS (another job's name hashes to the same wire id),
- * OBD_E_BUSY (the daemon holds max_jobs jobs), OBD_E_NOMEM. */
+/* A new job named `name` in *out, in the daemon's list (its turn,
+ * job_run, frees it once it has neither trainers nor ops); 0, or with why:
+ * OBD_E_INVAL (a name of no bytes or too many), OBD_E_EXISTS (another job's
+ * name hashes to the same wire id), OBD_E_BUSY (the daemon holds max_jobs
+ * jobs), OBD_E_NOMEM. */
 int obd_registry_create(struct obd_daemon *d, const char *name,
                         struct obd_job **out, char *why, size_t whylen);
 /* Takes the job out of the daemon's list and remembers the other nodes'
