@@ -125,6 +125,7 @@ struct obd_hooks {
  * adds one per node, the oldest go first. */
 #define OBD_RUNS_ENDED 512
 struct obd_stall;
+struct obd_ctl_listener;
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -157,9 +158,9 @@ struct obd_daemon {
     int pool_tasks;
 
     /* Unix socket for trainers and obcommctl (ctl.c). */
-    int ctl_fd;
-    uv_poll_t ctl_poll;
-    int ctl_started;
+    /* ctl.c's own: the socket's accept side (NULL until obd_ctl_start and
+     * after obd_ctl_close). */
+    struct obd_ctl_listener *ctl_listener;
     struct obd_client *clients;
     int nclients;
     /* Buffers the clients have registered, all together, and the bound
@@ -195,10 +196,9 @@ struct obd_daemon {
     /* The cluster key (auth_key_file), read at start. */
     uint8_t auth_key[OBD_AUTH_KEY];
     int keyed;
-    /* Accepting paused after EMFILE/ENFILE (peers.c: the listener; ctl.c:
-     * the Unix socket), and repeated log lines held back. */
+    /* Accepting paused after EMFILE/ENFILE (peers.c: the listener), and
+     * repeated log lines held back. */
     uv_timer_t listen_pause;
-    uv_timer_t ctl_pause;
 
     /* Error-feedback states of the 1-bit allreduce and, without a
      * state_dir, the newest snapshot set of each job (efstore.c). */
