@@ -205,6 +205,16 @@ static int claim_path(struct obd_daemon *d, const struct sockaddr_un *sa)
     return 0;
 }
 
+/* The Unix socket's accept side, ctl.c's own (the daemon holds only a
+ * pointer): freed once both its handles have closed. */
+struct obd_ctl_listener {
+    struct obd_daemon *d;
+    int fd;
+    uv_poll_t poll;
+    uv_timer_t pause; /* accepting paused after EMFILE/ENFILE */
+    int open_handles;
+};
+
 static void on_accept(uv_poll_t *h, int status, int events);
 
 /* Out of descriptors: the pending connection stays pending, so a
@@ -214,20 +224,22 @@ static void on_accept(uv_poll_t *h, int status, int events);
 
 static void on_accept_resume(uv_timer_t *t)
 {
-    struct obd_daemon *d = container_of(t, struct obd_daemon, ctl_pause);
-    if (d->ctl_started && !d->closing)
-        uv_poll_start(&d->ctl_poll, UV_READABLE, on_accept);
+    struct obd_ctl_listener *l =
+        container_of(t, struct obd_ctl_listener, pause);
+    if (!l->d->closing)
+        uv_poll_start(&l->poll, UV_READABLE, on_accept);
 }
 
 static void on_accept(uv_poll_t *h, int status, int events)
 {
-    struct obd_daemon *d = container_of(h, struct obd_daemon, ctl_poll);
+    struct obd_ctl_listener *l = container_of(h, struct obd_ctl_listener, poll);
+    struct obd_daemon *d = l->d;
     (void)events;
     if (status < 0)
         return;
 
     for (;;) {
-        int fd = accept4(d->ctl_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EINTR)
@@ -236,9 +248,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
                             d->cfg.socket, strerror(e));
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
                 obd_metric_add(&d->metrics, OBD_M_ACCEPT_PAUSES, 1);
-                uv_poll_stop(&d->ctl_poll);
-                uv_timer_start(&d->ctl_pause, on_accept_resume, ACCEPT_PAUSE_MS,
-                               0);
+                uv_poll_stop(&l->poll);
+                uv_timer_start(&l->pause, on_accept_resume, ACCEPT_PAUSE_MS, 0);
             }
             return;
         }
@@ -335,10 +346,21 @@ int obd_ctl_start(struct obd_daemon *d)
                  "(max_buffers; vm.max_map_count is %lld)",
                  (long long)d->shm_buffers_max, (long long)maps);
 
-    d->ctl_fd = fd;
-    uv_poll_init(&d->loop, &d->ctl_poll, fd);
-    uv_poll_start(&d->ctl_poll, UV_READABLE, on_accept);
-    d->ctl_started = 1;
+    struct obd_ctl_listener *l = calloc(1, sizeof(*l));
+    if (l == NULL) {
+        obd_log_error(&d->log, "socket %s: out of memory", d->cfg.socket);
+        close(fd);
+        return OBD_E_NOMEM;
+    }
+    l->d = d;
+    l->fd = fd;
+    uv_poll_init(&d->loop, &l->poll, fd);
+    uv_timer_init(&d->loop, &l->pause);
+    l->poll.data = l;
+    l->pause.data = l;
+    l->open_handles = 2;
+    uv_poll_start(&l->poll, UV_READABLE, on_accept);
+    d->ctl_listener = l;
     return 0;
 }
 
@@ -422,14 +444,23 @@ void obd_ctl_goodbye(struct obd_daemon *d, const char *reason)
         obd_ctl_send(c, &m.base);
 }
 
+static void on_listener_closed(uv_handle_t *h)
+{
+    struct obd_ctl_listener *l = h->data;
+    if (--l->open_handles == 0)
+        free(l);
+}
+
 void obd_ctl_close(struct obd_daemon *d)
 {
     for (struct obd_client *c = d->clients; c; c = c->next)
         obd_ctl_drop(c, NULL);
-    if (d->ctl_started) {
-        d->ctl_started = 0;
-        uv_close((uv_handle_t *)&d->ctl_poll, NULL);
-        close(d->ctl_fd);
+    struct obd_ctl_listener *l = d->ctl_listener;
+    if (l != NULL) {
+        d->ctl_listener = NULL;
+        uv_close((uv_handle_t *)&l->poll, on_listener_closed);
+        uv_close((uv_handle_t *)&l->pause, on_listener_closed);
+        close(l->fd);
         unlink(d->cfg.socket);
     }
 }

@@ -96,7 +96,6 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     d->cfg = *cfg;
     d->log.level = cfg->log_level_num;
     d->log.rank = (int)cfg->rank;
-    d->ctl_fd = -1;
     d->state_lock_fd = -1;
     d->threads = (int)cfg->threads;
     if (d->threads == 0) {
@@ -119,7 +118,6 @@ int obd_daemon_init(struct obd_daemon *d, const struct obd_config *cfg)
     uv_signal_init(&d->loop, &d->sighup);
     uv_timer_init(&d->loop, &d->drain);
     uv_timer_init(&d->loop, &d->listen_pause);
-    uv_timer_init(&d->loop, &d->ctl_pause);
     d->sigterm.data = d;
     d->sigint.data = d;
     d->sighup.data = d;
@@ -257,7 +255,6 @@ static void close_handles(struct obd_daemon *d)
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
     uv_close((uv_handle_t *)&d->listen_pause, NULL);
-    uv_close((uv_handle_t *)&d->ctl_pause, NULL);
     obd_trace_close(d);
 }
 
@@ -304,7 +301,6 @@ void obd_daemon_fini(struct obd_daemon *d)
         uv_close((uv_handle_t *)&d->sigint, NULL);
         uv_close((uv_handle_t *)&d->sighup, NULL);
         uv_close((uv_handle_t *)&d->listen_pause, NULL);
-        uv_close((uv_handle_t *)&d->ctl_pause, NULL);
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
     obd_runq_close(&d->runq);
@@ -312,10 +308,7 @@ void obd_daemon_fini(struct obd_daemon *d)
     uv_loop_close(&d->loop);
     free(d->peers);
     d->peers = NULL;
-    free(d->scratch);
-    d->scratch = NULL;
-    while (d->nsegbufs > 0)
-        free(d->segbufs[--d->nsegbufs]);
+    obd_bufpool_fini(&d->bufpool);
     obd_efstore_fini(d);
     explicit_bzero(d->auth_key, sizeof(d->auth_key));
     if (d->state_lock_fd >= 0) {

@@ -39,6 +39,7 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "bufpool.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -120,17 +121,11 @@ struct obd_hooks {
 /* Longest a shutdown waits for running ops to finish. */
 #define OBD_SHUTDOWN_GRACE_MS 5000
 
-/* Segment buffers the daemon keeps between ops (job.c): at most this
- * many, and more than one only within OBD_SEGBUFS_KEPT_BYTES. A ring op
- * takes a few while the pool keeps pace with the wire (5 on 4 nodes at
- * 10 Gbit with the default 1 MiB segments). */
-#define OBD_SEGBUFS_KEPT       16
-#define OBD_SEGBUFS_KEPT_BYTES (64u << 20)
-
-/* Other nodes' ended runs the daemon remembers (job.c): a detached job
+/* Other nodes' ended runs the daemon remembers (registry.c): a detached job
  * adds one per node, the oldest go first. */
 #define OBD_RUNS_ENDED 512
 struct obd_stall;
+struct obd_ctl_listener;
 
 struct obd_daemon {
     uv_loop_t loop;
@@ -159,13 +154,13 @@ struct obd_daemon {
     /* Posted by hooks.ops_changed: links parked on a frame of an op that
      * had not started look at it again (peers.c). */
     struct obd_ready links_resume;
-    /* Pool tasks in flight, all ops together (job.c counts them). */
+    /* Pool tasks in flight, all ops together (op.c counts them). */
     int pool_tasks;
 
     /* Unix socket for trainers and obcommctl (ctl.c). */
-    int ctl_fd;
-    uv_poll_t ctl_poll;
-    int ctl_started;
+    /* ctl.c's own: the socket's accept side (NULL until obd_ctl_start and
+     * after obd_ctl_close). */
+    struct obd_ctl_listener *ctl_listener;
     struct obd_client *clients;
     int nclients;
     /* Buffers the clients have registered, all together, and the bound
@@ -176,7 +171,7 @@ struct obd_daemon {
     /* Jobs and their ops (job.c). */
     struct obd_job *jobs;
     int njobs;
-    /* Other nodes' runs of jobs that ended here, newest last (job.c): a
+    /* Other nodes' runs of jobs that ended here, newest last (registry.c): a
      * late message of one is dropped, not taken for a new run. */
     struct obd_run_ended {
         uint32_t job;
@@ -201,10 +196,9 @@ struct obd_daemon {
     /* The cluster key (auth_key_file), read at start. */
     uint8_t auth_key[OBD_AUTH_KEY];
     int keyed;
-    /* Accepting paused after EMFILE/ENFILE (peers.c: the listener; ctl.c:
-     * the Unix socket), and repeated log lines held back. */
+    /* Accepting paused after EMFILE/ENFILE (peers.c: the listener), and
+     * repeated log lines held back. */
     uv_timer_t listen_pause;
-    uv_timer_t ctl_pause;
 
     /* Error-feedback states of the 1-bit allreduce and, without a
      * state_dir, the newest snapshot set of each job (efstore.c). */
@@ -213,14 +207,8 @@ struct obd_daemon {
 
     int threads;
 
-    /* An accumulation buffer kept between ops (job.c hands it to the
-     * algorithms). */
-    void *scratch;
-    size_t scratch_bytes;
-    /* Segment buffers kept between ops, all of segbuf_bytes (job.c). */
-    void *segbufs[OBD_SEGBUFS_KEPT];
-    int nsegbufs;
-    size_t segbuf_bytes;
+    /* Buffers kept between ops, lent to the algorithms (bufpool.h). */
+    struct obd_bufpool bufpool;
 
     struct obd_metrics metrics;
 };

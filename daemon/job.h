@@ -1,9 +1,11 @@
 /* Jobs and their ops: matching every op across the local trainers and the
- * nodes, deadlines, completion and failure.
+ * nodes, deadlines, completion and failure. One module in several files
+ * (job.c, route.c, registry.c, match.c, op.c; job_impl.h says
+ * which does what): other subsystems use this header only.
  *
  * An op is identified by (job, seq), seq being every trainer's own op
- * counter. Life of an op on a node (enum obd_op_state; job.c's table
- * `legal` holds every transition, op_enter checks it):
+ * counter. Life of an op on a node (enum obd_op_state; op.c's table
+ * `legal` holds every transition, obd_op_enter checks it):
  *   COLLECT  local trainers submit;
  *   LOCAL    all have, with the same descriptor: the node announces its
  *            view to every other node (a failure is announced instead);
@@ -250,6 +252,14 @@ void obd_job_shutdown(struct obd_daemon *d);
 void obd_job_fail_all(struct obd_daemon *d, const char *reason);
 /* Ops not yet DONE plus pool tasks in flight: 0 when the daemon is quiet. */
 int obd_job_busy(const struct obd_daemon *d);
+
+/* The jobs of this node, one after another: the first when prev is NULL,
+ * NULL after the last. Borrowed: valid until the caller returns to the
+ * loop. Status and stall reports walk the jobs through it. */
+struct obd_job *obd_job_next(struct obd_daemon *d, struct obd_job *prev);
+/* The job's open ops (not DONE yet) in ascending seq: the first when prev
+ * is NULL, NULL after the last. Borrowed, as obd_job_next's. */
+struct obd_op *obd_job_next_open(struct obd_job *job, struct obd_op *prev);
 
 /* The op (job id, seq) this node knows, in any state, or NULL. */
 struct obd_op *obd_job_op(struct obd_daemon *d, uint32_t job_id, uint64_t seq);

@@ -24,10 +24,11 @@ int obd_stall_scan(struct obd_daemon *d, uint64_t now_ms)
     int logged = 0;
     if (limit == 0)
         return 0;
-    for (struct obd_job *j = d->jobs; j; j = j->next) {
-        for (struct obd_op *o = j->ops; o; o = o->next) {
+    for (struct obd_job *j = obd_job_next(d, NULL); j; j = obd_job_next(d, j)) {
+        for (struct obd_op *o = obd_job_next_open(j, NULL); o;
+             o = obd_job_next_open(j, o)) {
             uint64_t age = now_ms - o->created_ns / 1000000;
-            if (!obd_op_open(o) || o->stall_warned || age < limit)
+            if (o->stall_warned || age < limit)
                 continue;
             /* Before every node agreed, desc is not set yet: name what a
              * local trainer asked for. */

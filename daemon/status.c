@@ -161,7 +161,7 @@ static void fill_jobs(struct obd_daemon *d, uid_t uid, Obcomm__StatusReply *r,
                       struct storage *s)
 {
     size_t nj = 0, no = 0, nk = 0;
-    for (struct obd_job *j = d->jobs; j; j = j->next) {
+    for (struct obd_job *j = obd_job_next(d, NULL); j; j = obd_job_next(d, j)) {
         /* A job that no local trainer ever joined exists here only
          * because another node announced it: nothing to show. */
         if (j->local_size == 0 || !may_see(uid, j))
@@ -178,9 +178,8 @@ static void fill_jobs(struct obd_daemon *d, uid_t uid, Obcomm__StatusReply *r,
         m->next_seq = j->next_seq;
         fill_run(d, j, m, s, nj, &nk);
         m->ops = &s->op[no];
-        for (struct obd_op *o = j->ops; o; o = o->next) {
-            if (!obd_op_open(o))
-                continue;
+        for (struct obd_op *o = obd_job_next_open(j, NULL); o;
+             o = obd_job_next_open(j, o)) {
             if (m->n_ops == OBD_STATUS_OPS_MAX || no == OBD_STATUS_OPS_TOTAL) {
                 m->ops_omitted++;
                 continue;
