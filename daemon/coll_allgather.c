@@ -206,9 +206,47 @@ static int ag_needs_node(const struct obd_op *op, int node)
             c->send_step < c->nsteps);
 }
 
+/* An allgather reduces nothing. */
+static void ag_normalize(struct obd_opdesc *d)
+{
+    d->redop = 0;
+}
+
+/* The input holds count elements, the result world * count. */
+static int ag_check(const struct obd_opdesc *d, int world, uint64_t *bytes,
+                    uint64_t *out_bytes, char *why, size_t len)
+{
+    uint64_t part;
+    int rc = obd_coll_ring_check_typed(d, "allgather", (uint64_t)world, 0,
+                                       &part, why, len);
+    if (rc)
+        return rc;
+    *bytes = part;
+    *out_bytes = part * (uint64_t)world;
+    return 0;
+}
+
+/* The send may lie apart from the result, or exactly at this rank's
+ * place in it (MPI's in place); any other overlap would have the ring
+ * overwrite data that is still to be sent. */
+static int ag_check_buffers(const void *data, uint64_t bytes, const void *out,
+                            uint64_t out_bytes, int rank, char *why, size_t len)
+{
+    const uint8_t *s = data, *r = out;
+    if (s + bytes <= r || r + out_bytes <= s || s == r + (uint64_t)rank * bytes)
+        return 0;
+    snprintf(why, len,
+             "allgather: send overlaps recv other than at this "
+             "rank's own place in it");
+    return OBD_E_INVAL;
+}
+
 const struct obd_algo obd_algo_allgather = {
     .kind = OBCOMM_KIND_ALLGATHER,
     .name = "ring allgather",
+    .normalize = ag_normalize,
+    .check = ag_check,
+    .check_buffers = ag_check_buffers,
     .start = ag_start,
     .recv_dest = ag_recv_dest,
     .recv_done = ag_recv_done,

@@ -17,9 +17,17 @@ static void barrier_free(struct obd_op *op)
     (void)op;
 }
 
+/* A barrier has no argument but its kind. */
+static void barrier_normalize(struct obd_opdesc *d)
+{
+    *d = (struct obd_opdesc){.kind = d->kind};
+}
+
 const struct obd_algo obd_algo_barrier = {
     .kind = OBCOMM_KIND_BARRIER,
     .name = "barrier",
+    .normalize = barrier_normalize,
+    .check = obd_coll_check_nothing,
     .start = barrier_start,
     .recv_dest = obd_coll_no_data,
     .recv_done = obd_coll_no_recv,

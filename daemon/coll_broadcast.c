@@ -165,9 +165,36 @@ static void bcast_free(struct obd_op *op)
     op->coll = NULL;
 }
 
+/* A broadcast moves bytes: it has no dtype and reduces nothing. */
+static void bcast_normalize(struct obd_opdesc *d)
+{
+    d->dtype = 0;
+    d->redop = 0;
+}
+
+/* One buffer of count bytes; the root is a rank of the job. */
+static int bcast_check(const struct obd_opdesc *d, int world, uint64_t *bytes,
+                       uint64_t *out_bytes, char *why, size_t len)
+{
+    if (d->count == 0) {
+        snprintf(why, len, "broadcast of 0 bytes");
+        return OBD_E_INVAL;
+    }
+    if (d->root < 0 || d->root >= world) {
+        snprintf(why, len, "broadcast root %d not in [0, %d)", (int)d->root,
+                 world);
+        return OBD_E_INVAL;
+    }
+    *bytes = d->count;
+    *out_bytes = 0;
+    return 0;
+}
+
 const struct obd_algo obd_algo_broadcast = {
     .kind = OBCOMM_KIND_BROADCAST,
     .name = "chain broadcast",
+    .normalize = bcast_normalize,
+    .check = bcast_check,
     .start = bcast_start,
     .recv_dest = bcast_recv_dest,
     .recv_done = bcast_recv_done,

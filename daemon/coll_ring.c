@@ -266,6 +266,32 @@ void obd_coll_ring_core_fini(struct obd_coll_ring_core *c, struct obd_op *op)
         obd_op_scratch_put(op, c->acc, c->acc_bytes);
 }
 
+int obd_coll_ring_check_typed(const struct obd_opdesc *d, const char *name,
+                              uint64_t n, int reduces, uint64_t *bytes,
+                              char *why, size_t len)
+{
+    if (!obd_dtype_valid((int)d->dtype)) {
+        snprintf(why, len, "unknown dtype %u", d->dtype);
+        return OBD_E_INVAL;
+    }
+    if (reduces && !obd_op_valid((int)d->redop)) {
+        snprintf(why, len, "unknown reduction %u", d->redop);
+        return OBD_E_INVAL;
+    }
+    size_t dsz = obd_dtype_size((obcomm_dtype_t)d->dtype);
+    if (d->count == 0) {
+        snprintf(why, len, "%s of 0 elements", name);
+        return OBD_E_INVAL;
+    }
+    if (d->count > UINT64_MAX / n / dsz) {
+        snprintf(why, len, "%s of %llu elements overflows", name,
+                 (unsigned long long)d->count);
+        return OBD_E_INVAL;
+    }
+    *bytes = d->count * dsz;
+    return 0;
+}
+
 /* ---- ring allreduce and reduce-scatter ---- */
 
 /* The local load of one segment of one chunk. */
@@ -845,9 +871,22 @@ int obd_coll_ring_needs_node(const struct obd_op *op, int node)
             c->send_step < c->nsteps);
 }
 
+/* One buffer of count elements, reduced in place. */
+static int allreduce_check(const struct obd_opdesc *d, int world,
+                           uint64_t *bytes, uint64_t *out_bytes, char *why,
+                           size_t len)
+{
+    (void)world;
+    int rc = obd_coll_ring_check_typed(d, "allreduce", 1, 1, bytes, why, len);
+    if (rc == 0)
+        *out_bytes = 0;
+    return rc;
+}
+
 const struct obd_algo obd_algo_allreduce = {
     .kind = OBCOMM_KIND_ALLREDUCE,
     .name = "ring allreduce",
+    .check = allreduce_check,
     .start = obd_coll_ring_start,
     .recv_dest = obd_coll_ring_recv_dest,
     .recv_done = obd_coll_ring_recv_done,

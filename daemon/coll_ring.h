@@ -121,6 +121,14 @@ void obd_coll_ring_store_progress(struct obd_op *op,
 int obd_coll_ring_send(struct obd_op *op, int to, uint32_t step,
                        uint32_t segment, const void *payload, size_t len);
 
+/* The check of a collective over elements of a dtype (struct obd_algo,
+ * check), called `name` in messages, whose larger buffer holds n * count
+ * elements; its reduction is checked unless `reduces` is 0. Sets *bytes
+ * to the bytes of count elements. */
+int obd_coll_ring_check_typed(const struct obd_opdesc *d, const char *name,
+                              uint64_t n, int reduces, uint64_t *bytes,
+                              char *why, size_t len);
+
 /* The row functions of the ring allreduce, which the reduce-scatter's row
  * uses too (op->desc.kind tells them apart). */
 int obd_coll_ring_start(struct obd_op *op);
