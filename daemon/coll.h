@@ -156,6 +156,21 @@ static inline int obd_op_idle(const struct obd_op *op)
 struct obd_algo {
     uint32_t kind;
     const char *name;
+    /* A trainer's submission, before it becomes an op (ctl.c): the
+     * descriptor keeps the fields this kind uses and the others get their
+     * fixed values (NULL: every field is used), so that ranks compare
+     * what matters. Then check validates it in a job of `world` ranks:
+     * 0, with the bytes of the data buffer in *bytes and of the result
+     * buffer in *out_bytes (0: the op has none), or OBD_E_INVAL and why,
+     * naming the argument that is wrong. */
+    void (*normalize)(struct obd_opdesc *d);
+    int (*check)(const struct obd_opdesc *d, int world, uint64_t *bytes,
+                 uint64_t *out_bytes, char *why, size_t len);
+    /* NULL, or checks where the two buffers, resolved in the trainer's
+     * shared memory, lie for the trainer of rank `rank`: 0, or
+     * OBD_E_INVAL and why. */
+    int (*check_buffers)(const void *data, uint64_t bytes, const void *out,
+                         uint64_t out_bytes, int rank, char *why, size_t len);
     /* Sets up op->coll (local reduction included) and sends what it can.
      * Returns 0 or fails the op itself and returns its status. */
     int (*start)(struct obd_op *op);
@@ -223,6 +238,20 @@ static inline void obd_coll_no_recv(struct obd_op *op, int from,
 static inline void obd_coll_no_progress(struct obd_op *op)
 {
     (void)op;
+}
+
+/* The check of a kind with no buffer and no argument to check. */
+static inline int obd_coll_check_nothing(const struct obd_opdesc *d, int world,
+                                         uint64_t *bytes, uint64_t *out_bytes,
+                                         char *why, size_t len)
+{
+    (void)d;
+    (void)world;
+    (void)why;
+    (void)len;
+    *bytes = 0;
+    *out_bytes = 0;
+    return 0;
 }
 
 static inline void obd_coll_waiting_on_nobody(const struct obd_op *op,

@@ -538,21 +538,52 @@ static int efop_can_start(struct obd_op *op)
     return obd_efstore_idle(op->job->d, op->job->name, op->job->run);
 }
 
+/* A snapshot has no argument but its kind. */
+static void snapshot_normalize(struct obd_opdesc *d)
+{
+    *d = (struct obd_opdesc){.kind = d->kind};
+}
+
+/* An export or a restore names a snapshot (key) and the bytes of this
+ * node's part in its buffer (count; a restore without one has 0). */
+static void part_normalize(struct obd_opdesc *d)
+{
+    *d = (struct obd_opdesc){.kind = d->kind, .key = d->key, .count = d->count};
+}
+
+static int part_check(const struct obd_opdesc *d, int world, uint64_t *bytes,
+                      uint64_t *out_bytes, char *why, size_t len)
+{
+    (void)world;
+    if (d->key == 0 || (d->kind == OBCOMM_KIND_EXPORT_1BIT && d->count == 0)) {
+        snprintf(why, len, "snapshot %llu with %llu bytes",
+                 (unsigned long long)d->key, (unsigned long long)d->count);
+        return OBD_E_INVAL;
+    }
+    *bytes = d->count;
+    *out_bytes = 0;
+    return 0;
+}
+
 /* The rows of the three two-phase state ops: they move no data. */
-#define EFOP_ALGO(k, n, s)                                                     \
-    {                                                                          \
-        .kind = (k), .name = (n), .start = (s), .recv_dest = obd_coll_no_data, \
-        .recv_done = obd_coll_no_recv, .progress = efop_progress,              \
-        .free = efop_free, .waiting_on = efop_waiting_on,                      \
-        .can_start = efop_can_start,                                           \
+#define EFOP_ALGO(k, n, s, norm, chk)                                  \
+    {                                                                  \
+        .kind = (k), .name = (n), .normalize = (norm), .check = (chk), \
+        .start = (s), .recv_dest = obd_coll_no_data,                   \
+        .recv_done = obd_coll_no_recv, .progress = efop_progress,      \
+        .free = efop_free, .waiting_on = efop_waiting_on,              \
+        .can_start = efop_can_start,                                   \
     }
 
 const struct obd_algo obd_algo_onebit_snapshot =
-    EFOP_ALGO(OBCOMM_KIND_SNAPSHOT_1BIT, "1-bit snapshot", snapshot_start);
+    EFOP_ALGO(OBCOMM_KIND_SNAPSHOT_1BIT, "1-bit snapshot", snapshot_start,
+              snapshot_normalize, obd_coll_check_nothing);
 const struct obd_algo obd_algo_onebit_export =
-    EFOP_ALGO(OBCOMM_KIND_EXPORT_1BIT, "1-bit export", export_start);
+    EFOP_ALGO(OBCOMM_KIND_EXPORT_1BIT, "1-bit export", export_start,
+              part_normalize, part_check);
 const struct obd_algo obd_algo_onebit_restore =
-    EFOP_ALGO(OBCOMM_KIND_RESTORE_1BIT, "1-bit restore", restore_start);
+    EFOP_ALGO(OBCOMM_KIND_RESTORE_1BIT, "1-bit restore", restore_start,
+              part_normalize, part_check);
 
 void obd_coll_efstate_failed_elsewhere(struct obd_daemon *d, const char *job,
                                        uint64_t run, uint64_t seq)
@@ -588,9 +619,17 @@ static void no_free(struct obd_op *op)
     (void)op;
 }
 
+/* A reset names the state it resets (key), and nothing else. */
+static void reset_normalize(struct obd_opdesc *d)
+{
+    *d = (struct obd_opdesc){.kind = d->kind, .key = d->key};
+}
+
 const struct obd_algo obd_algo_onebit_reset = {
     .kind = OBCOMM_KIND_RESET_1BIT,
     .name = "1-bit reset",
+    .normalize = reset_normalize,
+    .check = obd_coll_check_nothing,
     .start = reset_start,
     .recv_dest = obd_coll_no_data,
     .recv_done = obd_coll_no_recv,

@@ -894,9 +894,38 @@ static int onebit_start(struct obd_op *op)
     return begin(op);
 }
 
+/* The 1-bit allreduce averages fp32 elements, whatever was asked. */
+static void onebit_normalize(struct obd_opdesc *d)
+{
+    d->dtype = OBCOMM_FLOAT32;
+    d->redop = OBCOMM_AVG;
+    d->root = 0;
+}
+
+/* One buffer of count fp32 elements (its state's key is any number). */
+static int onebit_check(const struct obd_opdesc *d, int world, uint64_t *bytes,
+                        uint64_t *out_bytes, char *why, size_t len)
+{
+    (void)world;
+    if (d->count == 0) {
+        snprintf(why, len, "1-bit allreduce of 0 elements");
+        return OBD_E_INVAL;
+    }
+    if (d->count > UINT64_MAX / 8) {
+        snprintf(why, len, "1-bit allreduce of %llu elements overflows",
+                 (unsigned long long)d->count);
+        return OBD_E_INVAL;
+    }
+    *bytes = d->count * sizeof(float);
+    *out_bytes = 0;
+    return 0;
+}
+
 const struct obd_algo obd_algo_onebit = {
     .kind = OBCOMM_KIND_ALLREDUCE_1BIT,
     .name = "1-bit allreduce",
+    .normalize = onebit_normalize,
+    .check = onebit_check,
     .start = onebit_start,
     .recv_dest = onebit_recv_dest,
     .recv_done = onebit_recv_done,

@@ -1,4 +1,5 @@
 #include "ctl.h"
+#include "coll.h"
 #include "err.h"
 #include "status.h"
 
@@ -644,20 +645,6 @@ static void handle_release(struct obd_client *c, const Obcomm__ReleaseBuffer *r)
 
 /* Resolves and checks a submission. Errors fail the op on every rank, so
  * that the others do not wait for a trainer whose request was refused. */
-/* An allgather's send may lie apart from its recv, or exactly at this
- * rank's place in it (MPI's in place); any other overlap would have the
- * ring overwrite data that is still to be sent. */
-static int gather_alias_ok(const struct obd_client *c, const void *send,
-                           uint64_t bytes, const void *recv,
-                           uint64_t recv_bytes)
-{
-    const uint8_t *s = send, *r = recv;
-    if (s + bytes <= r || r + recv_bytes <= s)
-        return 1;
-    int rank = obd_job_rank(c->job, (int)c->d->cfg.rank, c->local_rank);
-    return s == r + (uint64_t)rank * bytes;
-}
-
 static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
 {
     char why[256] = "";
@@ -685,101 +672,20 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
     }
     c->next_seq++;
 
-    /* Every argument is checked here, naming the one that is wrong, so
-     * that a bad op fails at once on every rank instead of waiting for
-     * the deadline (libobcomm checks the same before it sends). */
+    /* The op's algorithm checks every argument, naming the one that is
+     * wrong, so that a bad op fails at once on every rank instead of
+     * waiting for the deadline (libobcomm checks the same before it
+     * sends). */
     uint64_t bytes = 0, out_bytes = 0;
     int size = (int)c->d->cfg.nodes * c->job->local_size;
-    switch (s->kind) {
-    case OBCOMM_KIND_ALLREDUCE:
-    case OBCOMM_KIND_ALLGATHER:
-    case OBCOMM_KIND_REDUCE_SCATTER: {
-        const char *name = s->kind == OBCOMM_KIND_ALLREDUCE ? "allreduce"
-                           : s->kind == OBCOMM_KIND_ALLGATHER
-                               ? "allgather"
-                               : "reduce-scatter";
-        /* The larger of the op's two buffers holds world * count. */
-        uint64_t n = s->kind == OBCOMM_KIND_ALLREDUCE ? 1 : (uint64_t)size;
-        if (s->kind == OBCOMM_KIND_ALLGATHER)
-            desc.redop = 0;
-        status = OBD_E_INVAL;
-        if (!obd_dtype_valid((int)s->dtype))
-            snprintf(why, sizeof(why), "unknown dtype %u", s->dtype);
-        else if (s->kind != OBCOMM_KIND_ALLGATHER &&
-                 !obd_op_valid((int)s->redop))
-            snprintf(why, sizeof(why), "unknown reduction %u", s->redop);
-        else if (s->count == 0)
-            snprintf(why, sizeof(why), "%s of 0 elements", name);
-        else if (s->count >
-                 UINT64_MAX / n / obd_dtype_size((obcomm_dtype_t)s->dtype))
-            snprintf(why, sizeof(why), "%s of %llu elements overflows", name,
-                     (unsigned long long)s->count);
-        else
-            status = 0;
-        if (status != 0)
-            break;
-        bytes = s->count * obd_dtype_size((obcomm_dtype_t)s->dtype);
-        if (s->kind == OBCOMM_KIND_ALLGATHER)
-            out_bytes = bytes * n;
-        if (s->kind == OBCOMM_KIND_REDUCE_SCATTER) {
-            out_bytes = bytes;
-            bytes *= n;
-        }
-        break;
-    }
-    case OBCOMM_KIND_BROADCAST:
-        desc.dtype = 0;
-        desc.redop = 0;
-        bytes = s->count;
-        if (s->count == 0) {
-            status = OBD_E_INVAL;
-            snprintf(why, sizeof(why), "broadcast of 0 bytes");
-        } else if (s->root < 0 || s->root >= size) {
-            status = OBD_E_INVAL;
-            snprintf(why, sizeof(why), "broadcast root %d not in [0, %d)",
-                     (int)s->root, size);
-        }
-        break;
-    case OBCOMM_KIND_ALLREDUCE_1BIT:
-        desc.dtype = OBCOMM_FLOAT32;
-        desc.redop = OBCOMM_AVG;
-        desc.root = 0;
-        if (s->count == 0 || s->count > UINT64_MAX / 8) {
-            status = OBD_E_INVAL;
-            snprintf(why, sizeof(why),
-                     s->count == 0 ? "1-bit allreduce of %llu elements"
-                                   : "1-bit allreduce of %llu elements "
-                                     "overflows",
-                     (unsigned long long)s->count);
-            break;
-        }
-        bytes = s->count * sizeof(float);
-        break;
-    case OBCOMM_KIND_RESET_1BIT:
-        desc = (struct obd_opdesc){.kind = s->kind, .key = s->key};
-        break;
-    case OBCOMM_KIND_RESTORE_1BIT: /* key: the snapshot's id */
-    case OBCOMM_KIND_EXPORT_1BIT:
-        /* count: the bytes of this node's part in the buffer (a restore
-         * without one has 0). */
-        desc = (struct obd_opdesc){
-            .kind = s->kind, .key = s->key, .count = s->count};
-        bytes = s->count;
-        if (s->key == 0 ||
-            (s->kind == OBCOMM_KIND_EXPORT_1BIT && s->count == 0)) {
-            status = OBD_E_INVAL;
-            snprintf(why, sizeof(why), "snapshot %llu with %llu bytes",
-                     (unsigned long long)s->key, (unsigned long long)s->count);
-        }
-        break;
-    case OBCOMM_KIND_BARRIER:
-    case OBCOMM_KIND_SNAPSHOT_1BIT:
-        desc = (struct obd_opdesc){.kind = s->kind};
-        break;
-    default:
+    const struct obd_algo *algo = obd_coll_algo(s->kind);
+    if (algo == NULL) {
         status = OBD_E_INVAL;
         snprintf(why, sizeof(why), "unknown op kind %u", s->kind);
-        break;
+    } else {
+        if (algo->normalize != NULL)
+            algo->normalize(&desc);
+        status = algo->check(&desc, size, &bytes, &out_bytes, why, sizeof(why));
     }
 
     if (status == 0 && bytes > 0) {
@@ -807,12 +713,10 @@ static void handle_submit(struct obd_client *c, const Obcomm__Submit *s)
                      (unsigned long long)s->recv_buffer_id,
                      (unsigned long long)s->recv_offset,
                      (unsigned long long)out_bytes);
-        } else if (s->kind == OBCOMM_KIND_ALLGATHER &&
-                   !gather_alias_ok(c, data, bytes, out, out_bytes)) {
-            status = OBD_E_INVAL;
-            snprintf(why, sizeof(why),
-                     "allgather: send overlaps recv other than at this "
-                     "rank's own place in it");
+        } else if (algo->check_buffers != NULL) {
+            int rank = obd_job_rank(c->job, (int)c->d->cfg.rank, c->local_rank);
+            status = algo->check_buffers(data, bytes, out, out_bytes, rank, why,
+                                         sizeof(why));
         }
     }
     if (status != 0) {

@@ -17,7 +17,7 @@
  *     |            |           frame.c
  *     +--> job.c  coll.c (the registry, the fingerprint)
  *                  |
- *     coll_ring.c, coll_onebit.c, coll_efstate.c
+ *   coll_*.c (one per algorithm), coll_onebit.c, coll_efstate.c
  *          |            |               |
  *       reduce.c   onebit_task.c    efstore.c, snapset.c
  *                  codec.c, efstate.c
