@@ -410,6 +410,24 @@ OBCOMM_API int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path,
 OBCOMM_API int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path,
                                    int restore);
 
+/* The optimizer's state for a caller's own checkpoint format (the Python
+ * package's state dict), without the file: the steps taken and m and v,
+ * count floats each, borrowed until the next step, set_state, load or
+ * destroy. OBCOMM_E_INVAL while a step is started. The daemons' error
+ * feedback is the caller's to save and restore with it
+ * (obcomm_save_1bit, obcomm_export_1bit, obcomm_restore_1bit_part), as
+ * obcomm_adam_save_ex and _load_ex do. */
+OBCOMM_API int obcomm_adam_get_state(const obcomm_adam_t *a, long *step,
+                                     const float **m, const float **v);
+/* Copies step, m and v in (count floats each, borrowed) and takes cfg's
+ * settings except lr (the schedule owns it; NULL keeps the settings), as
+ * obcomm_adam_load_ex does from its file. OBCOMM_E_INVAL, and nothing
+ * changed, while a step is started, for a negative step or for settings
+ * obcomm_adam_create refuses. */
+OBCOMM_API int obcomm_adam_set_state(obcomm_adam_t *a, long step,
+                                     const obcomm_adam_config_t *cfg,
+                                     const float *m, const float *v);
+
 /* 0/1 Adam (Lu et al. 2022, arXiv 2202.06009), as DeepSpeed's ZeroOneAdam.
  * Stage 1, step t <= var_freeze_step: on steps where t % var_interval == 0
  * the gradients are averaged in full precision and m and v are updated;

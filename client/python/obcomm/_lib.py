@@ -133,6 +133,12 @@ _FUNCTIONS = [
     ("obcomm_adam_save_ex", c_int, [c_void_p, ctypes.c_char_p,
                                     ctypes.c_uint64]),
     ("obcomm_adam_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
+    ("obcomm_adam_get_state", c_int, [c_void_p, ctypes.POINTER(ctypes.c_long),
+                                       ctypes.POINTER(c_void_p),
+                                       ctypes.POINTER(c_void_p)]),
+    ("obcomm_adam_set_state", c_int, [c_void_p, ctypes.c_long,
+                                      ctypes.POINTER(AdamConfig), c_void_p,
+                                      c_void_p]),
     # 0/1 Adam (ZeroOneAdam).
     ("obcomm_zoadam_create", c_int, [c_void_p, c_uint64, c_size_t,
                                      ctypes.POINTER(ZoadamConfig),

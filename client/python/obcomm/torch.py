@@ -10,9 +10,6 @@ import functools
 import hashlib
 import math
 import os
-import shutil
-import struct
-import tempfile
 import weakref
 
 import torch
@@ -25,15 +22,6 @@ from ._flat import check_adam_args, with_hint, freeze_hint
 from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
-
-# The header of obcomm_adam_save's file, field by field at fixed offsets,
-# little-endian (client/adam.c and obcomm.h give the layout): magic,
-# version, header bytes, count, step, key, lr, beta1, beta2, eps,
-# weight_decay, bias_correction, freeze_step, snapshot, part bytes, part's
-# node, reserved. No native struct: the file is a format, not memory.
-_ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
-_ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
-assert _ADAM_HEADER.size == 96
 
 _subgroups.install()
 
@@ -768,27 +756,17 @@ class OneBitAdam(torch.optim.Optimizer):
 
     # -- checkpoints ------------------------------------------------------------
 
-    def _save_bucket(self, b, d, snapshot):
-        # The first bucket takes the snapshot set (every key of the job);
-        # the others name it.
-        path = os.path.join(d, f"bucket{b.key}.adam")
+    def _bucket_state(self, b):
+        """Bucket b's C state: (step, m, v), m and v float32 views of the C
+        optimizer's memory (valid until its next step or load)."""
+        step, m, v = ctypes.c_long(), ctypes.c_void_p(), ctypes.c_void_p()
         with self.comm._locked():
-            self.comm._check(lib.obcomm_adam_save_ex(b.handle, path.encode(),
-                                                     snapshot))
-        with open(path, "rb") as f:
-            raw = f.read()
-        hs = _ADAM_HEADER.size
-        (magic, version, hbytes, count, step, _key, *_cfg, snapshot,
-         part_bytes, part_node, _reserved) = _ADAM_HEADER.unpack_from(raw)
-        end = hs + 8 * b.count
-        if (magic != _ADAM_MAGIC or version != _ADAM_VERSION or
-                hbytes != hs or count != b.count or
-                len(raw) != end + part_bytes):
-            raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
-        flat = torch.frombuffer(bytearray(raw[hs:end]), dtype=torch.float32)
-        part = raw[end:] if part_bytes else None
-        return (step, flat[:b.count], flat[b.count:], snapshot, part,
-                part_node)
+            self.comm._check(lib.obcomm_adam_get_state(
+                b.handle, ctypes.byref(step), ctypes.byref(m),
+                ctypes.byref(v)))
+        return step.value, *(torch.frombuffer(
+            (ctypes.c_float * b.count).from_address(q.value),
+            dtype=torch.float32) for q in (m, v))
 
     def _layout(self):
         return [[b.key, b.count] for b in self._buckets]
@@ -806,26 +784,27 @@ class OneBitAdam(torch.optim.Optimizer):
         started (backward ran). A run still in the warm-up is told so
         (one WARNING on logger "obcomm")."""
         self._stage.warmup_note("state_dict() taken")
-        d = tempfile.mkdtemp(prefix="obcomm-adam-")
+        # Refused while a step is started, before the daemons save.
+        states = [self._bucket_state(b) for b in self._buckets]
         snapshot, part, node = 0, None, 0
-        try:
-            for b in self._buckets:
-                step, m, v, snapshot, part, node = self._save_bucket(
-                    b, d, snapshot)
-                g = b.group
-                for i in range(b.first, b.last):
-                    p, (o, n) = g.params[i], g.spans[i]
-                    o -= b.off
-                    self.state[p] = {
-                        "step": torch.tensor(float(step)),
-                        "exp_avg": m[o:o + n].clone().view_as(p),
-                        "exp_avg_sq": v[o:o + n].clone().view_as(p)}
-                    if g.mixed:
-                        o += b.off
-                        self.state[p]["master"] = \
-                            g.flat_p[o:o + n].clone().view_as(p)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        if self._buckets:
+            snapshot = self.comm.save_1bit()
+            exported = self.comm._export_1bit(snapshot)
+            if exported is not None and exported[0]:
+                part, node = exported
+        for b, (step, m, v) in zip(self._buckets, states):
+            g = b.group
+            for i in range(b.first, b.last):
+                p, (o, n) = g.params[i], g.spans[i]
+                o -= b.off
+                self.state[p] = {
+                    "step": torch.tensor(float(step)),
+                    "exp_avg": m[o:o + n].clone().view_as(p),
+                    "exp_avg_sq": v[o:o + n].clone().view_as(p)}
+                if g.mixed:
+                    o += b.off
+                    self.state[p]["master"] = \
+                        g.flat_p[o:o + n].clone().view_as(p)
         sd = super().state_dict()
         sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job,
                         "buckets": self._layout()}
@@ -867,47 +846,42 @@ class OneBitAdam(torch.optim.Optimizer):
                                  "param_groups": state_dict["param_groups"]})
         byp = {id(p): saved.get(i, {}) for p, i in zip(
             (p for grp in self.param_groups for p in grp["params"]), ids)}
-        d = tempfile.mkdtemp(prefix="obcomm-adam-")
-        restore = True
-        try:
-            for g, group in zip(self._groups, self.param_groups):
-                st = [byp[id(p)] for p in g.params]
-                if not all("exp_avg" in s for s in st):
-                    raise ValueError("load_state_dict: a parameter has no "
-                                     "exp_avg (not a OneBitAdam state)")
-                steps = {int(s["step"]) for s in st}
-                if len(steps) != 1:
-                    raise ValueError(f"load_state_dict: steps differ {steps}")
-                step = steps.pop()
-                cfg = self._config(group)
-                m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
-                v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
-                for b in g.buckets:
-                    h = _ADAM_HEADER.pack(
-                        _ADAM_MAGIC, _ADAM_VERSION, _ADAM_HEADER.size,
-                        b.count, step, b.key, cfg.lr, cfg.beta1, cfg.beta2,
-                        cfg.eps, cfg.weight_decay, cfg.bias_correction,
-                        cfg.freeze_step, snapshot,
-                        len(part) if part is not None else 0,
-                        int(info["node"]) if part is not None else 0, 0)
-                    path = os.path.join(d, f"bucket{b.key}.adam")
-                    with open(path, "wb") as f:
-                        f.write(h)
-                        f.write(m[b.off:b.off + b.count].numpy().tobytes())
-                        f.write(v[b.off:b.off + b.count].numpy().tobytes())
-                        if part is not None:
-                            f.write(part)
-                    # The first bucket restores the set, every key of the
-                    # job; the others only load their state.
-                    with self.comm._locked():
-                        self.comm._check(lib.obcomm_adam_load_ex(
-                            b.handle, path.encode(), int(restore)))
-                    restore = False
-                g.hyper = tuple(group[k] for k in _HYPER)
-                if g.mixed:
-                    self._load_masters(g, st)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        states = []
+        for g in self._groups:
+            st = [byp[id(p)] for p in g.params]
+            if not all("exp_avg" in s for s in st):
+                raise ValueError("load_state_dict: a parameter has no "
+                                 "exp_avg (not a OneBitAdam state)")
+            steps = {int(s["step"]) for s in st}
+            if len(steps) != 1:
+                raise ValueError(f"load_state_dict: steps differ {steps}")
+            for name in ("exp_avg", "exp_avg_sq"):
+                n = sum(s[name].numel() for s in st)
+                if n != g.count:
+                    raise ValueError(f"load_state_dict: {name} of {n} "
+                                     f"elements for a param group of "
+                                     f"{g.count}")
+            states.append((st, steps.pop()))
+        # Every daemon back to the dict's error feedback (this node's from
+        # the dict's part when it is this node's), or an error on every
+        # rank; only then the C optimizers take the moments.
+        self.comm._restore_1bit(snapshot, part, info.get("node"))
+        for g, group, (st, step) in zip(self._groups, self.param_groups,
+                                        states):
+            cfg = self._config(group)
+            m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
+            v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
+            for b in g.buckets:
+                mb = m[b.off:b.off + b.count].contiguous()
+                vb = v[b.off:b.off + b.count].contiguous()
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_adam_set_state(
+                        b.handle, step, ctypes.byref(cfg),
+                        ctypes.c_void_p(mb.data_ptr()),
+                        ctypes.c_void_p(vb.data_ptr())))
+            g.hyper = tuple(group[k] for k in _HYPER)
+            if g.mixed:
+                self._load_masters(g, st)
         # The C optimizers hold the state; the per-parameter copies only
         # exist to be saved.
         self.state.clear()
