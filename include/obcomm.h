@@ -256,6 +256,17 @@ OBCOMM_API const char *obcomm_strerror(int err);
 /* The name of one of obcomm's own codes ("OBCOMM_E_TIMEOUT"), NULL for
  * any other value (libuv's uv_err_name). */
 OBCOMM_API const char *obcomm_err_name(int err);
+/* The name of an obcomm_dtype_t ("OBCOMM_BFLOAT16") or obcomm_op_t
+ * ("OBCOMM_AVG"), NULL for any other value: bindings read the enums from
+ * the library in use (the Python package's DTYPES and OPS). */
+OBCOMM_API const char *obcomm_dtype_name(int dtype);
+OBCOMM_API const char *obcomm_op_name(int op);
+/* The value of one of this header's numeric constants by its name
+ * ("OBCOMM_ADAM_MAX_THREADS", "OBCOMM_MAX_INFLIGHT",
+ * "OBCOMM_ADAM_AUTO_MASK_RATIO", "OBCOMM_ZOADAM_AUTO_MASK_RATIO"; the
+ * ratios are the floats widened): 0 and *value set, or OBCOMM_E_INVAL for
+ * any other name. */
+OBCOMM_API int obcomm_constant(const char *name, double *value);
 
 /* 1-bit Adam (man 7 obcomm, 1-BIT ADAM). Warm-up (step < freeze_step): the
  * gradients are averaged in full precision, then Adam. From freeze_step on

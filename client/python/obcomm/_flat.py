@@ -7,6 +7,7 @@ carried when the daemons keep no state_dir)."""
 import ctypes
 import hashlib
 import math
+import weakref
 
 import torch
 
@@ -39,6 +40,34 @@ def freeze_hint(name, step, freeze, arg="freeze_step"):
             f"the variance was likely frozen before it settled, or lr is "
             f"too high for this model; raise {arg} (a few hundred steps at "
             f"least) or lower lr")
+
+
+def destroy_c(holders, comm):
+    """Frees the C optimizer of each of `holders` (objects with handle,
+    destroy and conn, as FlatOptimizer._own sets them; the connection
+    destroys them itself when it closes first), then lets go of comm."""
+    for h in holders:
+        conn, h.conn = getattr(h, "conn", None), None
+        if conn is None:
+            continue
+        with conn.lock:
+            if h.handle is not None and conn.h is not None:
+                h.destroy(h.handle)
+            h.handle = None
+            if h in conn.adams:
+                conn.adams.remove(h)
+    comm.close()
+
+
+def release_on_collect(opt, holders, comm):
+    """The finalizer of optimizer opt: destroy_c(holders, comm) at most
+    once, when called (close()) or when opt is collected unclosed. An
+    error in it, when run by the collector, is printed by weakref (never
+    silently dropped). At exit the connections close on their own
+    (comm.py's _close_all)."""
+    fin = weakref.finalize(opt, destroy_c, holders, comm)
+    fin.atexit = False
+    return fin
 
 
 # The parameter dtypes ZeroOneAdam and OneBitLamb train (as OneBitAdam):
@@ -117,6 +146,9 @@ class FlatOptimizer(torch.optim.Optimizer):
         self.key = int(key)
         self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
+        # close(), or the collection of an optimizer never closed, frees
+        # the groups' C optimizers and lets go of the connection.
+        self._release = release_on_collect(self, self._groups, self.comm)
         self._claim = _claims.Claim(self, self.NAME)
         self._stage = _stage.track(self, self.NAME, *self._freeze())
         super().__init__(params, defaults)
@@ -439,18 +471,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         with g.conn.lock:
             g.conn.adams.append(g)
 
-    def _destroy(self):
-        for g in self._groups:
-            conn, g.conn = getattr(g, "conn", None), None
-            if conn is None:
-                continue
-            with conn.lock:
-                if g.handle is not None and conn.h is not None:
-                    g.destroy(g.handle)
-                g.handle = None
-                if g in conn.adams:
-                    conn.adams.remove(g)
-
     def close(self):
         """Frees the C optimizers and lets go of the optimizer's share of
         the connection. The parameters keep their values: they are copied
@@ -464,12 +484,5 @@ class FlatOptimizer(torch.optim.Optimizer):
                 for p in g.params:
                     p.data = p.data.clone()
                     p.grad = None
-        self._destroy()
-        self.comm.close()
+        self._release()
         self.comm = None
-
-    def __del__(self):
-        try:
-            self._destroy()
-        except Exception:
-            pass

@@ -15,10 +15,11 @@ import weakref
 import torch
 from torch.autograd import Variable
 
-from ._lib import lib, AdamConfig
+from ._lib import lib, AdamConfig, constant
 from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, _value_or_raise, process_group
-from ._flat import check_adam_args, with_hint, freeze_hint
+from ._flat import (check_adam_args, with_hint, freeze_hint,
+                    release_on_collect)
 from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
@@ -28,13 +29,13 @@ _subgroups.install()
 __all__ = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "allreduce_hook",
            "ProcessGroupObcomm"]
 
-# OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
-AUTO_MASK_RATIO = 0.01
+# OBCOMM_ADAM_AUTO_MASK_RATIO of the library (as a double).
+AUTO_MASK_RATIO = constant("OBCOMM_ADAM_AUTO_MASK_RATIO")
 
 _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 
-# OBCOMM_ADAM_MAX_THREADS of include/obcomm.h.
-ADAM_MAX_THREADS = 64
+# OBCOMM_ADAM_MAX_THREADS of the library.
+ADAM_MAX_THREADS = int(constant("OBCOMM_ADAM_MAX_THREADS"))
 
 # DDP's default bucket size (MiB).
 BUCKET_CAP_MB = 25
@@ -98,6 +99,7 @@ class _Bucket:
         self.count = sum(n for _, n in group.spans[first:last])
         self.key = key
         self.handle = None   # obcomm_adam_t *
+        self.destroy = lib.obcomm_adam_destroy
         self.conn = None     # the connection the C optimizer borrows
         self.hooked = 0      # parameters whose gradient hook counts
         self.fired = set()   # of those, the ones whose gradient arrived
@@ -258,6 +260,9 @@ class OneBitAdam(torch.optim.Optimizer):
         self._cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._groups = []
         self._buckets = []   # by key: _buckets[j] has key self.key + j
+        # close(), or the collection of an optimizer never closed, frees
+        # the buckets' C optimizers and lets go of the connection.
+        self._release = release_on_collect(self, self._buckets, self.comm)
         self._order = []     # the start order
         self._next = 0       # _order[_next] is the next bucket to start
         self._sync = True    # False inside no_sync()
@@ -918,32 +923,8 @@ class OneBitAdam(torch.optim.Optimizer):
                     for p in g.params:
                         p.data = p.data.clone()
                         p.grad = None
-            for b in g.buckets:
-                self._destroy(b)
+        self._release()
         self._groups, self._buckets, self._order = [], [], []
-        self.comm.close()
-
-    def _destroy(self, b):
-        # The connection destroys its C optimizers before its handle
-        # closes (b.handle is None then), whichever holder closed it.
-        conn = b.conn
-        if conn is None:
-            return
-        with conn.lock:
-            if b.handle is not None and conn.h is not None:
-                lib.obcomm_adam_destroy(b.handle)
-            b.handle = None
-            if b in conn.adams:
-                conn.adams.remove(b)
-
-    def __del__(self):
-        try:
-            for b in self._buckets:
-                if b.handle is not None:
-                    self._destroy(b)
-            self.comm.close()
-        except Exception:
-            pass
 
 
 def _hook_comm(state):
