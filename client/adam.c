@@ -458,8 +458,9 @@ int obcomm_adam_step(obcomm_adam_t *a, float *params, const float *grads)
  * ADAM_HDR_BYTES at fixed offsets, every field little-endian, then m and v
  * (count floats each, little-endian) and the node's part of the snapshot.
  * The header is encoded field by field, never dumped from a struct, so
- * the file means the same to every compiler and to the Python package,
- * which reads and writes the same layout (obcomm/torch.py, _ADAM_HEADER).
+ * the file means the same to every compiler. This file is the format's
+ * one home: the Python package takes the state through
+ * obcomm_adam_get_state and _set_state, never through the file.
  *   0 magic "OBCMADAM"   8 u32 version (3)   12 u32 header bytes (96)
  *  16 u64 count         24 i64 step          32 u64 key
  *  40 f32 lr  44 f32 beta1  48 f32 beta2  52 f32 eps  56 f32 weight_decay
@@ -606,6 +607,42 @@ int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path, uint64_t snapshot)
     rc = obc_ckpt_write(path, pieces, 4);
     free(part);
     return rc;
+}
+
+int obcomm_adam_get_state(const obcomm_adam_t *a, long *step, const float **m,
+                          const float **v)
+{
+    if (a->started)
+        return obc_fail(a->c, OBCOMM_E_INVAL,
+                        "a step is started, not finished");
+    *step = a->step;
+    *m = a->m;
+    *v = a->v;
+    return 0;
+}
+
+int obcomm_adam_set_state(obcomm_adam_t *a, long step,
+                          const obcomm_adam_config_t *cfg, const float *m,
+                          const float *v)
+{
+    if (a->started)
+        return obc_fail(a->c, OBCOMM_E_INVAL,
+                        "a step is started, not finished");
+    if (step < 0)
+        return obc_fail(a->c, OBCOMM_E_INVAL, "step %ld", step);
+    if (cfg != NULL && !config_valid(cfg))
+        return obc_fail(a->c, OBCOMM_E_INVAL, "invalid settings");
+    memcpy(a->m, m, a->count * sizeof(float));
+    memcpy(a->v, v, a->count * sizeof(float));
+    a->step = step;
+    a->auto_frozen = 0;
+    a->factors_ready = 0;
+    if (cfg != NULL) {
+        float lr = a->cfg.lr;
+        a->cfg = *cfg;
+        a->cfg.lr = lr; /* the schedule owns the learning rate */
+    }
+    return 0;
 }
 
 int obcomm_adam_load(obcomm_adam_t *a, const char *path)

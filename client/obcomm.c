@@ -222,6 +222,62 @@ const char *obcomm_err_name(int err)
     return NULL;
 }
 
+/* The enums and constants of obcomm.h, one row each, for bindings. */
+#define ROW(x) \
+    {          \
+        x, #x  \
+    }
+static const struct {
+    int value;
+    const char *name;
+} dtypes[] = {ROW(OBCOMM_FLOAT32),  ROW(OBCOMM_FLOAT64), ROW(OBCOMM_FLOAT16),
+              ROW(OBCOMM_BFLOAT16), ROW(OBCOMM_INT32),   ROW(OBCOMM_INT64)},
+  ops[] = {ROW(OBCOMM_SUM), ROW(OBCOMM_AVG), ROW(OBCOMM_MAX), ROW(OBCOMM_MIN)};
+#undef ROW
+
+#define ROW(x)          \
+    {                   \
+        (double)(x), #x \
+    }
+static const struct {
+    double value;
+    const char *name;
+} constants[] = {
+    ROW(OBCOMM_MAX_INFLIGHT),
+    ROW(OBCOMM_ADAM_MAX_THREADS),
+    ROW(OBCOMM_ADAM_AUTO_MASK_RATIO),
+    ROW(OBCOMM_ZOADAM_AUTO_MASK_RATIO),
+};
+#undef ROW
+
+const char *obcomm_dtype_name(int dtype)
+{
+    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
+        if (dtypes[i].value == dtype)
+            return dtypes[i].name;
+    return NULL;
+}
+
+const char *obcomm_op_name(int op)
+{
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+        if (ops[i].value == op)
+            return ops[i].name;
+    return NULL;
+}
+
+int obcomm_constant(const char *name, double *value)
+{
+    if (name == NULL || value == NULL)
+        return OBCOMM_E_INVAL;
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
+        if (strcmp(constants[i].name, name) == 0) {
+            *value = constants[i].value;
+            return 0;
+        }
+    return OBCOMM_E_INVAL;
+}
+
 const char *obcomm_strerror(int err)
 {
     if (err == 0)

@@ -256,6 +256,17 @@ OBCOMM_API const char *obcomm_strerror(int err);
 /* The name of one of obcomm's own codes ("OBCOMM_E_TIMEOUT"), NULL for
  * any other value (libuv's uv_err_name). */
 OBCOMM_API const char *obcomm_err_name(int err);
+/* The name of an obcomm_dtype_t ("OBCOMM_BFLOAT16") or obcomm_op_t
+ * ("OBCOMM_AVG"), NULL for any other value: bindings read the enums from
+ * the library in use (the Python package's DTYPES and OPS). */
+OBCOMM_API const char *obcomm_dtype_name(int dtype);
+OBCOMM_API const char *obcomm_op_name(int op);
+/* The value of one of this header's numeric constants by its name
+ * ("OBCOMM_ADAM_MAX_THREADS", "OBCOMM_MAX_INFLIGHT",
+ * "OBCOMM_ADAM_AUTO_MASK_RATIO", "OBCOMM_ZOADAM_AUTO_MASK_RATIO"; the
+ * ratios are the floats widened): 0 and *value set, or OBCOMM_E_INVAL for
+ * any other name. */
+OBCOMM_API int obcomm_constant(const char *name, double *value);
 
 /* 1-bit Adam (man 7 obcomm, 1-BIT ADAM). Warm-up (step < freeze_step): the
  * gradients are averaged in full precision, then Adam. From freeze_step on
@@ -409,6 +420,24 @@ OBCOMM_API int obcomm_adam_save_ex(obcomm_adam_t *a, const char *path,
                                    uint64_t snapshot);
 OBCOMM_API int obcomm_adam_load_ex(obcomm_adam_t *a, const char *path,
                                    int restore);
+
+/* The optimizer's state for a caller's own checkpoint format (the Python
+ * package's state dict), without the file: the steps taken and m and v,
+ * count floats each, borrowed until the next step, set_state, load or
+ * destroy. OBCOMM_E_INVAL while a step is started. The daemons' error
+ * feedback is the caller's to save and restore with it
+ * (obcomm_save_1bit, obcomm_export_1bit, obcomm_restore_1bit_part), as
+ * obcomm_adam_save_ex and _load_ex do. */
+OBCOMM_API int obcomm_adam_get_state(const obcomm_adam_t *a, long *step,
+                                     const float **m, const float **v);
+/* Copies step, m and v in (count floats each, borrowed) and takes cfg's
+ * settings except lr (the schedule owns it; NULL keeps the settings), as
+ * obcomm_adam_load_ex does from its file. OBCOMM_E_INVAL, and nothing
+ * changed, while a step is started, for a negative step or for settings
+ * obcomm_adam_create refuses. */
+OBCOMM_API int obcomm_adam_set_state(obcomm_adam_t *a, long step,
+                                     const obcomm_adam_config_t *cfg,
+                                     const float *m, const float *v);
 
 /* 0/1 Adam (Lu et al. 2022, arXiv 2202.06009), as DeepSpeed's ZeroOneAdam.
  * Stage 1, step t <= var_freeze_step: on steps where t % var_interval == 0

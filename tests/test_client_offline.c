@@ -229,6 +229,33 @@ START_TEST(test_strerror)
 }
 END_TEST
 
+/* The enums' names and the header's constants, as bindings read them. */
+START_TEST(test_enum_names_and_constants)
+{
+    ck_assert_str_eq(obcomm_dtype_name(OBCOMM_FLOAT32), "OBCOMM_FLOAT32");
+    ck_assert_str_eq(obcomm_dtype_name(OBCOMM_BFLOAT16), "OBCOMM_BFLOAT16");
+    ck_assert_str_eq(obcomm_dtype_name(OBCOMM_INT64), "OBCOMM_INT64");
+    ck_assert_ptr_null(obcomm_dtype_name(OBCOMM_INT64 + 1));
+    ck_assert_ptr_null(obcomm_dtype_name(-1));
+    ck_assert_str_eq(obcomm_op_name(OBCOMM_SUM), "OBCOMM_SUM");
+    ck_assert_str_eq(obcomm_op_name(OBCOMM_MIN), "OBCOMM_MIN");
+    ck_assert_ptr_null(obcomm_op_name(OBCOMM_MIN + 1));
+    double v = -1;
+    ck_assert_int_eq(obcomm_constant("OBCOMM_ADAM_MAX_THREADS", &v), 0);
+    ck_assert(v == OBCOMM_ADAM_MAX_THREADS);
+    ck_assert_int_eq(obcomm_constant("OBCOMM_MAX_INFLIGHT", &v), 0);
+    ck_assert(v == OBCOMM_MAX_INFLIGHT);
+    ck_assert_int_eq(obcomm_constant("OBCOMM_ADAM_AUTO_MASK_RATIO", &v), 0);
+    ck_assert((float)v == OBCOMM_ADAM_AUTO_MASK_RATIO);
+    ck_assert_int_eq(obcomm_constant("OBCOMM_ZOADAM_AUTO_MASK_RATIO", &v), 0);
+    ck_assert((float)v == OBCOMM_ZOADAM_AUTO_MASK_RATIO);
+    v = -1;
+    ck_assert_int_eq(obcomm_constant("OBCOMM_NO_SUCH", &v), OBCOMM_E_INVAL);
+    ck_assert(v == -1);
+    ck_assert_int_eq(obcomm_constant(NULL, &v), OBCOMM_E_INVAL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("client_offline");
@@ -240,6 +267,7 @@ int main(void)
     tcase_add_test(tc, test_connect_error_is_per_thread);
     tcase_add_test(tc, test_null_handle);
     tcase_add_test(tc, test_strerror);
+    tcase_add_test(tc, test_enum_names_and_constants);
     suite_add_tcase(s, tc);
     return ck_run(s);
 }

@@ -58,7 +58,7 @@ def loss_of(model, rank, step):
 def masters(opt):
     """The optimizer's float32 parameters, flat, over its param groups
     (the test reads the optimizer's own buffers)."""
-    return torch.cat([g.flat_p.clone() for g in opt._groups])
+    return torch.cat([g.p.clone() for g in opt._groups])
 
 
 def model_flat(model):

@@ -8,19 +8,21 @@ coordinates there are and how far the first compressed step moved them.
         -- --mask off --dump-freeze /tmp/r/nomask
     .venv/bin/python client/python/examples/freeze_evidence.py /tmp/r/nomask
 """
-import os
+import struct
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                ".."))
-from obcomm.torch import _ADAM_HEADER  # noqa: E402  (needs OBCOMM_LIBRARY)
-
 prefix = sys.argv[1]
 raw = open(prefix + ".adam", "rb").read()
-(_magic, _version, hbytes, n, step, _key, lr, _b1, _b2, eps, *_rest) = \
-    _ADAM_HEADER.unpack_from(raw)
+# The fields read here, at the offsets include/obcomm.h gives for
+# obcomm_adam_save's file (version 3): header bytes, count, step, lr, eps.
+if raw[:8] != b"OBCMADAM" or struct.unpack_from("<I", raw, 8)[0] != 3:
+    sys.exit(f"{prefix}.adam: not an obcomm_adam_save file of version 3")
+(hbytes,) = struct.unpack_from("<I", raw, 12)
+n, step = struct.unpack_from("<Qq", raw, 16)
+(lr,) = struct.unpack_from("<f", raw, 40)
+(eps,) = struct.unpack_from("<f", raw, 52)
 a = np.frombuffer(raw[hbytes:hbytes + 8 * n], dtype=np.float32)
 m, v = a[:n], a[n:]
 p0 = np.fromfile(prefix + ".p0", dtype=np.float32)

@@ -5,9 +5,10 @@ for PyTorch.
     opt = obcomm.torch.OneBitAdam(model.parameters(), lr=1e-3,
                                   freeze_step=1000)
 
-A Communicator joins the node's obcommd (one per node) as a trainer of a
-job; under torchrun every argument comes from the environment. Importing
-obcomm.torch registers the torch.distributed backend "obcomm"
+`import obcomm` needs no torch (a Communicator imports it at its first
+tensor); `import obcomm.torch` imports torch. A Communicator joins the
+node's obcommd (one per node) as a trainer of a job; under torchrun every
+argument comes from the environment. Importing obcomm.torch registers the torch.distributed backend "obcomm"
 (init_process_group("obcomm"), backend.py), which shares that join. The C
 library libobcomm does the work (see the project README and
 include/obcomm.h); this package reaches it through ctypes.
@@ -15,7 +16,16 @@ include/obcomm.h); this package reaches it through ctypes.
 
 from .comm import Communicator, ObcommError, strerror  # noqa: F401
 from ._lib import path as library_path  # noqa: F401
-from . import torch  # noqa: F401,E402  (obcomm.torch.OneBitAdam)
+
+
+def __getattr__(name):
+    """obcomm.torch on its first use: `import obcomm` does not import
+    torch; `import obcomm.torch` (or reading obcomm.torch) does, and
+    registers the backend."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _version():
@@ -41,4 +51,4 @@ def _version():
 
 
 __version__ = _version()
-__all__ = ["Communicator", "ObcommError", "strerror", "torch"]
+__all__ = ["Communicator", "ObcommError", "strerror"]

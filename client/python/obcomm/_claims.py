@@ -18,7 +18,7 @@ import gc
 import threading
 import weakref
 
-import torch
+from ._lazy import torch
 
 _lock = threading.Lock()
 _owners = {}  # id(parameter) -> (weakref to it, its Claim)

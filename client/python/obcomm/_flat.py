@@ -1,12 +1,14 @@
-"""What ZeroOneAdam and OneBitLamb share: each param group's parameters and
-gradients in flat float32 shared-memory buffers (the tensors re-pointed as
-views), the same construction checked on every rank, the momentum mask, and
-checkpoints that pin the daemons' error feedback (a snapshot set, its parts
-carried when the daemons keep no state_dir)."""
+"""What OneBitAdam, ZeroOneAdam and OneBitLamb share: each param group's
+parameters and gradients in flat float32 shared-memory buffers (the tensors
+re-pointed as views), the same construction checked on every rank, the
+momentum mask, the C optimizers' lifetime, and checkpoints that pin the
+daemons' error feedback (a snapshot set, its parts carried when the daemons
+keep no state_dir)."""
 
 import ctypes
 import hashlib
 import math
+import weakref
 
 import torch
 
@@ -41,8 +43,35 @@ def freeze_hint(name, step, freeze, arg="freeze_step"):
             f"least) or lower lr")
 
 
-# The parameter dtypes ZeroOneAdam and OneBitLamb train (as OneBitAdam):
-# float32 itself, float16 and bfloat16 over float32 master weights.
+def destroy_c(holders, comm):
+    """Frees the C optimizer of each of `holders` (objects with handle,
+    destroy and conn, as FlatOptimizer._own sets them; the connection
+    destroys them itself when it closes first), then lets go of comm."""
+    for h in holders:
+        conn, h.conn = getattr(h, "conn", None), None
+        if conn is None:
+            continue
+        with conn.lock:
+            if h.handle is not None and conn.h is not None:
+                h.destroy(h.handle)
+            h.handle = None
+            if h in conn.adams:
+                conn.adams.remove(h)
+    comm.close()
+
+
+def release_on_collect(opt, holders, comm):
+    """The finalizer of optimizer opt: destroy_c(holders, comm) at most
+    once, when called (close()) or when opt is collected unclosed. An
+    error in it, when run by the collector, is printed by weakref (never
+    silently dropped). At exit the connections close on their own
+    (comm.py's _close_all)."""
+    fin = weakref.finalize(opt, destroy_c, holders, comm)
+    fin.atexit = False
+    return fin
+
+
+# The parameter dtypes the optimizers train: float32 itself, float16 and bfloat16 over float32 master weights.
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # DeepSpeed's (and torch.nn.utils.clip_grad_norm_'s) term in the clip
@@ -67,8 +96,9 @@ class Group:
     """A param group's flat buffers: p and g in shared memory, float32
     (the parameters and gradients are views into them, or, for a float16
     or bfloat16 model, p holds the master weights and m and gm the
-    model's parameters and gradients in its dtype); the optimizer adds its
-    own."""
+    model's parameters and gradients in its dtype, and g their float32
+    copy unless the optimizer's F32_GRADS is False); the optimizer adds
+    its own."""
 
     def __init__(self):
         self.params = []
@@ -95,10 +125,10 @@ class Group:
 
 
 class FlatOptimizer(torch.optim.Optimizer):
-    """The base of ZeroOneAdam and OneBitLamb (not an optimizer alone):
-    subclasses set NAME and C (libobcomm's optimizer: "zoadam", "lamb")
-    and define _init_group(g, group), which creates the group's C
-    optimizer and hands it to _own()."""
+    """The base of OneBitAdam, ZeroOneAdam and OneBitLamb (not an
+    optimizer alone): subclasses set NAME and C (libobcomm's optimizer:
+    "adam", "zoadam", "lamb") and define _init_group(g, group), which
+    creates the group's C optimizers and hands each to _own()."""
 
     NAME = "FlatOptimizer"
     C = None
@@ -106,17 +136,25 @@ class FlatOptimizer(torch.optim.Optimizer):
     # A param group's settings that the C optimizer takes at construction:
     # lr alone may change between steps.
     HYPER = ("betas", "eps", "weight_decay")
+    # Whether a float16/bfloat16 group also keeps its gradients as float32
+    # in shared memory (g.g), for a C optimizer that reads float32 only.
+    F32_GRADS = True
 
     def __init__(self, params, defaults, comm, key, max_grad_norm=0.0):
         if not 0.0 <= max_grad_norm < math.inf:
             raise ValueError(f"invalid max_grad_norm {max_grad_norm}")
         self.max_grad_norm = float(max_grad_norm)
-        # The optimizer holds its own share of the connection (as
-        # OneBitAdam), so it outlives the caller's Communicator.
+        # The optimizer holds its own share of the connection, so that it
+        # outlives whichever of the process group, the caller's
+        # Communicator and this optimizer is closed first.
         self.comm = comm._share() if comm is not None else Communicator()
         self.key = int(key)
         self._auto_ratio = self.AUTO_MASK_RATIO
         self._groups = []
+        self._owned = []  # what holds a C optimizer (_own), in key order
+        # close(), or the collection of an optimizer never closed, frees
+        # the C optimizers and lets go of the connection.
+        self._release = release_on_collect(self, self._owned, self.comm)
         self._claim = _claims.Claim(self, self.NAME)
         self._stage = _stage.track(self, self.NAME, *self._freeze())
         super().__init__(params, defaults)
@@ -125,13 +163,22 @@ class FlatOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         self._setup(self.param_groups[-1])
 
+    def _check_param(self, p):
+        """TypeError for a parameter the optimizer does not train."""
+        if p.device.type != "cpu" or p.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{self.NAME}: parameters must be float32, "
+                            f"float16 or bfloat16 CPU tensors, not "
+                            f"{p.dtype} on {p.device}")
+
+    def _keys(self, g):
+        """The daemons' keys of group g (sets g.key): one per group."""
+        g.key = self.key + len(self._groups)
+        return [g.key]
+
     def _setup(self, group):
         g = Group()
         for p in group["params"]:
-            if p.device.type != "cpu" or p.dtype not in PARAM_DTYPES:
-                raise TypeError(f"{self.NAME}: parameters must be float32, "
-                                f"float16 or bfloat16 CPU tensors, not "
-                                f"{p.dtype} on {p.device}")
+            self._check_param(p)
             if g.dtype is None:
                 g.dtype = p.dtype
             elif p.dtype != g.dtype:
@@ -144,12 +191,17 @@ class FlatOptimizer(torch.optim.Optimizer):
             g.count += p.numel()
         if g.count == 0:
             raise ValueError(f"{self.NAME}: a param group with no elements")
-        g.key = self.key + len(self._groups)
+        keys = self._keys(g)
         # Refused on every rank alike, before the first collective.
-        _claims.take(self.comm._c(), self._claim, g.params, [g.key])
+        _claims.take(self.comm._c(), self._claim, g.params, keys)
         self._agree(g)
         comm = self.comm
-        g.p, g.g = comm.empty(g.count), comm.empty(g.count)
+        # The parameters (masters) in shared memory, float32; a
+        # float16/bfloat16 model and its gradients in private memory of
+        # their own dtype.
+        g.p = comm.empty(g.count)
+        if g.dtype == torch.float32 or self.F32_GRADS:
+            g.g = comm.empty(g.count)
         if g.dtype != torch.float32:
             g.m = torch.empty(g.count, dtype=g.dtype)
             g.gm = torch.zeros(g.count, dtype=g.dtype)
@@ -172,18 +224,22 @@ class FlatOptimizer(torch.optim.Optimizer):
         self._init_group(g, group)
         self._groups.append(g)
 
-    def _agree(self, g):
-        """Every rank must build the same groups (the daemons match a job's
-        ops in the order they are issued): ObcommError on every rank
-        naming the ranks whose parameter shapes or key differ."""
-        desc = repr((self.NAME, g.key,
-                     [tuple(p.shape) for p in g.params])).encode()
+    def _differ(self, desc):
+        """One allgather of a digest of desc (bytes): the ranks whose desc
+        differs from rank 0's, the same list on every rank."""
         mine = torch.tensor([int.from_bytes(
             hashlib.blake2b(desc, digest_size=8).digest(), "little",
             signed=True)], dtype=torch.int64)
         every = torch.zeros(self.comm.size, dtype=torch.int64)
         self.comm._iallgather(every, mine, None).future.wait()
-        differ = [r for r in range(self.comm.size) if every[r] != every[0]]
+        return [r for r in range(self.comm.size) if every[r] != every[0]]
+
+    def _agree(self, g):
+        """Every rank must build the same groups (the daemons match a job's
+        ops in the order they are issued): ObcommError on every rank
+        naming the ranks whose parameter shapes or key differ."""
+        differ = self._differ(repr((self.NAME, g.key, [
+            tuple(p.shape) for p in g.params])).encode())
         if differ:
             raise ObcommError(
                 E_MISMATCH,
@@ -312,8 +368,10 @@ class FlatOptimizer(torch.optim.Optimizer):
     @property
     def steps(self):
         """Steps taken."""
-        return self._c("steps")(self._groups[0].handle) if self._groups \
-            else 0
+        first = self._owned[0] if self._owned else None
+        if first is None or first.handle is None:
+            return 0
+        return self._c("steps")(first.handle)
 
     @property
     def rounds(self):
@@ -343,17 +401,24 @@ class FlatOptimizer(torch.optim.Optimizer):
 
     def masked(self):
         """Coordinates the mask holds now."""
-        return sum(self._c("masked")(g.handle) for g in self._groups)
+        return sum(self._c("masked")(h.handle) for h in self._owned
+                   if h.handle is not None)
 
     # -- checkpoints ------------------------------------------------------
+
+    def _layout(self):
+        """The "obcomm" entry's description of the C optimizers: the
+        keys, one per group."""
+        return "keys", [g.key for g in self._groups]
 
     def _snapshot(self):
         """A collective: every daemon saves the run's error feedback; the
         dict's "obcomm" entry naming it (with this node's part when its
         daemon keeps no state_dir)."""
         snapshot = self.comm.save_1bit()
+        name, layout = self._layout()
         info = {"snapshot": int(snapshot), "job": self.comm.job,
-                "keys": [g.key for g in self._groups]}
+                name: layout}
         part = self.comm._export_1bit(snapshot)
         if part is not None:
             info["part"], info["node"] = part
@@ -396,21 +461,27 @@ class FlatOptimizer(torch.optim.Optimizer):
                 f"load_state_dict: the state dict was saved with keys "
                 f"{info.get('keys')}, this optimizer has "
                 f"{[g.key for g in self._groups]}")
-        saved = state_dict["state"]
-        ids = [i for grp in state_dict["param_groups"] for i in grp["params"]]
-        # torch's load would cast and re-key the state; only the param
-        # groups go through it.
-        super().load_state_dict({"state": {},
-                                 "param_groups": state_dict["param_groups"]})
-        byp = {id(p): saved.get(i, {}) for p, i in zip(
-            (p for grp in self.param_groups for p in grp["params"]), ids)}
+        states = self._load_groups(state_dict)
         self.comm._restore_1bit(int(info["snapshot"]), info.get("part"),
                                 info.get("node"))
-        states = [[byp[id(p)] for p in g.params] for g in self._groups]
         for g, st in zip(self._groups, states):
             if g.mixed:
                 self._load_masters(g, st)
         return states, own
+
+    def _load_groups(self, state_dict):
+        """Loads the dict's param groups and returns, per group, each
+        parameter's saved state (a dict). torch's own load would cast the
+        state to each parameter's dtype (rounding a bfloat16 model's
+        float32 moments and masters) and re-key it: only the param groups
+        go through it."""
+        saved = state_dict["state"]
+        ids = [i for grp in state_dict["param_groups"] for i in grp["params"]]
+        super().load_state_dict({"state": {},
+                                 "param_groups": state_dict["param_groups"]})
+        byp = {id(p): saved.get(i, {}) for p, i in zip(
+            (p for grp in self.param_groups for p in grp["params"]), ids)}
+        return [[byp[id(p)] for p in g.params] for g in self._groups]
 
     @staticmethod
     def _load_masters(g, st):
@@ -432,24 +503,14 @@ class FlatOptimizer(torch.optim.Optimizer):
     # -- lifetime ---------------------------------------------------------
 
     def _own(self, g, handle, destroy):
-        """Group g's C optimizer `handle`, freed by `destroy`: by the
-        optimizer's close(), or by the connection before its handle closes
-        (whichever holder closes it last)."""
+        """g's (a group's or a bucket's) C optimizer `handle`, freed by
+        `destroy`: by the optimizer's close() or finalizer, or by the
+        connection before its handle closes (whichever holder closes it
+        last)."""
         g.handle, g.destroy, g.conn = handle, destroy, self.comm._c()
         with g.conn.lock:
             g.conn.adams.append(g)
-
-    def _destroy(self):
-        for g in self._groups:
-            conn, g.conn = getattr(g, "conn", None), None
-            if conn is None:
-                continue
-            with conn.lock:
-                if g.handle is not None and conn.h is not None:
-                    g.destroy(g.handle)
-                g.handle = None
-                if g in conn.adams:
-                    conn.adams.remove(g)
+        self._owned.append(g)
 
     def close(self):
         """Frees the C optimizers and lets go of the optimizer's share of
@@ -464,12 +525,5 @@ class FlatOptimizer(torch.optim.Optimizer):
                 for p in g.params:
                     p.data = p.data.clone()
                     p.grad = None
-        self._destroy()
-        self.comm.close()
+        self._release()
         self.comm = None
-
-    def __del__(self):
-        try:
-            self._destroy()
-        except Exception:
-            pass

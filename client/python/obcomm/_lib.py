@@ -102,6 +102,10 @@ _FUNCTIONS = [
     ("obcomm_last_error", ctypes.c_char_p, [c_void_p]),
     ("obcomm_strerror", ctypes.c_char_p, [c_int]),
     ("obcomm_err_name", ctypes.c_char_p, [c_int]),
+    ("obcomm_dtype_name", ctypes.c_char_p, [c_int]),
+    ("obcomm_op_name", ctypes.c_char_p, [c_int]),
+    ("obcomm_constant", c_int, [ctypes.c_char_p,
+                                ctypes.POINTER(ctypes.c_double)]),
     ("obcomm_adam_defaults", AdamConfig, []),
     ("obcomm_adam_create", c_int, [c_void_p, c_uint64, c_size_t,
                                    ctypes.POINTER(AdamConfig),
@@ -133,6 +137,12 @@ _FUNCTIONS = [
     ("obcomm_adam_save_ex", c_int, [c_void_p, ctypes.c_char_p,
                                     ctypes.c_uint64]),
     ("obcomm_adam_load_ex", c_int, [c_void_p, ctypes.c_char_p, c_int]),
+    ("obcomm_adam_get_state", c_int, [c_void_p, ctypes.POINTER(ctypes.c_long),
+                                       ctypes.POINTER(c_void_p),
+                                       ctypes.POINTER(c_void_p)]),
+    ("obcomm_adam_set_state", c_int, [c_void_p, ctypes.c_long,
+                                      ctypes.POINTER(AdamConfig), c_void_p,
+                                      c_void_p]),
     # 0/1 Adam (ZeroOneAdam).
     ("obcomm_zoadam_create", c_int, [c_void_p, c_uint64, c_size_t,
                                      ctypes.POINTER(ZoadamConfig),
@@ -233,3 +243,27 @@ def _load():
 
 
 lib, path = _load()
+
+
+def constant(name):
+    """One of obcomm.h's numeric constants ("OBCOMM_ADAM_MAX_THREADS") as
+    the loaded library has it (obcomm_constant; a ratio is the float
+    widened to a double)."""
+    value = ctypes.c_double()
+    if lib.obcomm_constant(name.encode(), ctypes.byref(value)) != 0:
+        raise ImportError(f"obcomm: {path} has no constant {name}")
+    return value.value
+
+
+def enum(name_of):
+    """An enum of obcomm.h read from the loaded library through
+    name_of (obcomm_dtype_name, obcomm_op_name): {"bfloat16": 3, ...}, the
+    names without "OBCOMM_" in lower case, in the order of their values
+    (0 to 63)."""
+    out = {}
+    for value in range(64):
+        name = name_of(value)
+        if name is not None:
+            out[name.decode()[len("OBCOMM_"):].lower()] = value
+    return out
+

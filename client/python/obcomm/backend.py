@@ -328,12 +328,6 @@ class ProcessGroupObcomm(dist.ProcessGroup):
         or a Communicator still holds it. Idempotent."""
         self.comm.close()
 
-    def __del__(self):
-        try:
-            self.comm.close()
-        except Exception:
-            pass
-
     def __repr__(self):
         return (f"<obcomm.ProcessGroupObcomm rank {self.comm.rank} of "
                 f"{self.comm.size}, job {self.comm.job!r}>")

@@ -6,14 +6,14 @@ import bisect
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import re
 import threading
 import weakref
 
-import torch
-
-from ._lib import lib, Options
+from ._lazy import torch
+from ._lib import lib, Options, enum
 from . import _claims
 
 
@@ -44,18 +44,37 @@ def _error_codes():
 
 globals().update(_error_codes())
 
-# torch dtype -> obcomm_dtype_t
-DTYPES = {
-    torch.float32: 0,
-    torch.float64: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.int32: 4,
-    torch.int64: 5,
-}
-OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
-_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in
-             list(DTYPES) + [torch.uint8, torch.bool]}
+# obcomm_dtype_t and obcomm_op_t by name, read from the loaded libobcomm
+# as the error codes are: {"float32": 0, ...}, {"sum": 0, ...}.
+_DTYPE_CODES = enum(lib.obcomm_dtype_name)
+OPS = enum(lib.obcomm_op_name)
+# DTYPES, torch dtype -> obcomm_dtype_t, made at its first use (it needs
+# torch): every obcomm dtype is torch's of the same name.
+_dtypes = None
+# Bytes per element by torch dtype, filled as dtypes are met.
+_ITEMSIZE = {}
+
+
+def dtypes():
+    """DTYPES: torch dtype -> obcomm_dtype_t, in the order of the codes."""
+    global _dtypes
+    if _dtypes is None:
+        _dtypes = {getattr(torch, name): code
+                   for name, code in _DTYPE_CODES.items()}
+    return _dtypes
+
+
+def __getattr__(name):
+    if name == "DTYPES":
+        return dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _itemsize(dtype):
+    item = _ITEMSIZE.get(dtype)
+    if item is None:
+        item = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return item
 
 
 # The calls of obcomm.torch.OneBitAdam behind each op kind the daemons
@@ -159,10 +178,7 @@ class _Buffer:
         n = 1
         for s in shape:
             n *= s
-        item = _ITEMSIZE.get(dtype)
-        if item is None:
-            item = torch.empty((), dtype=dtype).element_size()
-        return self._bytes[:n * item].view(dtype).view(shape)
+        return self._bytes[:n * _itemsize(dtype)].view(dtype).view(shape)
 
 
 def _nbytes(t):
@@ -471,7 +487,7 @@ class _Conn:
 
 # Open connections by (socket, job, local_rank, local_size).
 _conns = {}
-# Reentrant: a Communicator's __del__ may run (garbage collection) inside
+# Reentrant: a Communicator's finalizer may run (garbage collection) inside
 # _open on the same thread.
 _conns_lock = threading.RLock()
 
@@ -513,7 +529,8 @@ def _close_all():
         try:
             c.close()
         except Exception:
-            pass
+            logging.getLogger("obcomm").exception(
+                "closing job %r's connection at exit", c.job)
 
 
 class Communicator:
@@ -542,6 +559,7 @@ class Communicator:
     def __init__(self, socket=None, job=None, local_rank=None, local_size=None,
                  timeout_ms=0):
         self._conn = None
+        self._release = None
         self._attach(_open(*_resolve(socket, job, local_rank, local_size),
                            int(timeout_ms)))
 
@@ -552,6 +570,7 @@ class Communicator:
         with timeout_ms."""
         self = cls.__new__(cls)
         self._conn = None
+        self._release = None
         self._attach(_open(*_resolve(None, None, None, None), timeout_ms,
                            strict=False))
         return self
@@ -567,11 +586,17 @@ class Communicator:
                 c.users += 1
         other = Communicator.__new__(Communicator)
         other._conn = None
+        other._release = None
         other._attach(c)
         return other
 
     def _attach(self, c):
         self._conn = c
+        # close(), or the collection of a Communicator never closed, lets
+        # go of c once. An error in it, when run by the collector, is
+        # printed by weakref, never dropped; at exit _close_all closes c.
+        self._release = weakref.finalize(self, c.release)
+        self._release.atexit = False
         self.job = c.job
         self.local_rank = c.local_rank
         self.local_size = c.local_size
@@ -588,18 +613,13 @@ class Communicator:
         self.close()
         return False
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def close(self):
         """Lets go of the connection; the last holder leaves the job and
         unmaps every buffer. Idempotent."""
-        c, self._conn = self._conn, None
-        if c is not None:
-            c.release()
+        self._conn = None
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     @property
     def closed(self):
@@ -627,11 +647,13 @@ class Communicator:
 
     # -- shared memory ----------------------------------------------------
 
-    def empty(self, shape, dtype=torch.float32):
+    def empty(self, shape, dtype=None):
         """A tensor of `shape` in shared memory (zero-filled), contiguous.
         Collectives on it (or on a contiguous view of it) copy nothing.
         Its memory returns to the daemon when the tensor and all its views
         are gone, or when the connection closes."""
+        if dtype is None:
+            dtype = torch.float32
         if isinstance(shape, int):
             shape = (shape,)
         shape = tuple(int(s) for s in shape)
@@ -795,14 +817,14 @@ class Communicator:
                 f"obcomm: all_gather: want {size} output tensors of {n} "
                 f"{t.dtype} elements, got "
                 f"{[(o.numel(), o.dtype) for o in outs]}")
-        native = t.dtype in DTYPES
+        native = t.dtype in dtypes()
         if native:
-            d, count, item = DTYPES[t.dtype], n, t.element_size()
+            d, count, item = dtypes()[t.dtype], n, t.element_size()
         else:
             # Any other dtype (bool, uint8: all_gather_object) travels as
             # 8-byte words, each rank's bytes padded to a multiple of 8:
             # an allgather only copies.
-            d, count, item = DTYPES[torch.int64], -(-_nbytes(t) // 8), 8
+            d, count, item = dtypes()[torch.int64], -(-_nbytes(t) // 8), 8
         block = count * item
 
         def build(c, op_):
@@ -889,10 +911,11 @@ class Communicator:
 
 
 def _dtype(t):
-    if t.dtype not in DTYPES:
+    codes = dtypes()
+    if t.dtype not in codes:
         raise TypeError(f"obcomm: no reduction on {t.dtype}; it takes "
-                        + ", ".join(str(d) for d in DTYPES))
-    return DTYPES[t.dtype]
+                        + ", ".join(str(d) for d in codes))
+    return codes[t.dtype]
 
 
 def _as_bytes(t):

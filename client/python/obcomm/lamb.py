@@ -8,7 +8,7 @@ import torch
 
 from ._flat import FlatOptimizer, check_adam_args, freeze_hint
 from . import _stage
-from ._lib import lib, LambConfig, LambState
+from ._lib import lib, LambConfig, LambState, constant
 
 __all__ = ["OneBitLamb"]
 
@@ -66,7 +66,8 @@ class OneBitLamb(FlatOptimizer):
 
     C = "lamb"
     NAME = "OneBitLamb"
-    AUTO_MASK_RATIO = 0.01  # OneBitAdam's (OBCOMM_ADAM_AUTO_MASK_RATIO)
+    # OneBitAdam's, OBCOMM_ADAM_AUTO_MASK_RATIO of the library.
+    AUTO_MASK_RATIO = constant("OBCOMM_ADAM_AUTO_MASK_RATIO")
     HYPER = ("betas", "eps", "weight_decay", "max_coeff", "min_coeff")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,

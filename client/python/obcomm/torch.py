@@ -7,57 +7,37 @@ import contextlib
 import ctypes
 import enum
 import functools
-import hashlib
 import math
 import os
-import shutil
-import struct
-import tempfile
 import weakref
 
 import torch
 from torch.autograd import Variable
 
-from ._lib import lib, AdamConfig
-from .comm import Communicator, ObcommError, E_INVAL, E_MISMATCH, DTYPES
+from ._lib import lib, AdamConfig, constant
+from .comm import Communicator, ObcommError, E_MISMATCH, DTYPES
 from .backend import ProcessGroupObcomm, _value_or_raise, process_group
-from ._flat import check_adam_args, with_hint, freeze_hint
+from ._flat import (FlatOptimizer, check_adam_args, with_hint, freeze_hint,
+                    CLIP_EPS, PARAM_DTYPES)
 from . import _claims, _stage, _subgroups
 from .zeroone import ZeroOneAdam
 from .lamb import OneBitLamb
-
-# The header of obcomm_adam_save's file, field by field at fixed offsets,
-# little-endian (client/adam.c and obcomm.h give the layout): magic,
-# version, header bytes, count, step, key, lr, beta1, beta2, eps,
-# weight_decay, bias_correction, freeze_step, snapshot, part bytes, part's
-# node, reserved. No native struct: the file is a format, not memory.
-_ADAM_HEADER = struct.Struct("<8sIIQqQfffffIqQQII")
-_ADAM_MAGIC, _ADAM_VERSION = b"OBCMADAM", 3
-assert _ADAM_HEADER.size == 96
 
 _subgroups.install()
 
 __all__ = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "allreduce_hook",
            "ProcessGroupObcomm"]
 
-# OBCOMM_ADAM_AUTO_MASK_RATIO of include/obcomm.h.
-AUTO_MASK_RATIO = 0.01
+# OBCOMM_ADAM_AUTO_MASK_RATIO of the library (as a double).
+AUTO_MASK_RATIO = constant("OBCOMM_ADAM_AUTO_MASK_RATIO")
 
 _HYPER = ("betas", "eps", "weight_decay", "freeze_step", "bias_correction")
 
-# OBCOMM_ADAM_MAX_THREADS of include/obcomm.h.
-ADAM_MAX_THREADS = 64
+# OBCOMM_ADAM_MAX_THREADS of the library.
+ADAM_MAX_THREADS = int(constant("OBCOMM_ADAM_MAX_THREADS"))
 
 # DDP's default bucket size (MiB).
 BUCKET_CAP_MB = 25
-
-# The parameter dtypes OneBitAdam trains: float32 itself, float16 and
-# bfloat16 over float32 master weights.
-_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# DeepSpeed's (and torch.nn.utils.clip_grad_norm_'s) term in the clip
-# coefficient max_norm / (norm + 1e-6).
-_CLIP_EPS = 1e-6
 
 
 class _State(enum.Enum):
@@ -65,36 +45,6 @@ class _State(enum.Enum):
     IDLE = "idle"        # nothing sent since the last step()
     STARTED = "started"  # obcomm_adam_start_ex succeeded: the op is out
     FAILED = "failed"    # obcomm_adam_start_ex failed: step() raises its error
-
-
-class _Group:
-    """One param group: its float32 parameters (the master weights of a
-    float16 or bfloat16 model), the model's parameters and the gradients
-    in one flat buffer each, cut into buckets."""
-
-    def __init__(self):
-        self.params = []     # the group's parameters, in order
-        self.spans = []      # (offset, numel) of each in the flat buffers
-        self.count = 0
-        self.dtype = None    # the parameters' dtype, one per group
-        self.flat_p = None   # shared memory: float32 parameters (masters)
-        self.flat_m = None   # the model's float16/bfloat16 parameters, or
-        #                      None when the model is float32 (flat_p)
-        self.flat_g = None   # the gradients, of the model's dtype: shared
-        #                      memory when float32, else private memory
-        self.keep = None     # explicit mask (uint8 tensor) or None
-        self.hyper = None    # the hyperparameters the C optimizers have
-        self.buckets = []    # in start order: the first holds the last params
-
-    @property
-    def mixed(self):
-        """Whether the model is float16 or bfloat16 over float32 masters."""
-        return self.flat_m is not None
-
-    @property
-    def item(self):
-        """Bytes per element of the model's parameters and gradients."""
-        return self.flat_g.element_size()
 
 
 class _Bucket:
@@ -109,7 +59,7 @@ class _Bucket:
         self.off = group.spans[first][0]
         self.count = sum(n for _, n in group.spans[first:last])
         self.key = key
-        self.handle = None   # obcomm_adam_t *
+        self.handle = None   # obcomm_adam_t * (FlatOptimizer._own)
         self.conn = None     # the connection the C optimizer borrows
         self.hooked = 0      # parameters whose gradient hook counts
         self.fired = set()   # of those, the ones whose gradient arrived
@@ -157,7 +107,7 @@ def _grad_arriving(wself, bucket, i, grad):
     return None
 
 
-class OneBitAdam(torch.optim.Optimizer):
+class OneBitAdam(FlatOptimizer):
     """1-bit Adam (Tang et al. 2021) as DeepSpeed runs it, over obcomm.
 
     Warm-up (step < freeze_step): gradients are averaged over all ranks in
@@ -243,6 +193,13 @@ class OneBitAdam(torch.optim.Optimizer):
     restart.
     """
 
+    NAME = "OneBitAdam"
+    C = "adam"
+    AUTO_MASK_RATIO = AUTO_MASK_RATIO
+    HYPER = _HYPER
+    # obcomm_adam_start_ex converts a float16/bfloat16 gradient itself.
+    F32_GRADS = False
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, freeze_step=100000, bias_correction=False,
                  comm=None, key=1, bucket_cap_mb=BUCKET_CAP_MB, overlap=True,
@@ -258,17 +215,11 @@ class OneBitAdam(torch.optim.Optimizer):
         if not 1 <= int(threads) <= ADAM_MAX_THREADS:
             raise ValueError(f"invalid threads {threads} "
                              f"(1 to {ADAM_MAX_THREADS})")
-        # The optimizer holds its own share of the connection, so that it
-        # outlives whichever of the process group, the caller's
-        # Communicator and this optimizer is closed first.
-        self.comm = comm._share() if comm is not None else Communicator()
-        self.key = int(key)
+        self.freeze_step = int(freeze_step)
         self.overlap = bool(overlap)
-        self.max_grad_norm = float(max_grad_norm)
         self.threads = int(threads)
         self.bucket_cap_mb = bucket_cap_mb
         self._cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
-        self._groups = []
         self._buckets = []   # by key: _buckets[j] has key self.key + j
         self._order = []     # the start order
         self._next = 0       # _order[_next] is the next bucket to start
@@ -276,14 +227,10 @@ class OneBitAdam(torch.optim.Optimizer):
         self._in_backward = False  # an end-of-backward callback is queued
         self._accs = []      # the AccumulateGrad nodes we hook (kept alive)
         self._hooks = []     # their hooks' handles
-        self._auto_ratio = AUTO_MASK_RATIO
-        self._claim = _claims.Claim(self, "OneBitAdam")
-        self._stage = _stage.track(self, "OneBitAdam", "freeze_step",
-                                   int(freeze_step))
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, freeze_step=int(freeze_step),
                         bias_correction=bool(bias_correction))
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, comm, key, max_grad_norm)
 
     # -- setup ----------------------------------------------------------------
 
@@ -292,7 +239,49 @@ class OneBitAdam(torch.optim.Optimizer):
             raise RuntimeError("OneBitAdam.add_param_group: a step is started "
                                "(backward ran); call step() first")
         super().add_param_group(param_group)
-        self._setup(self.param_groups[-1])
+        self._order = [b for grp in reversed(self._groups)
+                       for b in grp.buckets]
+
+    def _freeze(self):
+        return "freeze_step", self.freeze_step
+
+    def _check_param(self, p):
+        if p.device.type != "cpu":
+            raise TypeError(
+                f"OneBitAdam: parameters must be CPU tensors, not on "
+                f"{p.device}: obcomm's optimizer does not support CUDA "
+                f"tensors")
+        if p.dtype not in PARAM_DTYPES:
+            raise TypeError(
+                f"OneBitAdam: parameters must be float32, float16 or "
+                f"bfloat16, not {p.dtype}")
+
+    def _keys(self, g):
+        """Plans group g's buckets (g.plan, g.first_key): one key each."""
+        g.plan = _plan([n for _, n in g.spans], self._cap_bytes)
+        g.first_key = self.key + len(self._buckets)
+        g.buckets = []
+        g.keep = None        # explicit mask (uint8 tensor) or None
+        return range(g.first_key, g.first_key + len(g.plan))
+
+    def _init_group(self, g, group):
+        """A C optimizer per bucket of g, and the gradient hooks."""
+        cfg = self._config(group)
+        comm = self.comm
+        for j, (first, last) in enumerate(g.plan):
+            b = _Bucket(g, first, last, g.first_key + j)
+            h = ctypes.c_void_p()
+            with comm._locked() as ch:
+                comm._check(lib.obcomm_adam_create(ch, b.key, b.count,
+                                                   ctypes.byref(cfg),
+                                                   ctypes.byref(h)))
+            self._own(b, h, lib.obcomm_adam_destroy)
+            lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
+            lib.obcomm_adam_set_threads(h, self.threads)  # checked in __init__
+            g.buckets.append(b)
+            self._buckets.append(b)
+        if self.overlap:
+            self._hook(g)
 
     def _config(self, group):
         k = AdamConfig()
@@ -304,101 +293,14 @@ class OneBitAdam(torch.optim.Optimizer):
         k.bias_correction = int(bool(group["bias_correction"]))
         return k
 
-    def _setup(self, group):
-        g = _Group()
-        for p in group["params"]:
-            if p.device.type != "cpu":
-                raise TypeError(
-                    f"OneBitAdam: parameters must be CPU tensors, not on "
-                    f"{p.device}: obcomm's optimizer does not support CUDA "
-                    f"tensors")
-            if p.dtype not in _PARAM_DTYPES:
-                raise TypeError(
-                    f"OneBitAdam: parameters must be float32, float16 or "
-                    f"bfloat16, not {p.dtype}")
-            if g.dtype is None:
-                g.dtype = p.dtype
-            elif p.dtype != g.dtype:
-                raise TypeError(
-                    f"OneBitAdam: param group {len(self._groups)} mixes "
-                    f"{g.dtype} and {p.dtype} (parameter {len(g.params)}); "
-                    f"all parameters of a param group must share one dtype")
-            g.params.append(p)
-            g.spans.append((g.count, p.numel()))
-            g.count += p.numel()
-        if g.count == 0:
-            raise ValueError("OneBitAdam: a param group with no elements")
-        plan = _plan([n for _, n in g.spans], self._cap_bytes)
-        first_key = self.key + len(self._buckets)
-        comm = self.comm
-        # Refused on every rank alike, before the first collective.
-        _claims.take(comm._c(), self._claim, g.params,
-                     range(first_key, first_key + len(plan)))
-        self._agree(g, plan, first_key)
-        # The masters (float32) in shared memory; a float16/bfloat16 model
-        # and its gradients in private memory of their own dtype, which
-        # obcomm_adam_start_ex converts into the optimizer's shared buffer.
-        g.flat_p = comm.empty(g.count)
-        if g.dtype == torch.float32:
-            g.flat_g = comm.empty(g.count)
-        else:
-            g.flat_m = torch.empty(g.count, dtype=g.dtype)
-            g.flat_g = torch.zeros(g.count, dtype=g.dtype)
-        _claims.claim_grads(self._claim, g.flat_g)
-        with torch.no_grad():
-            for p, (o, n) in zip(g.params, g.spans):
-                g.flat_p[o:o + n].copy_(p.reshape(-1))
-                if p.grad is not None:
-                    g.flat_g[o:o + n].copy_(p.grad.reshape(-1))
-        # Every rank starts from rank 0's parameters (as DDP does). A
-        # float16/bfloat16 value converts exactly to float32 and back, so
-        # the model then equals its masters on every rank.
-        comm.broadcast(g.flat_p, root=0)
-        model = g.flat_p
-        if g.mixed:
-            with torch.no_grad():
-                g.flat_m.copy_(g.flat_p)
-            model = g.flat_m
-        for p, (o, n) in zip(g.params, g.spans):
-            p.data = model[o:o + n].view_as(p)
-            p.grad = g.flat_g[o:o + n].view_as(p)
-        cfg = self._config(group)
-        conn = comm._c()
-        for j, (first, last) in enumerate(plan):
-            b = _Bucket(g, first, last, first_key + j)
-            h = ctypes.c_void_p()
-            with comm._locked() as ch:
-                comm._check(lib.obcomm_adam_create(ch, b.key, b.count,
-                                                   ctypes.byref(cfg),
-                                                   ctypes.byref(h)))
-            b.handle = h
-            b.conn = conn
-            with conn.lock:
-                conn.adams.append(b)
-            lib.obcomm_adam_set_auto_mask(h, self._auto_ratio)
-            lib.obcomm_adam_set_threads(h, self.threads)  # checked in __init__
-            g.buckets.append(b)
-            self._buckets.append(b)
-        g.hyper = tuple(group[k] for k in _HYPER)
-        self._groups.append(g)
-        if self.overlap:
-            self._hook(g)
-        self._order = [b for grp in reversed(self._groups)
-                       for b in grp.buckets]
-
-    def _agree(self, g, plan, first_key):
+    def _agree(self, g):
         """Every rank must plan the same buckets (the daemons match a
         job's ops in the order they are issued): one allgather of a digest
         of the group's parameter shapes, bucket ranges and keys, and
         ObcommError on every rank naming the ranks that differ."""
-        desc = repr((first_key, [tuple(p.shape) for p in g.params],
-                     plan)).encode()
-        mine = torch.tensor([int.from_bytes(
-            hashlib.blake2b(desc, digest_size=8).digest(), "little",
-            signed=True)], dtype=torch.int64)
-        every = torch.zeros(self.comm.size, dtype=torch.int64)
-        self.comm._iallgather(every, mine, None).future.wait()
-        differ = [r for r in range(self.comm.size) if every[r] != every[0]]
+        plan, first_key = g.plan, g.first_key
+        differ = self._differ(repr((first_key, [
+            tuple(p.shape) for p in g.params], plan)).encode())
         if differ:
             counts = [sum(n for _, n in g.spans[f:l]) for f, l in plan]
             raise ObcommError(
@@ -435,7 +337,7 @@ class OneBitAdam(torch.optim.Optimizer):
         """Parameter i's gradient back into the flat buffer if it is not
         the view there (None: zeros; another tensor: one copy)."""
         p, (o, n) = g.params[i], g.spans[i]
-        gv = g.flat_g[o:o + n]
+        gv = g.grads[o:o + n]
         with torch.no_grad():
             if p.grad is None:
                 gv.zero_()
@@ -449,12 +351,12 @@ class OneBitAdam(torch.optim.Optimizer):
         replaced p.data (one copy, then a view again; the masters of a
         float16/bfloat16 model then take the new values)."""
         p, (o, n) = g.params[i], g.spans[i]
-        pv = (g.flat_m if g.mixed else g.flat_p)[o:o + n]
+        pv = (g.m if g.mixed else g.p)[o:o + n]
         if n and p.data_ptr() != pv.data_ptr():
             with torch.no_grad():
                 pv.copy_(p.reshape(-1))
                 if g.mixed:
-                    g.flat_p[o:o + n].copy_(pv)
+                    g.p[o:o + n].copy_(pv)
             p.data = pv.view_as(p)
 
     # -- starting buckets -----------------------------------------------------
@@ -511,7 +413,7 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def _clip_scale(self, sumsq):
         """DeepSpeed's clip coefficient from a sum of squares, or 1."""
-        coef = self.max_grad_norm / (math.sqrt(sumsq) + _CLIP_EPS)
+        coef = self.max_grad_norm / (math.sqrt(sumsq) + CLIP_EPS)
         return coef if coef < 1.0 else 1.0
 
     def _start_ready(self, everything, local_scale=None):
@@ -536,7 +438,8 @@ class OneBitAdam(torch.optim.Optimizer):
         for i in range(b.first, b.last):
             if i not in b.fired:
                 self._grad_view(g, i)
-        grads = ctypes.c_void_p(g.flat_g.data_ptr() + g.item * b.off)
+        item = g.grads.element_size()
+        grads = ctypes.c_void_p(g.grads.data_ptr() + item * b.off)
         try:
             with self.comm._locked():
                 if g.mixed:
@@ -560,7 +463,7 @@ class OneBitAdam(torch.optim.Optimizer):
             g = b.group
             for i in range(b.first, b.last):
                 self._grad_view(g, i)
-            gv = g.flat_g[b.off:b.off + b.count]
+            gv = g.grads[b.off:b.off + b.count]
             sumsq += float(gv.double().square().sum())
         return self._clip_scale(sumsq)
 
@@ -607,13 +510,7 @@ class OneBitAdam(torch.optim.Optimizer):
                 loss = closure()
         if not self._claim.checked:
             self._first_step()
-        for g, group in zip(self._groups, self.param_groups):
-            hyper = tuple(group[k] for k in _HYPER)
-            if hyper != g.hyper:
-                raise ValueError(
-                    "OneBitAdam: only lr may change after construction "
-                    f"({dict(zip(_HYPER, g.hyper))} became "
-                    f"{dict(zip(_HYPER, hyper))})")
+        self._check_hyper(self.param_groups)
         first = None
         step = self.steps + 1
         try:
@@ -640,11 +537,11 @@ class OneBitAdam(torch.optim.Optimizer):
                 g = b.group
                 for i in range(b.first, b.last):
                     self._data_view(g, i)
-                params = ctypes.c_void_p(g.flat_p.data_ptr() + 4 * b.off)
+                params = ctypes.c_void_p(g.p.data_ptr() + 4 * b.off)
                 model = None
                 if g.mixed:
-                    model = ctypes.c_void_p(g.flat_m.data_ptr() +
-                                            g.item * b.off)
+                    model = ctypes.c_void_p(g.m.data_ptr() +
+                                            g.m.element_size() * b.off)
                 try:
                     with self.comm._locked():
                         self.comm._check(lib.obcomm_adam_finish_ex(
@@ -698,15 +595,9 @@ class OneBitAdam(torch.optim.Optimizer):
                 "dropped inside `with opt.no_sync():`, or construct the "
                 "optimizer with overlap=False")
         for g in self._groups:
-            g.flat_g.zero_()
+            g.grads.zero_()
             for i in range(len(g.params)):
                 self._grad_view(g, i)
-
-    @property
-    def steps(self):
-        """Steps taken (the C optimizers' count, the same in every bucket)."""
-        return lib.obcomm_adam_steps(self._buckets[0].handle) \
-            if self._buckets else 0
 
     @property
     def buckets(self):
@@ -762,36 +653,24 @@ class OneBitAdam(torch.optim.Optimizer):
                 return
         raise ValueError("set_mask: not a parameter of this optimizer")
 
-    def masked(self):
-        """Coordinates held at 0 by the mask in the compression stage."""
-        return sum(lib.obcomm_adam_masked(b.handle) for b in self._buckets)
-
     # -- checkpoints ------------------------------------------------------------
 
-    def _save_bucket(self, b, d, snapshot):
-        # The first bucket takes the snapshot set (every key of the job);
-        # the others name it.
-        path = os.path.join(d, f"bucket{b.key}.adam")
+    def _bucket_state(self, b):
+        """Bucket b's C state: (step, m, v), m and v float32 views of the C
+        optimizer's memory (valid until its next step or load)."""
+        step, m, v = ctypes.c_long(), ctypes.c_void_p(), ctypes.c_void_p()
         with self.comm._locked():
-            self.comm._check(lib.obcomm_adam_save_ex(b.handle, path.encode(),
-                                                     snapshot))
-        with open(path, "rb") as f:
-            raw = f.read()
-        hs = _ADAM_HEADER.size
-        (magic, version, hbytes, count, step, _key, *_cfg, snapshot,
-         part_bytes, part_node, _reserved) = _ADAM_HEADER.unpack_from(raw)
-        end = hs + 8 * b.count
-        if (magic != _ADAM_MAGIC or version != _ADAM_VERSION or
-                hbytes != hs or count != b.count or
-                len(raw) != end + part_bytes):
-            raise ObcommError(E_INVAL, f"{path}: not the optimizer's file")
-        flat = torch.frombuffer(bytearray(raw[hs:end]), dtype=torch.float32)
-        part = raw[end:] if part_bytes else None
-        return (step, flat[:b.count], flat[b.count:], snapshot, part,
-                part_node)
+            self.comm._check(lib.obcomm_adam_get_state(
+                b.handle, ctypes.byref(step), ctypes.byref(m),
+                ctypes.byref(v)))
+        return step.value, *(torch.frombuffer(
+            (ctypes.c_float * b.count).from_address(q.value),
+            dtype=torch.float32) for q in (m, v))
 
     def _layout(self):
-        return [[b.key, b.count] for b in self._buckets]
+        """The "obcomm" entry's description of the C optimizers: the
+        buckets, [key, elements] each."""
+        return "buckets", [[b.key, b.count] for b in self._buckets]
 
     def state_dict(self):
         """torch's state dict, per parameter 'step', 'exp_avg' and
@@ -806,32 +685,27 @@ class OneBitAdam(torch.optim.Optimizer):
         started (backward ran). A run still in the warm-up is told so
         (one WARNING on logger "obcomm")."""
         self._stage.warmup_note("state_dict() taken")
-        d = tempfile.mkdtemp(prefix="obcomm-adam-")
-        snapshot, part, node = 0, None, 0
+        # Refused while a step is started, before the daemons save.
+        states = [self._bucket_state(b) for b in self._buckets]
+        info = self._snapshot()
+        for b, (step, m, v) in zip(self._buckets, states):
+            g = b.group
+            for i in range(b.first, b.last):
+                p, (o, n) = g.params[i], g.spans[i]
+                o -= b.off
+                self.state[p] = {
+                    "step": torch.tensor(float(step)),
+                    "exp_avg": m[o:o + n].clone().view_as(p),
+                    "exp_avg_sq": v[o:o + n].clone().view_as(p)}
+                if g.mixed:
+                    o += b.off
+                    self.state[p]["master"] = \
+                        g.p[o:o + n].clone().view_as(p)
         try:
-            for b in self._buckets:
-                step, m, v, snapshot, part, node = self._save_bucket(
-                    b, d, snapshot)
-                g = b.group
-                for i in range(b.first, b.last):
-                    p, (o, n) = g.params[i], g.spans[i]
-                    o -= b.off
-                    self.state[p] = {
-                        "step": torch.tensor(float(step)),
-                        "exp_avg": m[o:o + n].clone().view_as(p),
-                        "exp_avg_sq": v[o:o + n].clone().view_as(p)}
-                    if g.mixed:
-                        o += b.off
-                        self.state[p]["master"] = \
-                            g.flat_p[o:o + n].clone().view_as(p)
+            sd = torch.optim.Optimizer.state_dict(self)
         finally:
-            shutil.rmtree(d, ignore_errors=True)
-        sd = super().state_dict()
-        sd["obcomm"] = {"snapshot": int(snapshot), "job": self.comm.job,
-                        "buckets": self._layout()}
-        if part is not None:
-            sd["obcomm"]["part"] = part
-            sd["obcomm"]["node"] = int(node)
+            self.state.clear()
+        sd["obcomm"] = info
         return sd
 
     def load_state_dict(self, state_dict):
@@ -849,65 +723,50 @@ class OneBitAdam(torch.optim.Optimizer):
             raise ValueError("load_state_dict: no \"obcomm\" snapshot in the "
                              "state dict (not saved by OneBitAdam.state_dict)")
         saved = info.get("buckets")
-        if saved is not None and [list(x) for x in saved] != self._layout():
+        layout = self._layout()[1]
+        if saved is not None and [list(x) for x in saved] != layout:
             raise ValueError(
                 f"load_state_dict: the state dict was saved with buckets "
                 f"(key, elements) {[tuple(x) for x in saved]}, this optimizer "
-                f"has {[tuple(x) for x in self._layout()]}: construct it "
+                f"has {[tuple(x) for x in layout]}: construct it "
                 f"with the same key and bucket_cap_mb")
         snapshot = int(info["snapshot"])
         part = info.get("part")
-        # torch's load casts the state to each parameter's dtype, which
-        # would round a bfloat16 model's float32 moments and masters: it
-        # loads only the param groups, the state is taken from the dict as
-        # it is, parameter by parameter in the groups' order.
-        saved = state_dict["state"]
-        ids = [i for grp in state_dict["param_groups"] for i in grp["params"]]
-        super().load_state_dict({"state": {},
-                                 "param_groups": state_dict["param_groups"]})
-        byp = {id(p): saved.get(i, {}) for p, i in zip(
-            (p for grp in self.param_groups for p in grp["params"]), ids)}
-        d = tempfile.mkdtemp(prefix="obcomm-adam-")
-        restore = True
-        try:
-            for g, group in zip(self._groups, self.param_groups):
-                st = [byp[id(p)] for p in g.params]
-                if not all("exp_avg" in s for s in st):
-                    raise ValueError("load_state_dict: a parameter has no "
-                                     "exp_avg (not a OneBitAdam state)")
-                steps = {int(s["step"]) for s in st}
-                if len(steps) != 1:
-                    raise ValueError(f"load_state_dict: steps differ {steps}")
-                step = steps.pop()
-                cfg = self._config(group)
-                m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
-                v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
-                for b in g.buckets:
-                    h = _ADAM_HEADER.pack(
-                        _ADAM_MAGIC, _ADAM_VERSION, _ADAM_HEADER.size,
-                        b.count, step, b.key, cfg.lr, cfg.beta1, cfg.beta2,
-                        cfg.eps, cfg.weight_decay, cfg.bias_correction,
-                        cfg.freeze_step, snapshot,
-                        len(part) if part is not None else 0,
-                        int(info["node"]) if part is not None else 0, 0)
-                    path = os.path.join(d, f"bucket{b.key}.adam")
-                    with open(path, "wb") as f:
-                        f.write(h)
-                        f.write(m[b.off:b.off + b.count].numpy().tobytes())
-                        f.write(v[b.off:b.off + b.count].numpy().tobytes())
-                        if part is not None:
-                            f.write(part)
-                    # The first bucket restores the set, every key of the
-                    # job; the others only load their state.
-                    with self.comm._locked():
-                        self.comm._check(lib.obcomm_adam_load_ex(
-                            b.handle, path.encode(), int(restore)))
-                    restore = False
-                g.hyper = tuple(group[k] for k in _HYPER)
-                if g.mixed:
-                    self._load_masters(g, st)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        states = []
+        for g, st in zip(self._groups, self._load_groups(state_dict)):
+            if not all("exp_avg" in s for s in st):
+                raise ValueError("load_state_dict: a parameter has no "
+                                 "exp_avg (not a OneBitAdam state)")
+            steps = {int(s["step"]) for s in st}
+            if len(steps) != 1:
+                raise ValueError(f"load_state_dict: steps differ {steps}")
+            for name in ("exp_avg", "exp_avg_sq"):
+                n = sum(s[name].numel() for s in st)
+                if n != g.count:
+                    raise ValueError(f"load_state_dict: {name} of {n} "
+                                     f"elements for a param group of "
+                                     f"{g.count}")
+            states.append((st, steps.pop()))
+        # Every daemon back to the dict's error feedback (this node's from
+        # the dict's part when it is this node's), or an error on every
+        # rank; only then the C optimizers take the moments.
+        self.comm._restore_1bit(snapshot, part, info.get("node"))
+        for g, group, (st, step) in zip(self._groups, self.param_groups,
+                                        states):
+            cfg = self._config(group)
+            m = torch.cat([s["exp_avg"].reshape(-1).float() for s in st])
+            v = torch.cat([s["exp_avg_sq"].reshape(-1).float() for s in st])
+            for b in g.buckets:
+                mb = m[b.off:b.off + b.count].contiguous()
+                vb = v[b.off:b.off + b.count].contiguous()
+                with self.comm._locked():
+                    self.comm._check(lib.obcomm_adam_set_state(
+                        b.handle, step, ctypes.byref(cfg),
+                        ctypes.c_void_p(mb.data_ptr()),
+                        ctypes.c_void_p(vb.data_ptr())))
+            g.hyper = self._hyper(group)
+            if g.mixed:
+                self._load_masters(g, st)
         # The C optimizers hold the state; the per-parameter copies only
         # exist to be saved.
         self.state.clear()
@@ -921,10 +780,10 @@ class OneBitAdam(torch.optim.Optimizer):
                 self._data_view(g, i)
                 o, n = g.spans[i]
                 if "master" in s:
-                    g.flat_p[o:o + n].copy_(s["master"].reshape(-1))
+                    g.p[o:o + n].copy_(s["master"].reshape(-1))
                 else:
-                    g.flat_p[o:o + n].copy_(p.reshape(-1))
-            g.flat_m.copy_(g.flat_p)
+                    g.p[o:o + n].copy_(p.reshape(-1))
+            g.m.copy_(g.p)
 
     # -- lifetime -----------------------------------------------------------------
 
@@ -933,43 +792,11 @@ class OneBitAdam(torch.optim.Optimizer):
         of the connection (which stays open while the process group or a
         Communicator holds it). Parameters keep their values: they are
         copied out of shared memory first. Idempotent."""
-        self._stage.at_end()
         for h in self._hooks:
             h.remove()
         self._hooks, self._accs = [], []
-        _claims.release(self._claim)
-        for g in self._groups:
-            if any(b.handle is not None for b in g.buckets):
-                with torch.no_grad():
-                    for p in g.params:
-                        p.data = p.data.clone()
-                        p.grad = None
-            for b in g.buckets:
-                self._destroy(b)
+        super().close()
         self._groups, self._buckets, self._order = [], [], []
-        self.comm.close()
-
-    def _destroy(self, b):
-        # The connection destroys its C optimizers before its handle
-        # closes (b.handle is None then), whichever holder closed it.
-        conn = b.conn
-        if conn is None:
-            return
-        with conn.lock:
-            if b.handle is not None and conn.h is not None:
-                lib.obcomm_adam_destroy(b.handle)
-            b.handle = None
-            if b in conn.adams:
-                conn.adams.remove(b)
-
-    def __del__(self):
-        try:
-            for b in self._buckets:
-                if b.handle is not None:
-                    self._destroy(b)
-            self.comm.close()
-        except Exception:
-            pass
 
 
 def _hook_comm(state):

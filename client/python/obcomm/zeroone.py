@@ -5,7 +5,7 @@ import ctypes
 
 import torch
 
-from ._lib import lib, ZoadamConfig, ZoadamState
+from ._lib import lib, ZoadamConfig, ZoadamState, constant
 from ._flat import FlatOptimizer, check_adam_args, NEAR_FREEZE
 from . import _stage
 
@@ -89,9 +89,9 @@ class ZeroOneAdam(FlatOptimizer):
 
     C = "zoadam"
     NAME = "ZeroOneAdam"
-    # OBCOMM_ZOADAM_AUTO_MASK_RATIO of include/obcomm.h: 3x OneBitAdam's
+    # OBCOMM_ZOADAM_AUTO_MASK_RATIO of the library: 3x OneBitAdam's
     # (docs/convergence.md, "0/1 Adam's mask").
-    AUTO_MASK_RATIO = 0.03
+    AUTO_MASK_RATIO = constant("OBCOMM_ZOADAM_AUTO_MASK_RATIO")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, var_freeze_step=100000,
