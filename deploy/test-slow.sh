@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long runs, after deploy/test.sh (CI runs both, .ci/run): the `slow`
-# suite (every torture round, the chaos test) in the normal and the
+# suite (every torture round) in the normal and the
 # sanitizer builds, and the integration tests that
 # deploy/test.sh does not run under the sanitizers. Prints the ten slowest
 # tests, then "tests: N passed, N failed" last.
