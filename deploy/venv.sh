@@ -26,11 +26,15 @@ ready && exit 0
 echo "venv: installing torch==$torch_version numpy pytest into $venv" >&2
 [ -x "$py" ] || /usr/bin/python3 -m venv "$venv"
 log=$(mktemp /tmp/obcomm-venv-XXXXXX)
-if ! "$py" -m pip install -q "torch==$torch_version" numpy pytest \
-    >"$log" 2>&1; then
-    cat "$log" >&2
-    rm -f "$log"
-    exit 1
-fi
+# torch first, pinned on its own, so that nothing installed after it can
+# make pip pick another torch.
+for pkgs in "torch==2.13.0" "numpy pytest"; do
+    # shellcheck disable=SC2086
+    if ! "$py" -m pip install -q $pkgs >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        exit 1
+    fi
+done
 rm -f "$log"
 ready || { echo "venv: $venv has no torch $torch_version" >&2; exit 1; }
